@@ -1,0 +1,35 @@
+"""fxforge: FX-based graph-transformation compiler passes for PyTorch.
+
+Public API:
+    torch.compile(model, backend="fxforge")           # entry point, default Config
+    fxforge.backend(fxforge.Config(...))              # a backend whose .compiled lists every graph
+    fxforge.compile_exported(ep, fxforge.Config())    # torch.export programs
+    fxforge.apply_passes(ep_or_gm, [pass1, pass2])    # run passes by hand, verified in debug mode
+    fxforge.register_backend(CodegenBackend(...))     # plug in a codegen backend
+"""
+
+from .backend import Backend, backend
+from .codegen.registry import CodegenBackend, Kernel, KernelContext, register_backend
+from .compiled import Compiled, KernelInfo
+from .config import Config
+from .export import apply_passes, compile_exported
+from .pipeline import PassError, PassManager, PassResult, verify_graph
+
+__all__ = [
+    "Backend",
+    "CodegenBackend",
+    "Compiled",
+    "Config",
+    "Kernel",
+    "KernelContext",
+    "KernelInfo",
+    "PassError",
+    "PassManager",
+    "PassResult",
+    "apply_passes",
+    "backend",
+    "compile_exported",
+    "register_backend",
+    "verify_graph",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Codegen: the backend registry, the built-in backends, and the generated wrapper."""

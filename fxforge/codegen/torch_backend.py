@@ -1,0 +1,145 @@
+"""The built-in ``torch`` backend: a group runs as calls to ATen ops writing into planned buffers.
+
+Each node calls the op's out= overload with the planned buffers as outputs; an op without one
+runs functionally and its result is ``copy_``-ed into the buffer.  CPU reference backend, and the
+default on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..config import Config
+from ..graph import VAL, free_symbols, is_mutating, node_kind, storage_root, tensor_val
+from ..plan import Group
+from .pyexpr import format_arg, op_display, op_path
+from .registry import CodegenBackend, Kernel, KernelContext
+
+_RUNNABLE_NAMESPACES = ("aten", "prims")
+
+
+def _schema_key(a) -> tuple:
+    return (a.name, str(a.type), a.kwarg_only)
+
+
+@functools.lru_cache(maxsize=None)
+def out_overload(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, tuple[str, ...]] | None:
+    """The out= overload computing the same thing as ``op``, and its out argument names.
+
+    It must take the same non-out arguments (names and types) and one out tensor per return.
+    """
+    schema = op._schema
+    if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
+        return None
+    want = [_schema_key(a) for a in schema.arguments]
+    packet = getattr(getattr(torch.ops, op.namespace), schema.name.split("::")[-1])
+    for name in packet.overloads():
+        cand = getattr(packet, name)
+        cs = cand._schema
+        outs = [a for a in cs.arguments if a.is_out]
+        if not outs or len(outs) != len(schema.returns):
+            continue
+        if [_schema_key(a) for a in cs.arguments if not a.is_out] == want:
+            return cand, tuple(a.name for a in outs)
+    return None
+
+
+def accepts(node: fx.Node, config: Config) -> str | None:
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload):
+        return f"not an ATen operator ({op_display(op)})"
+    if op.namespace not in _RUNNABLE_NAMESPACES:
+        return f"custom operator {op_display(op)}: no backend lowering, runs as registered"
+    if is_mutating(node):
+        return "mutates its inputs"
+    val = node.meta.get(VAL)
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    if isinstance(val, list) or not all(isinstance(v, torch.Tensor) for v in vals):
+        return "returns a list or non-tensor values"
+    if any(s.name.startswith("u") for s in free_symbols(val)):
+        return "output size depends on data (unbacked symbol)"
+    return None
+
+
+def _slots(node: fx.Node) -> list[int | None]:
+    val = node.meta[VAL]
+    return list(range(len(val))) if isinstance(val, (list, tuple)) else [None]
+
+
+def compile_group(group: Group, ctx: KernelContext) -> Kernel:
+    """A Python function running the group's nodes in order into the planned buffers.
+
+    Compute nodes write their planned buffers; view and scalar nodes a fusion pass put inside
+    the group become local variables.
+    """
+    params: list[str] = []  # kernel parameter names == wrapper variable names
+    body: list[str] = []
+    storages: set[object] = set()  # distinct storages read or written
+    members = set(group.nodes)
+
+    def param(name: str) -> str:
+        if name not in params:
+            params.append(name)
+        return name
+
+    def ref(n: fx.Node) -> str:
+        if n in members and node_kind(n) == "compute":
+            return param(ctx.buffer(n, None))
+        if n.target is operator.getitem and n.args[0] in members:
+            return param(ctx.buffer(n.args[0], n.args[1]))
+        if n in members:
+            return n.name  # a local computed earlier in this kernel
+        if tensor_val(n) is not None:
+            storages.add(storage_root(n))
+        return param(ctx.ref(n))
+
+    def call(fn: str, node: fx.Node, extra: list[str] = ()) -> str:
+        args = [format_arg(a, ref, ctx.const) for a in node.args]
+        args += [f"{k}={format_arg(v, ref, ctx.const)}" for k, v in node.kwargs.items()]
+        return f"{fn}({', '.join(args + list(extra))})"
+
+    for node in group.nodes:
+        op = node.target
+        kind = node_kind(node)
+        if kind == "getitem":
+            continue  # resolved by ref() to the producer's buffer
+        if kind != "compute":
+            body.append(f"{node.name} = {call(op_path(op) if isinstance(op, torch._ops.OpOverload) else ctx.const(op), node)}")
+            continue
+        body.append(f"# {node.name}: {op_display(op)}")
+        found = out_overload(op)
+        if found is not None:
+            head = call(op_path(found[0]), node)[:-1]  # reads are bound before the outputs
+            outs = [param(ctx.buffer(node, i)) for i in _slots(node)]
+            sep = ", " if not head.endswith("(") else ""
+            body.append(head + sep + ", ".join(f"{k}={b}" for k, b in zip(found[1], outs)) + ")")
+        else:
+            body.append(f"_r = {call(op_path(op), node)}")
+            outs = [param(ctx.buffer(node, i)) for i in _slots(node)]
+            if _slots(node) == [None]:
+                body.append(f"{outs[0]}.copy_(_r)")
+            else:
+                body.extend(f"{b}.copy_(_r[{i}])" for i, b in enumerate(outs))
+        storages.update((node, i) for i in _slots(node))
+    lines = [f"def {ctx.name}({', '.join(params)}):"] + ["    " + l for l in body]
+    return Kernel(
+        name=ctx.name,
+        backend="torch",
+        source="\n".join(lines) + "\n",
+        args=list(params),
+        node_count=sum(1 for n in group.nodes if node_kind(n) == "compute"),
+        unique_io_buffers=len(storages),
+    )
+
+
+BACKEND = CodegenBackend(
+    name="torch",
+    devices=("cpu", "cuda", "meta", "xpu", "mps"),
+    accepts=accepts,
+    compile=compile_group,
+    description="ATen out= calls into planned buffers (reference backend, default on CPU)",
+)

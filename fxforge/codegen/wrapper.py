@@ -1,0 +1,295 @@
+"""The generated wrapper: readable Python source that runs one planned graph.
+
+Shape of the source::
+
+    def kernel3(mm, arg2_1, add):            # one function per kernel group (any backend)
+        torch.ops.aten.add.out(mm, arg2_1, out=add)
+
+    def call(args):
+        arg0_1, arg1_1, arg2_1 = args
+        s0 = arg0_1.size(0)                   # size symbols read off the inputs
+        arena0 = torch.empty(..., dtype=torch.uint8, device=...)   # one arena per device, per call
+        arena0_f32 = arena0.view(torch.float32)
+        add = arena0_f32.as_strided((s0, 16), (16, 1), 0)           # planned buffer = arena view
+        kernel3(mm, arg2_1, add)
+        ...
+        return (out,)
+
+Graph outputs (and everything they view) are allocated fresh per call, never in the arena, so
+values an earlier call returned are never overwritten by a later one.  Intermediates are
+released (``del``) after their last use, so eager fallbacks do not hold memory longer than eager.
+A kernel whose backend fails to compile it falls back to eager calls for its nodes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import logging
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+
+from ..config import Config
+from ..graph import FALLBACK_BACKEND, VAL, node_kind, output_nodes
+from ..plan import Buffer, Group, Plan
+from .pyexpr import PyExprPrinter, format_arg, format_call, literal, op_display, op_path
+from .registry import Kernel, KernelContext, Registry
+
+log = logging.getLogger("fxforge")
+
+_DTYPE_SHORT = {
+    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+    torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128",
+}
+
+
+@dataclass
+class Wrapper:
+    source: str
+    globals: dict[str, Any]
+    kernels: list[Kernel]
+    # Groups whose kernel failed to compile and ran as fallbacks instead: (group id, reason).
+    demoted: list[tuple[int, str]] = field(default_factory=list)
+
+    def load(self, filename: str):
+        """Compile the source; the returned ``call(args)`` runs the graph."""
+        code = compile(self.source, filename, "exec")
+        linecache.cache[filename] = (len(self.source), None, self.source.splitlines(True), filename)
+        ns = dict(self.globals)
+        exec(code, ns)
+        return ns["call"]
+
+
+class _Builder:
+    def __init__(self, gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config):
+        self.gm, self.plan, self.registry, self.config = gm, plan, registry, config
+        self.taken = {n.name for n in gm.graph.nodes} | {"torch", "operator", "math", "call", "args"}
+        self.globals: dict[str, Any] = {"torch": torch, "operator": operator, "math": math}
+        self.const_names: dict[int, str] = {}
+        self.sym: dict[sympy.Symbol, str] = {}
+        self.pexpr = PyExprPrinter(self.sym)
+        self.lines: list[str] = []
+        self.kernels: list[Kernel] = []
+        self.kernel_sources: list[str] = []
+        self.demoted: list[tuple[int, str]] = []
+
+    # ------------------------------------------------------------------ naming
+
+    def fresh(self, base: str) -> str:
+        for i in itertools.count():
+            name = base if i == 0 else f"{base}_{i}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+        raise AssertionError
+
+    def const(self, v: Any) -> str:
+        key = id(v)
+        if key not in self.const_names:
+            base = getattr(v, "__name__", None) or type(v).__name__
+            base = "".join(c if c.isalnum() else "_" for c in base).strip("_") or "c"
+            name = self.fresh(f"_{base}")
+            self.globals[name] = v
+            self.const_names[key] = name
+        return self.const_names[key]
+
+    def ref(self, n: fx.Node) -> str:
+        return n.name
+
+    def buffer(self, node: fx.Node, index: int | None) -> str:
+        b = self.plan.memory.of(node, index)
+        if b is None:
+            raise KeyError(f"no planned buffer for output {index} of {node.name}")
+        return b.name
+
+    def size(self, e) -> str:
+        return self.pexpr(e)
+
+    # ------------------------------------------------------------------ symbols
+
+    def bind_symbols_from(self, var: str, val: Any) -> None:
+        """Bind every still-unbound plain symbol in ``val``'s sizes to a read of ``var``."""
+        if isinstance(val, torch.Tensor):
+            reads = [(s, f"{var}.size({d})") for d, s in enumerate(val.shape)]
+            reads += [(s, f"{var}.stride({d})") for d, s in enumerate(val.stride())]
+            reads.append((val.storage_offset(), f"{var}.storage_offset()"))
+        elif isinstance(val, torch.SymInt):
+            reads = [(val, var)]
+        else:
+            return
+        for s, read in reads:
+            if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol) and s.node.expr not in self.sym:
+                name = str(s.node.expr)
+                name = name if name not in self.taken else self.fresh(f"_{name}")
+                self.taken.add(name)
+                self.sym[s.node.expr] = name
+                self.lines.append(f"{name} = {read}")
+
+    # ------------------------------------------------------------------ emission
+
+    def call_source(self, node: fx.Node) -> str:
+        t = node.target
+        if t is operator.getitem:
+            return f"{self.ref(node.args[0])}[{format_arg(node.args[1], self.ref, self.const)}]"
+        if isinstance(t, torch._ops.OpOverload):
+            fn = op_path(t)
+        elif getattr(operator, getattr(t, "__name__", ""), None) is t:
+            fn = f"operator.{t.__name__}"
+        else:
+            fn = self.const(t)
+        return format_call(fn, node.args, node.kwargs, self.ref, self.const)
+
+    def alloc(self, b: Buffer) -> str:
+        shape = _tuple(self.size(s) for s in b.shape)
+        stride = _tuple(self.size(s) for s in b.stride)
+        if b.kind == "fresh":
+            return (
+                f"{b.name} = torch.empty_strided({shape}, {stride}, dtype={literal(b.dtype)}, "
+                f"device={literal(b.device)})"
+            )
+        typed = self.typed_arena(b.arena, b.dtype)
+        itemsize = torch.empty((), dtype=b.dtype).element_size()
+        offset = self.size(sympy.sympify(b.offset) / itemsize) if itemsize > 1 else self.size(b.offset)
+        return f"{b.name} = {typed}.as_strided({shape}, {stride}, {offset})"
+
+    def typed_arena(self, arena: str, dtype: torch.dtype) -> str:
+        name = f"{arena}_{_DTYPE_SHORT.get(dtype, str(dtype).replace('torch.', ''))}"
+        if (arena, dtype) not in self._typed:
+            self._typed[(arena, dtype)] = name
+            self.arena_lines.append(f"{name} = {arena}.view({literal(dtype)})")
+        return name
+
+    def compile_group(self, g: Group) -> Kernel | None:
+        backend = self.registry.get(g.backend)
+        ctx = KernelContext(self.fresh(f"kernel{g.id}"), self.ref, self.buffer, self.const, self.config)
+        try:
+            k = backend.compile(g, ctx)
+        except Exception as e:
+            if self.config.debug:
+                raise
+            reason = f"{g.backend} failed to compile the group: {type(e).__name__}: {e}"
+            log.warning("fxforge: group %d (%s) runs as eager fallback: %s", g.id, ", ".join(n.name for n in g.nodes), reason)
+            self.demoted.append((g.id, reason))
+            return None
+        self.globals.update(k.globals)
+        return k
+
+    def build(self) -> Wrapper:
+        plan = self.plan
+        self._typed: dict[tuple[str, torch.dtype], str] = {}
+        self.arena_lines: list[str] = []
+        outputs = set(output_nodes(self.gm))
+        sched = plan.schedule
+        groups = {g.id: g for g in plan.groups}
+        # A group runs where its last node is scheduled; every member is "emitted" there.
+        emit_at = {n: i for i, n in enumerate(sched)}
+        for g in plan.groups:
+            last = max(emit_at[n] for n in g.nodes)
+            for n in g.nodes:
+                emit_at[n] = last
+        last_use: dict[fx.Node, int] = {}
+        for n in sched:
+            for u in n.users:
+                if u.op != "output" and u in emit_at:
+                    last_use[n] = max(last_use.get(n, -1), emit_at[u])
+        dead_at: dict[int, list[str]] = {}
+        for n in sched:
+            if n in outputs or n.op == "get_attr":
+                continue
+            g = plan.group_of(n)
+            if g is not None and g.backend != FALLBACK_BACKEND and not isinstance(n.meta.get(VAL), torch.Tensor):
+                continue  # a multi-output node run by a kernel binds only its getitems
+            at = last_use.get(n, emit_at[n])
+            dead_at.setdefault(at, []).append(n.name)
+
+        placeholders = [n for n in sched if n.op == "placeholder"]
+        body_start = len(self.lines)
+        for i, n in enumerate(sched):
+            kind = node_kind(n)
+            g = plan.group_of(n)
+            if kind == "placeholder":
+                self.bind_symbols_from(n.name, n.meta.get(VAL))
+            elif kind == "get_attr":
+                self.globals[n.name] = _fetch_attr(self.gm, n.target)
+            elif g is not None and g.backend != FALLBACK_BACKEND:
+                if emit_at[n] == i and n is g.nodes[-1]:
+                    self.emit_group(g)
+            elif kind == "getitem" and plan.group_of(n.args[0]) is not None and plan.group_of(n.args[0]).backend != FALLBACK_BACKEND:
+                pass  # the producer's kernel wrote this buffer
+            else:
+                if g is not None:
+                    self.lines.append(f"# {n.name}: eager fallback ({g.reason or n.meta.get('fxforge_fallback', '')})")
+                self.lines.append(f"{n.name} = {self.call_source(n)}")
+                if kind in ("compute", "scalar"):
+                    self.bind_symbols_from(n.name, n.meta.get(VAL))
+            if i in dead_at:
+                self.lines.append("del " + ", ".join(dead_at[i]))
+        out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+        self.lines.append(f"return {format_arg(out.args[0], self.ref, self.const)}")
+
+        arena_alloc = [
+            f"{a.name} = torch.empty({self.size(a.nbytes)}, dtype=torch.uint8, device={literal(a.device)})"
+            for a in plan.memory.arenas
+        ]
+        body = self.lines[:body_start]
+        body += arena_alloc + self.arena_lines + self.lines[body_start:]
+        head = []
+        if placeholders:
+            names = ", ".join(n.name for n in placeholders)
+            head.append(f"{names}{',' if len(placeholders) == 1 else ''} = args")
+        src = [
+            f"# fxforge wrapper: {len(self.kernels)} kernels, {len(plan.memory.arenas)} arenas",
+            "import math, operator",
+            "import torch",
+            "",
+        ]
+        for ks in self.kernel_sources:
+            src += [ks.rstrip("\n"), "", ""]
+        src.append("def call(args):")
+        src += ["    " + l for l in head + body]
+        return Wrapper("\n".join(src) + "\n", self.globals, self.kernels, self.demoted)
+
+    def emit_group(self, g: Group) -> None:
+        k = self.compile_group(g)
+        if k is None:
+            for n in g.nodes:
+                self.lines.append(f"# {n.name}: eager fallback (kernel failed to compile)")
+                self.lines.append(f"{n.name} = {self.call_source(n)}")
+                for u in n.users:
+                    if u.target is operator.getitem:
+                        self.lines.append(f"{u.name} = {n.name}[{u.args[1]}]")
+            return
+        for n in g.nodes:
+            if node_kind(n) != "compute":
+                continue
+            val = n.meta[VAL]
+            for index in ([None] if isinstance(val, torch.Tensor) else range(len(val))):
+                b = self.plan.memory.of(n, index)
+                if b is not None:
+                    self.lines.append(self.alloc(b))
+        self.kernels.append(k)
+        self.kernel_sources.append(k.source)
+        self.lines.append(f"{k.name}({', '.join(k.args)})")
+
+
+def _tuple(items) -> str:
+    items = list(items)
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config) -> Wrapper:
+    return _Builder(gm, plan, registry, config).build()

@@ -1,0 +1,161 @@
+"""One graph through the spine: passes -> plan -> wrapper source -> ``Compiled``."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from .codegen import wrapper
+from .codegen.registry import DEFAULT_REGISTRY, Registry
+from .compiled import STAT_KEYS, Compiled, KernelInfo
+from .config import Config
+from .graph import (
+    BACKEND,
+    FALLBACK,
+    FALLBACK_BACKEND,
+    GROUP,
+    VAL,
+    count_compute_nodes,
+    hint,
+    liveness,
+    node_kind,
+    output_nodes,
+    peak_live_bytes,
+    shape_env_of,
+    storage_nbytes,
+    storage_root,
+)
+from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
+from .passes.assign import AssignBackends
+from .passes.memory import plan_memory
+from .passes.schedule import schedule as make_schedule
+from .pipeline import PassManager
+from .plan import Group, Plan
+
+log = logging.getLogger("fxforge")
+
+_graph_ids = itertools.count()  # file names for tracebacks only; carries no state between compiles
+
+
+def device_types(gm: fx.GraphModule) -> set[str]:
+    out = set()
+    for n in gm.graph.nodes:
+        v = n.meta.get(VAL)
+        for t in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(t, torch.Tensor):
+                out.add(t.device.type)
+    return out or {"cpu"}
+
+
+def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> list:
+    backend = registry.select(config, device_types(gm))
+    return [DedupeGetitems(), EliminateDeadCode(), AssignBackends(backend, config)]
+
+
+def build_groups(gm: fx.GraphModule, sched: list[fx.Node]) -> list[Group]:
+    """Groups from the ``GROUP``/``BACKEND`` metadata the passes wrote, in schedule order."""
+    by_id: dict[int, Group] = {}
+    for n in sched:
+        gid = n.meta.get(GROUP)
+        if gid is None:
+            continue
+        g = by_id.setdefault(gid, Group(gid, n.meta[BACKEND], []))
+        g.nodes.append(n)
+        if FALLBACK in n.meta:
+            g.reason = n.meta[FALLBACK]
+    outputs = set(output_nodes(gm))
+    for g in by_id.values():
+        members = set(g.nodes)
+        for n in g.nodes:
+            for a in n.all_input_nodes:
+                if a not in members and a not in g.inputs:
+                    g.inputs.append(a)
+            if n in outputs or any(u not in members for u in n.users):
+                g.outputs.append(n)
+    return list(by_id.values())
+
+
+def storage_bytes(gm: fx.GraphModule, order: Sequence[fx.Node]) -> int:
+    """Max live bytes of every storage the graph creates (not its inputs), in ``order``."""
+    env = shape_env_of(gm)
+    nbytes = {}
+    for n in order:
+        if node_kind(n) in ("compute", "getitem") and storage_root(n) is n and isinstance(n.meta.get(VAL), torch.Tensor):
+            nbytes[n] = hint(storage_nbytes(n.meta[VAL]), env)
+    live = liveness(order, output_nodes(gm))
+    return peak_live_bytes((l.start, l.end, nbytes[r]) for r, l in live.items() if r in nbytes)
+
+
+def compile_graph(
+    gm: fx.GraphModule,
+    config: Config,
+    *,
+    kind: str = "graph",
+    registry: Registry | None = None,
+    passes: Sequence | None = None,
+) -> Compiled:
+    """Compile an ATen-level GraphModule whose nodes carry ``meta["val"]``."""
+    registry = registry or DEFAULT_REGISTRY
+    t0 = time.perf_counter()
+    nodes_in = count_compute_nodes(gm)
+    eager_peak = storage_bytes(gm, [n for n in gm.graph.nodes if n.op != "output"])
+
+    pm = PassManager(passes if passes is not None else default_passes(config, registry, gm), debug=config.debug)
+    gm, records = pm(gm)
+
+    sched = make_schedule(gm)
+    groups = build_groups(gm, sched)
+    memory = plan_memory(gm, sched, groups, config)
+    plan = Plan(sched, groups, memory)
+    w = wrapper.generate(gm, plan, registry, config)
+    fn = w.load(f"<fxforge-{kind}-{next(_graph_ids)}>")
+
+    arena_live = [(b.start, b.end, memory.hint(b.nbytes)) for b in memory.buffers.values() if b.kind == "arena"]
+    fallback_nodes = sum(1 for g in groups if g.backend == FALLBACK_BACKEND) + sum(
+        len(g.nodes) for g in groups if g.id in {d[0] for d in w.demoted}
+    )
+    stats: dict[str, Any] = {k: 0 for k in STAT_KEYS}
+    stats.update(
+        graph=kind,
+        nodes_in=nodes_in,
+        kernels=len(w.kernels),
+        fused_nodes=sum(k.node_count for k in w.kernels if k.node_count > 1),
+        fallback_nodes=fallback_nodes,
+        arena_bytes=sum(memory.hint(a.nbytes) for a in memory.arenas),
+        lower_bound_bytes=peak_live_bytes(arena_live),
+        eager_live_peak_bytes=eager_peak,
+        refused_fusions={},
+        passes=[r.as_dict() for r in records],
+        fallbacks={g.nodes[0].name: g.reason for g in groups if g.backend == FALLBACK_BACKEND},
+    )
+    stats["compile_seconds"] = time.perf_counter() - t0
+    kernels = [KernelInfo(k.name, k.backend, k.node_count, k.num_args, k.unique_io_buffers) for k in w.kernels]
+    compiled = Compiled(
+        fn,
+        source=w.source,
+        stats=stats,
+        kernels=kernels,
+        graph=gm,
+        plan=plan,
+        eager=_boxed(gm),
+        debug=config.debug,
+    )
+    if config.report_dir:
+        os.makedirs(config.report_dir, exist_ok=True)
+        compiled.write_report(os.path.join(config.report_dir, f"{kind}-{next(_graph_ids)}.html"))
+    return compiled
+
+
+def _boxed(gm: fx.GraphModule):
+    """Runs the (semantics-preserving) transformed graph eagerly: the fallback of a failed call."""
+
+    def run(args: list):
+        return gm(*args)
+
+    return run

@@ -1,0 +1,48 @@
+"""Every knob of fxforge, its default, and what it does. Passed explicitly; never global."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Config:
+    # Codegen backend: "auto" (triton on CUDA, torch on CPU), "torch", "triton", or any registered name.
+    codegen: str = "auto"
+    # Decompositions before lowering: "auto" (per backend), "none" (ATen as traced), "core" (core ATen).
+    decompose: str = "auto"
+    # Most nodes one fusion group may hold.
+    max_fusion_size: int = 64
+    # Most distinct buffers one fusion group may read or write.
+    max_fusion_unique_io_buffers: int = 32
+    # Most launch arguments (tensor pointers + sizes/strides/scalars) of one emitted kernel.
+    max_kernel_args: int = 64
+    # Byte alignment of every buffer placed in an arena.
+    alignment: int = 64
+    # Op names (e.g. "aten.add.Tensor") always run as eager fallback calls, never by a backend.
+    fallback_ops: frozenset = frozenset()
+    # Directory where an HTML report is written for every compiled graph (None: no reports).
+    report_dir: str | None = None
+    # Verify the graph between passes (lint, metadata, re-propagated fake values) and the plan.
+    debug: bool = field(default_factory=lambda: _env_flag("FXFORGE_DEBUG"))
+
+    def __post_init__(self) -> None:
+        if self.decompose not in ("auto", "none", "core"):
+            raise ValueError(
+                f"Config.decompose={self.decompose!r}: expected 'auto', 'none' or 'core'"
+            )
+        for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args", "alignment"):
+            v = getattr(self, knob)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"Config.{knob}={v!r}: expected a positive int")
+        if self.alignment & (self.alignment - 1):
+            raise ValueError(f"Config.alignment={self.alignment}: expected a power of two")
+        object.__setattr__(self, "fallback_ops", frozenset(self.fallback_ops))
+
+    def replace(self, **changes) -> "Config":
+        return replace(self, **changes)

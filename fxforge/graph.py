@@ -1,0 +1,272 @@
+"""The node-metadata vocabulary and small graph helpers shared by every pass.
+
+Every node of a graph fxforge works on carries ``meta["val"]``: a FakeTensor, a tuple of them for
+multi-output ops, or a SymInt/int/float/bool for scalar-valued nodes.  The only other keys fxforge
+writes are listed in ``META_KEYS``; nothing else invents keys.
+
+Vocabulary used across fxforge:
+
+* a *storage* is identified by the node that first produced it (its *root*); views share their
+  base's storage, and every ``getitem`` of a multi-output op that is not a view has its own;
+* *liveness* of a storage over a schedule runs from its producer to the last user of any view
+  of it; graph outputs live to the end;
+* byte sizes are sympy expressions (constant for static shapes); ``hint`` evaluates them at the
+  sizes the graph was traced with.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import sympy
+import torch
+import torch.fx as fx
+
+VAL = "val"
+GROUP = "fxforge_group"
+BACKEND = "fxforge_backend"
+FALLBACK = "fxforge_fallback"
+BUFFER = "fxforge_buffer"
+
+META_KEYS = {
+    VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
+    GROUP: "int: id of the kernel group the node runs in (passes/assign.py, passes/fusion.py)",
+    BACKEND: "str: name of the codegen backend that runs the node's group, or 'fallback'",
+    FALLBACK: "str: why no codegen backend accepted the node (present only on fallback nodes)",
+    BUFFER: "str: name of the planned buffer holding the node's output storage (passes/memory.py)",
+}
+
+FALLBACK_BACKEND = "fallback"
+
+
+# --------------------------------------------------------------------------- values
+
+
+def is_fake_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
+def tensor_val(node: fx.Node) -> torch.Tensor | None:
+    v = node.meta.get(VAL)
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def has_val(node: fx.Node) -> bool:
+    """A node carries usable metadata (output nodes and ``None``-valued nodes are exempt)."""
+    if node.op == "output":
+        return True
+    return VAL in node.meta
+
+
+def expr(x: Any) -> sympy.Expr:
+    """A size, stride or scalar as a sympy expression (SymInts give their symbolic expression)."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return x.node.expr
+    if isinstance(x, bool):
+        return sympy.true if x else sympy.false
+    if isinstance(x, int):
+        return sympy.Integer(x)
+    if isinstance(x, float):
+        return sympy.Float(x)
+    raise TypeError(f"not a size: {x!r} ({type(x).__name__})")
+
+
+def shape_env_of(gm: fx.GraphModule):
+    """The ShapeEnv of the graph's fake values, or None for fully static graphs."""
+    mode = fake_mode_of(gm)
+    return getattr(mode, "shape_env", None) if mode is not None else None
+
+
+def fake_mode_of(gm: fx.GraphModule):
+    from torch._guards import detect_fake_mode
+
+    vals = [n.meta.get(VAL) for n in gm.graph.nodes if n.op == "placeholder"]
+    vals += [n.meta.get(VAL) for n in gm.graph.nodes if n.op != "placeholder"]
+    flat = [v for v in _flatten(vals) if isinstance(v, torch.Tensor)]
+    return detect_fake_mode(flat) if flat else None
+
+
+def hint(e: sympy.Expr | int, shape_env=None) -> int:
+    """An expression evaluated at the sizes the graph was traced with."""
+    if isinstance(e, int):
+        return e
+    e = sympy.sympify(e)
+    if not e.free_symbols:
+        return int(e)
+    if shape_env is None:
+        raise ValueError(f"symbolic size {e} needs a ShapeEnv to evaluate")
+    return int(shape_env.size_hint(e))
+
+
+def free_symbols(v: Any) -> set[sympy.Symbol]:
+    """The free symbols of a value's sizes, strides and storage offset."""
+    out: set[sympy.Symbol] = set()
+    for t in _flatten([v]):
+        if isinstance(t, torch.Tensor):
+            for x in (*t.shape, *t.stride(), t.storage_offset()):
+                if isinstance(x, torch.SymInt):
+                    out |= x.node.expr.free_symbols
+        elif isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            out |= t.node.expr.free_symbols
+    return out
+
+
+def _flatten(xs: Iterable[Any]) -> list[Any]:
+    out = []
+    for x in xs:
+        if isinstance(x, (list, tuple)):
+            out.extend(_flatten(x))
+        else:
+            out.append(x)
+    return out
+
+
+def storage_nbytes(t: torch.Tensor) -> sympy.Expr:
+    """Bytes of the smallest storage that holds ``t`` (from its offset, sizes and strides)."""
+    sizes = [expr(s) for s in t.shape]
+    if any(s == 0 for s in sizes):
+        return sympy.Integer(0)
+    span = expr(t.storage_offset()) + 1
+    for s, st in zip(sizes, (expr(x) for x in t.stride())):
+        span += (s - 1) * st
+    return sympy.expand(span * t.element_size())
+
+
+# --------------------------------------------------------------------------- ops and aliasing
+
+
+def op_schema(node: fx.Node):
+    return getattr(node.target, "_schema", None) if node.op == "call_function" else None
+
+
+def aliased_input(node: fx.Node) -> fx.Node | None:
+    """The input whose storage ``node``'s output shares, else None.
+
+    Decided from the op schema: a return annotated ``Tensor(a)`` (a view) or ``Tensor(a!)`` (an
+    in-place or out= op returning what it wrote) shares the storage of the argument carrying the
+    same alias set.  ``_unsafe_view`` returns a view without saying so.
+    """
+    if node.op != "call_function":
+        return None
+    if node.target is operator.getitem:
+        base = node.args[0]
+        return aliased_input(base) if isinstance(base, fx.Node) else None
+    if node.target in _UNANNOTATED_VIEWS:
+        return node.args[0] if isinstance(node.args[0], fx.Node) else None
+    schema = op_schema(node)
+    if schema is None:
+        return None
+    rets = [r.alias_info for r in schema.returns if r.alias_info is not None]
+    if not rets:
+        return None
+    sets = set().union(*(a.before_set for a in rets))
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.before_set & sets:
+            v = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            return v if isinstance(v, fx.Node) else None
+    return None
+
+
+_UNANNOTATED_VIEWS = {torch.ops.aten._unsafe_view.default}
+
+
+def is_mutating(node: fx.Node) -> bool:
+    """The op writes into one of its inputs (in-place or out= overloads)."""
+    schema = op_schema(node)
+    return bool(schema is not None and schema.is_mutable)
+
+
+def storage_root(node: fx.Node) -> fx.Node:
+    """The node that produced the storage ``node``'s value lives in."""
+    while True:
+        base = aliased_input(node)
+        if base is None:
+            return node
+        node = base
+
+
+# --------------------------------------------------------------------------- liveness
+
+
+@dataclass(frozen=True)
+class Live:
+    """A storage's live range over schedule positions ``start..end`` (inclusive)."""
+
+    root: fx.Node
+    start: int
+    end: int
+
+
+def liveness(schedule: Sequence[fx.Node], outputs: Iterable[fx.Node] = ()) -> dict[fx.Node, Live]:
+    """Live range of every storage produced by the scheduled nodes.
+
+    Positions are indices into ``schedule``; a storage lives until the last
+    scheduled user of any view of it; storages reachable from ``outputs`` live to the end.
+    """
+    pos = {n: i for i, n in enumerate(schedule)}
+    start: dict[fx.Node, int] = {}
+    end: dict[fx.Node, int] = {}
+    for i, n in enumerate(schedule):
+        r = storage_root(n)
+        if r is n:
+            # a multi-output op writes every output when it runs, before its getitems
+            base = n.args[0] if n.target is operator.getitem else None
+            start[n] = pos.get(base, i) if isinstance(base, fx.Node) else i
+            end[n] = i
+        for user in n.users:
+            if user in pos:
+                end[r] = max(end.get(r, i), pos[user])
+    last = len(schedule) - 1
+    for o in outputs:
+        end[storage_root(o)] = last
+    return {r: Live(r, start[r], end[r]) for r in start}
+
+
+def peak_live_bytes(ranges: Iterable[tuple[int, int, int]]) -> int:
+    """Max over positions of the bytes live there, for (start, end, nbytes) ranges (sweep)."""
+    events: list[tuple[int, int]] = []
+    for start, end, b in ranges:
+        if b:
+            events.append((start, b))
+            events.append((end + 1, -b))
+    events.sort()
+    cur = peak = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def output_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return [a for a in _flatten([out.args[0]]) if isinstance(a, fx.Node)]
+
+
+def count_compute_nodes(gm: fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function")
+
+
+def node_kind(node: fx.Node) -> str:
+    """How the wrapper treats a node.
+
+    ``placeholder`` / ``get_attr`` / ``output``: as in FX.  ``view``: output shares an input's
+    storage (views, in-place and out= ops).  ``getitem``: picks one output of a multi-output op.
+    ``scalar``: computes a Python/SymInt value or nothing (asserts, size queries).
+    ``compute``: produces new tensor storage: what backends and fallbacks run.
+    """
+    if node.op in ("placeholder", "get_attr", "output"):
+        return node.op
+    if node.op != "call_function":
+        return "compute"  # call_module / call_method: only eager can run them
+    if node.target is operator.getitem:
+        return "view" if aliased_input(node) is not None else "getitem"
+    if aliased_input(node) is not None and not is_mutating(node):
+        return "view"
+    v = node.meta.get(VAL)
+    if isinstance(v, torch.Tensor) or (
+        isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v)
+    ):
+        return "compute"
+    return "scalar"

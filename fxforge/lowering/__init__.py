@@ -1,0 +1,1 @@
+"""Graph-to-graph lowerings that run before grouping: decompositions, hygiene, out-variants."""

@@ -1,0 +1,53 @@
+"""Which decompositions run before lowering.
+
+"none": ATen as traced (composite ops already decomposed by tracing, e.g. ``linear`` -> ``addmm``):
+each node is an ATen kernel eager would run, the best input for the torch backend.
+"core": core ATen (softmax, layer norm... as pointwise + reduction nodes), what fusing backends want.
+"auto": "core" for backends that generate kernels, "none" for the torch backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import Config
+
+# Attention stays one node: its decomposition materialises the full score matrix.
+_KEEP = {
+    torch.ops.aten.scaled_dot_product_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+}
+
+
+def level(config: Config, backend_name: str) -> str:
+    if config.decompose != "auto":
+        return config.decompose
+    return "none" if backend_name == "torch" else "core"
+
+
+def aot_table(config: Config, backend_name: str) -> dict:
+    """Decompositions for AOTAutograd tracing."""
+    if level(config, backend_name) == "none":
+        return {}
+    from torch._decomp import core_aten_decompositions
+
+    return {k: v for k, v in core_aten_decompositions().items() if k not in _KEEP}
+
+
+def export_table(config: Config, backend_name: str):
+    """Decompositions for ``ExportedProgram.run_decompositions``.
+
+    At "none" only composite-implicit ops are decomposed, to what eager dispatch would run;
+    ops with kernels of their own (``_softmax``, ``native_layer_norm``, ``addmm``...) stay.
+    """
+    table = torch.export.default_decompositions()
+    for op in _KEEP:
+        table.pop(op, None)
+    if level(config, backend_name) == "none":
+        cia = torch._C.DispatchKey.CompositeImplicitAutograd
+        for op in list(table.keys()):
+            if not (isinstance(op, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), cia)):
+                table.pop(op)
+    return table

@@ -1,0 +1,1 @@
+"""Passes over the ATen graph: backend assignment, fusion, scheduling, memory planning."""

@@ -1,0 +1,210 @@
+"""PassManager: runs passes in order, verifies the graph between them, records what each did.
+
+A pass is any callable taking a GraphModule and returning one of
+* ``fxforge.PassResult(graph_module, modified, stats)`` (``stats`` optional, a dict of ints),
+* torch.fx's ``PassResult(graph_module, modified)``,
+* a bool (modified, graph changed in place) or None (in place, assumed modified).
+
+In debug mode (``Config(debug=True)``, ``FXFORGE_DEBUG=1``) every pass is followed by
+``verify_graph``: ``graph.lint()``, ``meta["val"]`` on every node, and fake values re-propagated
+through the graph agree with the stored ones.  A failure names the pass that broke the graph.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Sequence
+
+import sympy
+import torch
+import torch.fx as fx
+
+from .graph import VAL, count_compute_nodes, fake_mode_of, has_val
+
+
+class PassResult(NamedTuple):
+    graph_module: fx.GraphModule
+    modified: bool
+    stats: dict | None = None
+
+
+class PassError(RuntimeError):
+    """A pass raised, or left the graph broken (debug mode)."""
+
+    def __init__(self, pass_name: str, message: str):
+        super().__init__(f"after pass {pass_name!r}: {message}")
+        self.pass_name = pass_name
+
+
+@dataclass
+class PassRecord:
+    name: str
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+    modified: bool
+    stats: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "seconds": self.seconds,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "modified": self.modified,
+            **({"stats": self.stats} if self.stats else {}),
+        }
+
+
+def pass_name(p: Callable) -> str:
+    return getattr(p, "name", None) or getattr(p, "__name__", None) or type(p).__name__
+
+
+def run_one(p: Callable, gm: fx.GraphModule) -> PassResult:
+    """Call a pass and normalise whatever it returned to a PassResult."""
+    r = p(gm)
+    if r is None:
+        return PassResult(gm, True)
+    if isinstance(r, bool):
+        return PassResult(gm, r)
+    if isinstance(r, fx.GraphModule):
+        return PassResult(r, True)
+    if isinstance(r, tuple) and len(r) >= 2 and isinstance(r[0], fx.GraphModule):
+        stats = r[2] if len(r) > 2 else getattr(r, "stats", None)
+        return PassResult(r[0], bool(r[1]), stats)
+    raise TypeError(
+        f"pass {pass_name(p)!r} returned {type(r).__name__}; expected PassResult, bool, GraphModule or None"
+    )
+
+
+class PassManager:
+    def __init__(self, passes: Sequence[Callable], *, debug: bool = False):
+        self.passes = list(passes)
+        self.debug = debug
+
+    def __call__(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
+        records = []
+        if self.debug:
+            _verify_or_raise("<input>", gm)
+        for p in self.passes:
+            name = pass_name(p)
+            before = count_compute_nodes(gm)
+            t0 = time.perf_counter()
+            try:
+                r = run_one(p, gm)
+            except PassError:
+                raise
+            except Exception as e:
+                raise PassError(name, f"{type(e).__name__}: {e}") from e
+            gm = r.graph_module
+            if r.modified:
+                gm.recompile()
+            records.append(
+                PassRecord(name, time.perf_counter() - t0, before, count_compute_nodes(gm), r.modified, dict(r.stats or {}))
+            )
+            if self.debug:
+                _verify_or_raise(name, gm)
+        return gm, records
+
+
+def _verify_or_raise(name: str, gm: fx.GraphModule) -> None:
+    problems = verify_graph(gm)
+    if problems:
+        raise PassError(name, "; ".join(problems[:10]) + (f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""))
+
+
+def verify_graph(gm: fx.GraphModule) -> list[str]:
+    """Problems with the graph (empty when healthy)."""
+    try:
+        gm.graph.lint()
+    except Exception as e:
+        return [f"graph.lint() failed: {e}"]
+    missing = [n.name for n in gm.graph.nodes if not has_val(n)]
+    if missing:
+        return [f"node {m} has no meta['val']" for m in missing]
+    return _reprop_mismatches(gm)
+
+
+class _FakeReprop(fx.Interpreter):
+    """Runs the graph on its own placeholder fake values without touching node.meta."""
+
+    def __init__(self, gm, mode):
+        super().__init__(gm, garbage_collect_values=False)
+        self.mode = mode
+        self.at: fx.Node | None = None
+
+    def run_node(self, n: fx.Node):
+        self.at = n
+        return super().run_node(n)
+
+    def placeholder(self, target, args, kwargs):
+        return self.at.meta[VAL]
+
+    def get_attr(self, target, args, kwargs):
+        v = super().get_attr(target, args, kwargs)
+        return self.mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+
+
+def _reprop_mismatches(gm: fx.GraphModule) -> list[str]:
+    mode = fake_mode_of(gm)
+    if mode is None:
+        return []
+    interp = _FakeReprop(gm, mode)
+    try:
+        with mode:
+            interp.run()
+    except Exception as e:  # ops without fake kernels cannot be re-propagated; nothing to compare
+        return [] if _is_unsupported(e) else [f"re-propagating fake values failed at {interp.at}: {type(e).__name__}: {e}"]
+    out = []
+    for n, new in interp.env.items():
+        if n.op in ("placeholder", "output"):
+            continue
+        msg = _compare(n.meta.get(VAL), new)
+        if msg:
+            out.append(f"node {n.name}: stored meta['val'] {msg}")
+    return out
+
+
+def _is_unsupported(e: Exception) -> bool:
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException
+
+    return isinstance(e, (UnsupportedOperatorException, DynamicOutputShapeException, DataDependentOutputException))
+
+
+def _dims_equal(a, b) -> bool:
+    ea = a.node.expr if isinstance(a, torch.SymInt) else sympy.Integer(a)
+    eb = b.node.expr if isinstance(b, torch.SymInt) else sympy.Integer(b)
+    if any(s.name.startswith("u") for s in (ea.free_symbols | eb.free_symbols)):
+        return True  # unbacked symbols are renamed on every propagation
+    return sympy.simplify(ea - eb) == 0
+
+
+def _compare(old: Any, new: Any) -> str | None:
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
+        if len(old) != len(new):
+            return f"has {len(old)} outputs, the graph computes {len(new)}"
+        for i, (a, b) in enumerate(zip(old, new)):
+            m = _compare(a, b)
+            if m:
+                return f"output {i} {m}"
+        return None
+    if isinstance(old, torch.Tensor) != isinstance(new, torch.Tensor):
+        return f"is {type(old).__name__}, the graph computes {type(new).__name__}"
+    if not isinstance(old, torch.Tensor):
+        return None
+    if old.dtype != new.dtype:
+        return f"has dtype {old.dtype}, the graph computes {new.dtype}"
+    if old.device != new.device:
+        return f"is on {old.device}, the graph computes {new.device}"
+    if old.dim() != new.dim() or not all(_dims_equal(a, b) for a, b in zip(old.shape, new.shape)):
+        return f"has shape {tuple(old.shape)}, the graph computes {tuple(new.shape)}"
+    if any(isinstance(s, int) and s == 0 for s in old.shape):
+        return None  # strides of empty tensors carry no meaning
+    if not all(
+        _dims_equal(a, b)
+        for a, b, s in zip(old.stride(), new.stride(), old.shape)
+        if not (isinstance(s, int) and s == 1)  # a size-1 dim's stride carries no meaning
+    ):
+        return f"has stride {old.stride()}, the graph computes {new.stride()}"
+    return None

@@ -1,0 +1,111 @@
+"""The plan: what the passes decided, in the form codegen consumes (graph -> plan -> code).
+
+* ``Group``: nodes one backend runs as one kernel, in schedule order.
+* ``Buffer``: one planned output storage: where it lives (an arena region, or a fresh
+  allocation when it escapes to the caller), its dtype, shape, stride and live range.
+* ``MemoryPlan``: every buffer plus the arenas (one per device).
+* ``Plan``: schedule + groups + memory plan.
+
+Sizes, strides and offsets are sympy expressions over the graph's size symbols; ``hint``
+evaluates them at the sizes of the traced example inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+import torch.fx as fx
+
+from .graph import hint
+
+
+@dataclass
+class Group:
+    id: int
+    backend: str
+    nodes: list[fx.Node]
+    # Values read from outside the group (tensors and scalars), in first-use order.
+    inputs: list[fx.Node] = field(default_factory=list)
+    # Values of this group used after it or returned (each written into a buffer).
+    outputs: list[fx.Node] = field(default_factory=list)
+    # Why the group runs as an eager fallback (backend == "fallback" only).
+    reason: str = ""
+
+
+@dataclass
+class Buffer:
+    name: str
+    # The compute node writing it, and which of its outputs (None: its only output).
+    producer: fx.Node
+    index: int | None
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple[sympy.Expr, ...]
+    stride: tuple[sympy.Expr, ...]
+    nbytes: sympy.Expr
+    # "arena": a region of ``arena`` at ``offset``; "fresh": allocated per call (escapes to caller).
+    kind: str
+    start: int
+    end: int
+    arena: str | None = None
+    offset: sympy.Expr | None = None
+
+
+@dataclass
+class Arena:
+    name: str
+    device: torch.device
+    nbytes: sympy.Expr
+
+
+@dataclass
+class MemoryPlan:
+    buffers: dict[str, Buffer]
+    arenas: list[Arena]
+    alignment: int
+    shape_env: object = None
+
+    def __post_init__(self) -> None:
+        self._slots = {(b.producer, b.index): b for b in self.buffers.values()}
+
+    def of(self, producer: fx.Node, index: int | None) -> Buffer | None:
+        """The buffer written for output ``index`` of ``producer`` (None: not planned)."""
+        return self._slots.get((producer, index))
+
+    def hint(self, e) -> int:
+        return hint(e, self.shape_env)
+
+    def dump(self) -> str:
+        """One line per buffer: name, where it lives, size, live range (at traced sizes)."""
+        rows = [("buffer", "where", "offset", "bytes", "live", "dtype", "shape")]
+        for b in sorted(self.buffers.values(), key=lambda b: (b.kind, b.arena or "", self.hint(b.offset or 0))):
+            rows.append(
+                (
+                    b.name,
+                    b.arena if b.kind == "arena" else "fresh",
+                    str(self.hint(b.offset)) if b.offset is not None else "-",
+                    str(self.hint(b.nbytes)),
+                    f"{b.start}..{b.end}",
+                    str(b.dtype).replace("torch.", ""),
+                    "(" + ", ".join(str(s) for s in b.shape) + ")",
+                )
+            )
+        for a in self.arenas:
+            rows.append((a.name, str(a.device), "", str(self.hint(a.nbytes)), "", "uint8", ""))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+@dataclass
+class Plan:
+    schedule: list[fx.Node]
+    groups: list[Group]
+    memory: MemoryPlan
+
+    def __post_init__(self) -> None:
+        self._group_of = {n: g for g in self.groups for n in g.nodes}
+
+    def group_of(self, node: fx.Node) -> Group | None:
+        return self._group_of.get(node)
