@@ -63,7 +63,9 @@ def has_val(node: fx.Node) -> bool:
 def expr(x: Any) -> sympy.Expr:
     """A size, stride or scalar as a sympy expression (SymInts give their symbolic expression)."""
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return x.node.expr
+        env = getattr(x.node, "shape_env", None)
+        # replacements: symbols the ShapeEnv proved equal to others (s77 == s33) are rewritten
+        return env.replace(x.node.expr) if env is not None else x.node.expr
     if isinstance(x, bool):
         return sympy.true if x else sympy.false
     if isinstance(x, int):
@@ -97,6 +99,11 @@ def hint(e: sympy.Expr | int, shape_env=None) -> int:
         return int(e)
     if shape_env is None:
         raise ValueError(f"symbolic size {e} needs a ShapeEnv to evaluate")
+    hints = getattr(shape_env, "var_to_val", None)
+    if hints is not None:
+        v = e.xreplace(hints)
+        if not v.free_symbols:
+            return int(v)
     return int(shape_env.size_hint(e))
 
 
@@ -107,9 +114,9 @@ def free_symbols(v: Any) -> set[sympy.Symbol]:
         if isinstance(t, torch.Tensor):
             for x in (*t.shape, *t.stride(), t.storage_offset()):
                 if isinstance(x, torch.SymInt):
-                    out |= x.node.expr.free_symbols
+                    out |= expr(x).free_symbols
         elif isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            out |= t.node.expr.free_symbols
+            out |= expr(t).free_symbols
     return out
 
 

@@ -22,7 +22,7 @@ class PyExprPrinter:
     """sympy -> Python integer arithmetic (floor semantics, exactly what Python ints do)."""
 
     def __init__(self, names: dict[sympy.Symbol, str] | None = None):
-        self.names = names or {}
+        self.names = names if names is not None else {}
 
     def __call__(self, e: Any) -> str:
         return self.p(sympy.sympify(e))

@@ -36,7 +36,7 @@ import torch
 import torch.fx as fx
 
 from ..config import Config
-from ..graph import FALLBACK_BACKEND, VAL, node_kind, output_nodes
+from ..graph import FALLBACK_BACKEND, VAL, expr, node_kind, output_nodes
 from ..plan import Buffer, Group, Plan
 from .pyexpr import PyExprPrinter, format_arg, format_call, literal, op_display, op_path
 from .registry import Kernel, KernelContext, Registry
@@ -125,11 +125,10 @@ class _Builder:
         else:
             return
         for s, read in reads:
-            if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol) and s.node.expr not in self.sym:
-                name = str(s.node.expr)
-                name = name if name not in self.taken else self.fresh(f"_{name}")
-                self.taken.add(name)
-                self.sym[s.node.expr] = name
+            e = expr(s) if isinstance(s, torch.SymInt) else None
+            if isinstance(e, sympy.Symbol) and e not in self.sym:
+                name = self.fresh(str(e) if str(e) not in self.taken else f"_{e}")
+                self.sym[e] = name
                 self.lines.append(f"{name} = {read}")
 
     # ------------------------------------------------------------------ emission
@@ -210,12 +209,14 @@ class _Builder:
             dead_at.setdefault(at, []).append(n.name)
 
         placeholders = [n for n in sched if n.op == "placeholder"]
-        body_start = len(self.lines)
+        for n in placeholders:
+            self.bind_symbols_from(n.name, n.meta.get(VAL))
+        body_start = len(self.lines)  # arenas are allocated here, once input sizes are known
         for i, n in enumerate(sched):
             kind = node_kind(n)
             g = plan.group_of(n)
             if kind == "placeholder":
-                self.bind_symbols_from(n.name, n.meta.get(VAL))
+                pass
             elif kind == "get_attr":
                 self.globals[n.name] = _fetch_attr(self.gm, n.target)
             elif g is not None and g.backend != FALLBACK_BACKEND:

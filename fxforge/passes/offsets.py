@@ -166,7 +166,7 @@ def _first_fit(taken: Iterable[tuple[int, int]], need: int) -> int:
     """Start of the lowest gap that holds `need` units; above everything if none does."""
     top = 0
     for lo, hi in taken:
-        if lo - top >= need:
+        if lo - top > need:
             return top
         if hi > top:
             top = hi
@@ -224,8 +224,8 @@ def plan_by_breadth(intervals: Sequence[Interval], alignment: int = 64) -> dict[
 
     def busiest(iv: Interval) -> int:
         l, r = ranks[iv.start], ranks[iv.end]
-        row = table[(r - l + 1).bit_length() - 1]
-        return max(row[l], row[r + 1 - (1 << ((r - l + 1).bit_length() - 1))])
+        k = (r - l + 1).bit_length() - 1  # two rows of width 2**k cover l..r
+        return max(table[k][l], table[k][r + 1 - (1 << k)])
 
     order = sorted(intervals, key=lambda iv: (-busiest(iv), -iv.size, iv.start))
     return _pack(order, alignment, _best_fit, ranks)
@@ -254,15 +254,17 @@ def plan_by_start(intervals: Sequence[Interval], alignment: int = 64) -> dict[st
             _, lo, hi = heapq.heappop(live)
             _merge_in(free, lo, hi)
         need = _units(iv.size, alignment)
+        if need == 0:
+            offsets[iv.name] = 0
+            continue
         los, his = free
         i = next(i for i, (lo, hi) in enumerate(zip(los, his)) if hi - lo >= need)
         at = los[i]
-        if need:
-            if his[i] - at == need:
-                del los[i], his[i]
-            else:
-                los[i] = at + need
-            heapq.heappush(live, (iv.end, at, at + need))
+        if his[i] - at == need:
+            del los[i], his[i]
+        else:
+            los[i] = at + need
+        heapq.heappush(live, (iv.end, at, at + need))
         offsets[iv.name] = at * alignment
     return offsets
 
