@@ -99,7 +99,9 @@ def hint(e: sympy.Expr | int, shape_env=None) -> int:
         return int(e)
     if shape_env is None:
         raise ValueError(f"symbolic size {e} needs a ShapeEnv to evaluate")
-    hints = getattr(shape_env, "var_to_val", None)
+    hints = getattr(shape_env, "backed_var_to_val", None)
+    if hints is None:  # torch < 2.13
+        hints = getattr(shape_env, "var_to_val", None)
     if hints is not None:
         v = e.xreplace(hints)
         if not v.free_symbols:
