@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 import torch.fx as fx
 
 log = logging.getLogger("fxforge")
@@ -69,7 +70,10 @@ class Compiled:
         """AOTAutograd's calling convention: one list of inputs."""
         if self.failed is None:
             try:
-                return self._fn(args)
+                # Graphs are ATen-level and functional: autograd, if any, happens outside them
+                # (AOTAutograd), and out= ops refuse inputs that require grad.
+                with torch.no_grad():
+                    return self._fn(args)
             except Exception as e:
                 if self._debug or self._eager is None:
                     raise

@@ -54,10 +54,11 @@ def tensor_val(node: fx.Node) -> torch.Tensor | None:
 
 
 def has_val(node: fx.Node) -> bool:
-    """A node carries usable metadata (output nodes and ``None``-valued nodes are exempt)."""
-    if node.op == "output":
+    """A node carries the metadata fxforge needs (output nodes and ops returning nothing are exempt)."""
+    if node.op == "output" or VAL in node.meta:
         return True
-    return VAL in node.meta
+    schema = op_schema(node)
+    return schema is not None and not schema.returns  # ops returning nothing (asserts) have no value
 
 
 def expr(x: Any) -> sympy.Expr:
@@ -172,7 +173,8 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
         return None
     sets = set().union(*(a.before_set for a in rets))
     for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.before_set & sets:
+        # a list of views (``Tensor(a)[]``) carries its alias set on the elements, not the list
+        if arg.alias_info is not None and (arg.alias_info.before_set & sets or not sets):
             v = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
             return v if isinstance(v, fx.Node) else None
     return None

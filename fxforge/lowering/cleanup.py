@@ -37,8 +37,9 @@ def has_side_effects(n: fx.Node) -> bool:
         return n.op in ("placeholder", "output")
     if is_mutating(n) or n.is_impure():
         return True
-    if n.meta.get(VAL, 0) is None:  # returns nothing: run only for its effect (e.g. an assert)
-        return True
+    schema = getattr(n.target, "_schema", None)
+    if n.meta.get(VAL, 0) is None or (schema is not None and not schema.returns):
+        return True  # returns nothing: runs only for its effect (e.g. an assert)
     name = getattr(n.target, "__name__", "") or ""
     return "assert" in name or torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
 

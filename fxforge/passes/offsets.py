@@ -166,7 +166,7 @@ def _first_fit(taken: Iterable[tuple[int, int]], need: int) -> int:
     """Start of the lowest gap that holds `need` units; above everything if none does."""
     top = 0
     for lo, hi in taken:
-        if lo - top > need:
+        if lo - top >= need:
             return top
         if hi > top:
             top = hi

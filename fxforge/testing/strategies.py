@@ -18,14 +18,16 @@ from typing import Callable, Iterable, Sequence
 import torch
 import torch._refs
 import torch.fx as fx
-from hypothesis import strategies as st
+from hypothesis import note, strategies as st
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
+from .equivalence import hint, random_inputs
+
 __all__ = [
     "ALL_DTYPES", "FAMILIES", "FLOATS", "INTS", "OPS", "GraphBuilder", "Op", "binary", "dtypes",
-    "graphs", "hint", "op_nodes", "shapes", "unary",
+    "graphs", "op_nodes", "select_ops", "shapes", "unary",
 ]
 
 aten = torch.ops.aten
@@ -43,14 +45,6 @@ def shapes(*, min_rank: int = 1, max_rank: int = 3, max_dim: int = 6) -> st.Sear
 def dtypes(allowed: Sequence[torch.dtype] = ALL_DTYPES) -> st.SearchStrategy:
     """One of `allowed`, shrinking towards the first (float32 by default)."""
     return st.sampled_from(tuple(allowed))
-
-
-def hint(size) -> int:
-    """The concrete value of a size: itself when static, else the example value of its symbol."""
-    if isinstance(size, torch.SymInt):
-        node = size.node
-        return int(node.hint) if node.hint is not None else int(node.shape_env.size_hint(node.expr))
-    return int(size)
 
 
 def _broadcastable(a: tuple, b: tuple) -> bool:
@@ -159,8 +153,6 @@ class GraphBuilder:
 
     def finish(self, outputs: Sequence[fx.Node], seed: int = 0):
         """Close the graph returning `outputs`; gives (GraphModule, example inputs)."""
-        from .equivalence import random_inputs  # equivalence does not import this module
-
         out = self.graph.output(tuple(outputs))
         out.meta["val"] = tuple(o.meta["val"] for o in outputs)  # as FakeTensorProp leaves it
         self.graph.lint()
@@ -495,4 +487,6 @@ def graphs(draw, *, ops: Iterable[str | Op] | None = None, extra_ops: Iterable[O
     sinks = b.sinks()
     inner = [v for v in b.values if v.users and v.op != "placeholder"]
     extra = draw(st.lists(st.sampled_from(inner), max_size=2, unique=True)) if inner else []
-    return b.finish(sinks + [v for v in inner if v in extra], seed=draw(st.integers(0, 2**16)))
+    gm, inputs = b.finish(sinks + [v for v in inner if v in extra], seed=draw(st.integers(0, 2**16)))
+    note(gm.print_readable(print_output=False))  # hypothesis shows it for a failing example
+    return gm, inputs
