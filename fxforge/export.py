@@ -50,7 +50,7 @@ class ExportedCompiled(Compiled):
         ep = self.program
         in_spec = ep.call_spec.in_spec
         if in_spec is not None and kwargs:
-            kw_spec = in_spec.children_specs[1]
+            kw_spec = in_spec.children()[1] if hasattr(in_spec, "children") else in_spec.children_specs[1]
             order = list(kw_spec.context) if kw_spec.context else []
             if set(order) != set(kwargs):
                 raise TypeError(f"compiled program takes keyword arguments {order}, got {sorted(kwargs)}")
@@ -130,11 +130,16 @@ def apply_passes(
 
 
 def _fill_attr_vals(gm: fx.GraphModule) -> None:
-    """get_attr nodes of an unlifted program carry no fake value; give them one."""
+    """get_attr nodes of an unlifted program carry no fake value; give them one.
+
+    Submodule calls ``ep.module()`` adds (its input guards) return nothing: their value is None.
+    """
     from .graph import fake_mode_of
 
     mode = fake_mode_of(gm)
     for n in gm.graph.nodes:
+        if n.op == "call_module" and VAL not in n.meta and not n.users:
+            n.meta[VAL] = None
         if n.op == "get_attr" and VAL not in n.meta:
             obj: Any = gm
             for part in n.target.split("."):

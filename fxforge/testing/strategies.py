@@ -399,7 +399,8 @@ def _addmm(draw, b, dt):
     m, k = b.shape(x)
     w = b.operand(draw, dt, lambda s: len(s) == 2 and s[0] == k, st.integers(1, b.max_dim).map(lambda n: (k, n)))
     n = b.shape(w)[1]
-    bias = b.operand(draw, dt, lambda s: len(s) <= 2 and _broadcastable(s, (m, n)), st.sampled_from([(n,), (m, n), (1, n), (m, 1)]))
+    # addmm's bias must expand to (m, n); mutual broadcasting is not enough
+    bias = b.operand(draw, dt, lambda s: len(s) <= 2 and all(a in (1, c) for a, c in zip(s[::-1], (n, m))), st.sampled_from([(n,), (m, n), (1, n), (m, 1)]))
     return b.call(aten.addmm.default, bias, x, w)
 
 

@@ -1,0 +1,110 @@
+"""PassManager: verification between passes names the pass that broke the graph."""
+
+import pytest
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fxforge
+from fxforge.graph import VAL
+from fxforge.pipeline import PassError, PassManager, PassResult, verify_graph
+
+
+def traced(symbolic=False):
+    def f(x, y):
+        return (torch.relu(x @ y) + 1).sum(-1), x.t()
+
+    return make_fx(f, tracing_mode="symbolic" if symbolic else "fake")(torch.randn(4, 8), torch.randn(8, 3))
+
+
+def identity(gm):
+    return PassResult(gm, False)
+
+
+def corrupt_shape(gm):
+    """Writes a wrong shape into the metadata of the relu node."""
+    for n in gm.graph.nodes:
+        if n.target is torch.ops.aten.relu.default:
+            n.meta[VAL] = n.meta[VAL].new_empty((7, 7))
+    return PassResult(gm, True)
+
+
+def drop_meta(gm):
+    for n in gm.graph.nodes:
+        if n.target is torch.ops.aten.add.Tensor:
+            del n.meta[VAL]
+    return True
+
+
+def wrong_dtype_rewrite(gm):
+    """Retargets add to a dtype-changing op but leaves the old metadata in place."""
+    for n in gm.graph.nodes:
+        if n.target is torch.ops.aten.add.Tensor:
+            n.target = torch.ops.aten.gt.Scalar
+    return True
+
+
+def dangling_use(gm):
+    """Moves a node ahead of its input: graph.lint() must refuse it."""
+    relu = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.relu.default)
+    first = next(n for n in gm.graph.nodes if n.op == "call_function")
+    first.prepend(relu)
+    return True
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+@pytest.mark.parametrize(
+    "bad, expect",
+    [(corrupt_shape, "shape"), (drop_meta, "no meta"), (wrong_dtype_rewrite, "dtype"), (dangling_use, "lint")],
+)
+def test_broken_pass_is_reported_with_its_name(bad, expect, symbolic):
+    gm = traced(symbolic)
+    pm = PassManager([identity, bad, identity], debug=True)
+    with pytest.raises(PassError, match=expect) as info:
+        pm(gm)
+    assert info.value.pass_name == bad.__name__
+    assert bad.__name__ in str(info.value)
+
+
+def test_healthy_graph_verifies_and_records_every_pass():
+    gm = traced(symbolic=True)
+    assert verify_graph(gm) == []
+    gm, records = PassManager([identity, identity], debug=True)(gm)
+    assert [r.name for r in records] == ["identity", "identity"]
+    assert all(r.seconds >= 0 and r.nodes_before == r.nodes_after for r in records)
+
+
+def test_without_debug_a_broken_pass_is_not_verified():
+    gm = traced()
+    PassManager([corrupt_shape], debug=False)(gm)  # no verification, no error
+
+
+def test_pass_exceptions_name_the_pass():
+    def explode(gm):
+        raise ValueError("boom")
+
+    with pytest.raises(PassError, match="explode.*boom"):
+        PassManager([explode])(traced())
+
+
+def test_pass_results_of_every_accepted_shape():
+    from torch.fx.passes.infra.pass_base import PassResult as TorchPassResult
+
+    gm = traced()
+    passes = [lambda g: None, lambda g: False, lambda g: TorchPassResult(g, False), lambda g: PassResult(g, True, {"n": 1})]
+    gm, records = PassManager(passes, debug=True)(gm)
+    assert [r.modified for r in records] == [True, False, False, True]
+    assert records[-1].stats == {"n": 1}
+    with pytest.raises(PassError, match="returned int"):
+        PassManager([lambda g: 3])(gm)
+
+
+def test_compile_stats_carry_pass_records():
+    gm = traced()
+    c = fxforge.compiler.compile_graph(gm, fxforge.Config(debug=True))
+    names = [p["name"] for p in c.stats["passes"]]
+    assert "assign_backends" in names
+    x, y = torch.randn(4, 8), torch.randn(8, 3)
+    out = c(x, y)
+    torch.testing.assert_close(out[0], (torch.relu(x @ y) + 1).sum(-1))
+    torch.testing.assert_close(out[1], x.t())
