@@ -24,7 +24,6 @@ class Kernel:
     """One compiled group: ``source`` defines a function ``name`` taking ``args`` in order."""
 
     name: str
-    backend: str
     source: str
     # Wrapper-level values the call passes (input values first, then output buffers).
     args: list[str]
@@ -34,6 +33,8 @@ class Kernel:
     unique_io_buffers: int = 0
     # Launch arguments of the emitted kernel (pointers + sizes/strides/scalars); None: len(args).
     launch_args: int | None = None
+    # The backend that compiled it (filled in by the wrapper from the group).
+    backend: str = ""
 
     @property
     def num_args(self) -> int:

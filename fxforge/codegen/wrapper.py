@@ -177,6 +177,7 @@ class _Builder:
             log.warning("fxforge: group %d (%s) runs as eager fallback: %s", g.id, ", ".join(n.name for n in g.nodes), reason)
             self.demoted.append((g.id, reason))
             return None
+        k.backend = g.backend
         self.globals.update(k.globals)
         return k
 
