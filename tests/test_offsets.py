@@ -62,6 +62,24 @@ def test_pisarchyk_scaled_by_alignment():
     assert plan.arena_bytes == plan.lower_bound_bytes == 124 * 64
 
 
+def test_plan_offsets_keeps_the_smallest():
+    # Greedy by size puts the 5 at 0 and the 4 above it, stranding a 1-unit hole: arena 10. Placing
+    # the longest-lived first reaches the bound, 9 (steps 3 and 4: 3 + 2 + 4).
+    t = ivs([(3, 1, 4), (2, 3, 5), (5, 1, 1), (4, 2, 4)])
+    assert lower_bound(t) == 9
+    assert arena(t, plan_by_size(t, 1), 1) == 10
+    plan = plan_offsets(t, alignment=1)
+    verify_plan(t, plan)
+    assert (plan.arena_bytes, plan.planner) == (9, "lifetime")
+    # Here no planner meets the bound (17), so all run; by size is best (18), the last run is not.
+    t = ivs([(3, 2, 2), (1, 4, 8), (7, 2, 2), (7, 2, 5), (8, 3, 6)])
+    arenas = {name: arena(t, planner(t, 1), 1) for name, planner in PLANNERS}
+    assert lower_bound(t) == 17 and arenas["size"] == 18 < arenas[PLANNERS[-1][0]]
+    plan = plan_offsets(t, alignment=1)
+    verify_plan(t, plan)
+    assert (plan.arena_bytes, plan.planner) == (18, "size")
+
+
 def test_empty():
     plan = plan_offsets([])
     assert (plan.offsets, plan.arena_bytes, plan.lower_bound_bytes, plan.fragmentation) == ({}, 0, 0, 0.0)
@@ -134,6 +152,9 @@ def test_interval_validation():
         Interval("x", -1, 0, 0)
     with pytest.raises(ValueError):
         plan_offsets([], alignment=0)
+    with pytest.raises(ValueError, match="unique"):
+        plan_offsets([Interval("x", 8, 0, 0), Interval("x", 8, 1, 1)])
+    assert OffsetPlan({}, 110, 100, "size").fragmentation == pytest.approx(0.1)
 
 
 def test_dump_lists_every_buffer_by_offset():
