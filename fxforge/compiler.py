@@ -33,7 +33,7 @@ from .graph import (
 )
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
 from .passes.assign import AssignBackends
-from .passes.memory import plan_memory
+from .passes.memory import plan_memory, verify_memory_plan
 from .passes.schedule import schedule as make_schedule
 from .pipeline import PassManager
 from .plan import Group, Plan
@@ -112,6 +112,8 @@ def compile_graph(
     sched = make_schedule(gm)
     groups = build_groups(gm, sched)
     memory = plan_memory(gm, sched, groups, config)
+    if config.debug:
+        verify_memory_plan(memory)
     plan = Plan(sched, groups, memory)
     w = wrapper.generate(gm, plan, registry, config)
     fn = w.load(f"<fxforge-{kind}-{next(_graph_ids)}>")

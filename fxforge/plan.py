@@ -58,6 +58,8 @@ class Arena:
     name: str
     device: torch.device
     nbytes: sympy.Expr
+    # Which placement produced the offsets ("size", "breadth", ... or "slots" for symbolic sizes).
+    planner: str = ""
 
 
 @dataclass

@@ -12,6 +12,7 @@ Compose your own: `shapes()`, `dtypes()`, the `Op` table (`OPS`, `unary`, `binar
 from __future__ import annotations
 
 import operator
+import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -127,11 +128,12 @@ class GraphBuilder:
                 fresh: st.SearchStrategy | None = None) -> fx.Node:
         """An existing value of `dtype` whose shape `fits`, or a new input of a `fresh` shape.
 
-        Index 0 is the oldest candidate, so shrinking reuses the first inputs rather than adding
-        placeholders; the last index means "new input". `fresh` must only produce fitting shapes.
+        Candidates run newest first: small indices, which hypothesis favours and shrinks to,
+        chain ops and give recent intermediates second consumers (what rewrites get wrong);
+        the last index means "new input". `fresh` must only produce fitting shapes.
         """
         fits = fits or (lambda s: True)
-        cands = [v for v in self.values if v.meta["val"].dtype == dtype and fits(self.shape(v))]
+        cands = [v for v in reversed(self.values) if v.meta["val"].dtype == dtype and fits(self.shape(v))]
         i = draw(st.integers(0, len(cands)))
         if i < len(cands):
             return cands[i]
@@ -457,13 +459,17 @@ def op_nodes(draw, builder: GraphBuilder, ops: Sequence[Op], dtype: torch.dtype,
     if not by_family:
         raise ValueError(f"no op in {[op.name for op in ops]} supports {dtype}")
     families = list(by_family)
-    nodes = []
-    for _ in range(draw(st.integers(min_ops, max_ops))):
+
+    @st.composite
+    def one_op(draw):
         op = draw(st.sampled_from(by_family[draw(st.sampled_from(families))]))
-        node = op.build(draw, builder, dtype)
-        if node is not None:
-            nodes.append(node)
-    return nodes
+        return op.build(draw, builder, dtype)
+
+    if os.environ.get("FXFORGE_COUNT_FIRST"):
+        nodes = [draw(one_op()) for _ in range(draw(st.integers(min_ops, max_ops)))]
+    else:
+        nodes = draw(st.lists(one_op(), min_size=min_ops, max_size=max_ops))
+    return [n for n in nodes if n is not None]
 
 
 @st.composite
