@@ -242,6 +242,8 @@ def peak_live_bytes(ranges: Iterable[tuple[int, int, int]]) -> int:
         if b:
             events.append((start, b))
             events.append((end + 1, -b))
+    # Frees (negative) sort first within a position, so a range ending at t never counts with
+    # one starting at t + 1.
     events.sort()
     cur = peak = 0
     for _, d in events:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Callable, Iterable, Mapping, Sequence
 
+from ..graph import peak_live_bytes
+
 __all__ = [
     "Interval", "OffsetPlan", "PlanError", "PLANNERS", "lower_bound", "plan_offsets", "verify_plan",
     "plan_by_size", "plan_by_breadth", "plan_by_lifetime", "plan_by_start",
@@ -43,19 +45,7 @@ def _units(size: int, alignment: int) -> int:
 
 def lower_bound(intervals: Iterable[Interval], alignment: int = 1) -> int:
     """Peak live bytes over the schedule (sizes rounded up to `alignment`): no plan fits in less."""
-    events = []
-    for iv in intervals:
-        if iv.size:
-            b = _units(iv.size, alignment) * alignment
-            events += ((iv.start, b), (iv.end + 1, -b))
-    # Frees (negative) sort first within a step, so a buffer ending at t never counts with one
-    # starting at t + 1, and a running sum never overshoots the step's true total.
-    live = peak = 0
-    for _, delta in sorted(events):
-        live += delta
-        if live > peak:
-            peak = live
-    return peak
+    return peak_live_bytes((iv.start, iv.end, _units(iv.size, alignment) * alignment) for iv in intervals)
 
 
 # ---------------------------------------------------------------------------------------------
