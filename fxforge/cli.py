@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attention written as matmul/softmax (default) or F.scaled_dot_product_attention")
     d.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
     d.add_argument("--calls", type=int, default=30, help="most timed calls per measurement (default 30)")
-    d.add_argument("--budget", type=float, default=8.0,
-                   help="seconds one timing measurement may take before it stops early (default 8)")
+    d.add_argument("--budget", type=float, default=6.0,
+                   help="seconds one timing measurement may take before it stops early (default 6)")
     d.add_argument("--json", metavar="PATH", help="also write every figure (run_demo's dict) to PATH as JSON")
     d.set_defaults(func=_demo)
 
