@@ -29,6 +29,7 @@ GROUP = "fxforge_group"
 BACKEND = "fxforge_backend"
 FALLBACK = "fxforge_fallback"
 BUFFER = "fxforge_buffer"
+ALLOCATES = "fxforge_allocates"
 
 META_KEYS = {
     VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
@@ -36,6 +37,7 @@ META_KEYS = {
     BACKEND: "str: name of the codegen backend that runs the node's group, or 'fallback'",
     FALLBACK: "str: why no codegen backend accepted the node (present only on fallback nodes)",
     BUFFER: "str: name of the planned buffer holding the node's output storage (passes/memory.py)",
+    ALLOCATES: "bool: the node's kernel allocates its own outputs, which get no planned buffer",
 }
 
 FALLBACK_BACKEND = "fallback"

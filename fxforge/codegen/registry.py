@@ -33,6 +33,8 @@ class Kernel:
     unique_io_buffers: int = 0
     # Launch arguments of the emitted kernel (pointers + sizes/strides/scalars); None: len(args).
     launch_args: int | None = None
+    # Wrapper variables bound from the call's return value (outputs the kernel allocates itself).
+    returns: list[str] = field(default_factory=list)
     # The backend that compiled it (filled in by the wrapper from the group).
     backend: str = ""
 
@@ -59,6 +61,8 @@ class CodegenBackend:
     accepts: Callable[[fx.Node, Config], str | None]
     compile: Callable[[Group, KernelContext], Kernel]
     description: str = ""
+    # True for nodes whose kernel allocates its own outputs instead of writing planned buffers.
+    allocates: Callable[[fx.Node, Config], bool] | None = None
 
 
 class Registry:

@@ -79,6 +79,8 @@ class _Builder:
         self.kernels: list[Kernel] = []
         self.kernel_sources: list[str] = []
         self.demoted: list[tuple[int, str]] = []
+        self.demoted_nodes: set[fx.Node] = set()
+        self.bound: set[str] = set()  # local names currently bound in call(); only these are del'ed
 
     # ------------------------------------------------------------------ naming
 
@@ -149,14 +151,11 @@ class _Builder:
         shape = _tuple(self.size(s) for s in b.shape)
         stride = _tuple(self.size(s) for s in b.stride)
         if b.kind == "fresh":
-            return (
-                f"{b.name} = torch.empty_strided({shape}, {stride}, dtype={literal(b.dtype)}, "
-                f"device={literal(b.device)})"
-            )
+            return f"torch.empty_strided({shape}, {stride}, dtype={literal(b.dtype)}, device={literal(b.device)})"
         typed = self.typed_arena(b.arena, b.dtype)
         itemsize = torch.empty((), dtype=b.dtype).element_size()
         offset = self.size(sympy.sympify(b.offset) / itemsize) if itemsize > 1 else self.size(b.offset)
-        return f"{b.name} = {typed}.as_strided({shape}, {stride}, {offset})"
+        return f"{typed}.as_strided({shape}, {stride}, {offset})"
 
     def typed_arena(self, arena: str, dtype: torch.dtype) -> str:
         name = f"{arena}_{_DTYPE_SHORT.get(dtype, str(dtype).replace('torch.', ''))}"
@@ -187,7 +186,6 @@ class _Builder:
         self.arena_lines: list[str] = []
         outputs = set(output_nodes(self.gm))
         sched = plan.schedule
-        groups = {g.id: g for g in plan.groups}
         # A group runs where its last node is scheduled; every member is "emitted" there.
         emit_at = {n: i for i, n in enumerate(sched)}
         for g in plan.groups:
@@ -199,18 +197,14 @@ class _Builder:
             for u in n.users:
                 if u.op != "output" and u in emit_at:
                     last_use[n] = max(last_use.get(n, -1), emit_at[u])
-        dead_at: dict[int, list[str]] = {}
+        dead_at: dict[int, list[fx.Node]] = {}
         for n in sched:
-            if n in outputs or n.op == "get_attr":
-                continue
-            g = plan.group_of(n)
-            if g is not None and g.backend != FALLBACK_BACKEND and not isinstance(n.meta.get(VAL), torch.Tensor):
-                continue  # a multi-output node run by a kernel binds only its getitems
-            at = last_use.get(n, emit_at[n])
-            dead_at.setdefault(at, []).append(n.name)
+            if n not in outputs:
+                dead_at.setdefault(last_use.get(n, emit_at[n]), []).append(n)
 
         placeholders = [n for n in sched if n.op == "placeholder"]
         for n in placeholders:
+            self.bound.add(n.name)
             self.bind_symbols_from(n.name, n.meta.get(VAL))
         body_start = len(self.lines)  # arenas are allocated here, once input sizes are known
         for i, n in enumerate(sched):
@@ -223,16 +217,18 @@ class _Builder:
             elif g is not None and g.backend != FALLBACK_BACKEND:
                 if emit_at[n] == i and n is g.nodes[-1]:
                     self.emit_group(g)
-            elif kind == "getitem" and plan.group_of(n.args[0]) is not None and plan.group_of(n.args[0]).backend != FALLBACK_BACKEND:
-                pass  # the producer's kernel wrote this buffer
+            elif kind == "getitem" and self.written_by_kernel(n.args[0], n.args[1]):
+                pass  # the producer's kernel wrote this planned buffer
             else:
                 if g is not None:
-                    self.lines.append(f"# {n.name}: eager fallback ({g.reason or n.meta.get('fxforge_fallback', '')})")
-                self.lines.append(f"{n.name} = {self.call_source(n)}")
+                    self.lines.append(f"# {n.name}: eager fallback ({g.reason})")
+                self.assign(n.name, self.call_source(n))
                 if kind in ("compute", "scalar"):
                     self.bind_symbols_from(n.name, n.meta.get(VAL))
-            if i in dead_at:
-                self.lines.append("del " + ", ".join(dead_at[i]))
+            dead = [d.name for d in dead_at.get(i, ()) if d.name in self.bound]
+            if dead:
+                self.bound.difference_update(dead)
+                self.lines.append("del " + ", ".join(dead))
         out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
         self.lines.append(f"return {format_arg(out.args[0], self.ref, self.const)}")
 
@@ -258,15 +254,20 @@ class _Builder:
         src += ["    " + l for l in head + body]
         return Wrapper("\n".join(src) + "\n", self.globals, self.kernels, self.demoted)
 
+    def assign(self, name: str, rhs: str) -> None:
+        self.lines.append(f"{name} = {rhs}")
+        self.bound.add(name)
+
+    def written_by_kernel(self, producer: fx.Node, index: int | None) -> bool:
+        return producer not in self.demoted_nodes and self.plan.memory.of(producer, index) is not None
+
     def emit_group(self, g: Group) -> None:
         k = self.compile_group(g)
         if k is None:
+            self.demoted_nodes.update(g.nodes)
             for n in g.nodes:
                 self.lines.append(f"# {n.name}: eager fallback (kernel failed to compile)")
-                self.lines.append(f"{n.name} = {self.call_source(n)}")
-                for u in n.users:
-                    if u.target is operator.getitem:
-                        self.lines.append(f"{u.name} = {n.name}[{u.args[1]}]")
+                self.assign(n.name, self.call_source(n))
             return
         for n in g.nodes:
             if node_kind(n) != "compute":
@@ -275,10 +276,15 @@ class _Builder:
             for index in ([None] if isinstance(val, torch.Tensor) else range(len(val))):
                 b = self.plan.memory.of(n, index)
                 if b is not None:
-                    self.lines.append(self.alloc(b))
+                    self.assign(b.name, self.alloc(b))
         self.kernels.append(k)
         self.kernel_sources.append(k.source)
-        self.lines.append(f"{k.name}({', '.join(k.args)})")
+        call = f"{k.name}({', '.join(k.args)})"
+        if k.returns:
+            self.assign(", ".join(k.returns) + ("," if len(k.returns) == 1 else ""), call)
+            self.bound.update(k.returns)
+        else:
+            self.lines.append(call)
 
 
 def _tuple(items) -> str:

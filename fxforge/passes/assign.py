@@ -13,7 +13,7 @@ import torch.fx as fx
 
 from ..codegen.registry import CodegenBackend
 from ..config import Config
-from ..graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, free_symbols, node_kind
+from ..graph import ALLOCATES, BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, free_symbols, node_kind
 from ..codegen.pyexpr import op_display
 from ..pipeline import PassResult
 
@@ -52,7 +52,7 @@ class AssignBackends:
         gid = 0
         fallbacks = 0
         for node in gm.graph.nodes:
-            for k in (GROUP, BACKEND, FALLBACK):
+            for k in (GROUP, BACKEND, FALLBACK, ALLOCATES):
                 node.meta.pop(k, None)
             if node_kind(node) != "compute":
                 continue
@@ -61,6 +61,8 @@ class AssignBackends:
             gid += 1
             if reason is None:
                 node.meta[BACKEND] = self.backend.name
+                if self.backend.allocates is not None and self.backend.allocates(node, self.config):
+                    node.meta[ALLOCATES] = True
             else:
                 node.meta[BACKEND] = FALLBACK_BACKEND
                 node.meta[FALLBACK] = reason

@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv
 
 from ..config import Config
-from ..graph import FALLBACK_BACKEND, VAL, expr, liveness, node_kind, output_nodes, shape_env_of, storage_nbytes, storage_root
+from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, expr, liveness, node_kind, output_nodes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, plan_offsets, verify_plan
 
@@ -54,8 +54,8 @@ def collect_buffers(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Gr
         if g.backend == FALLBACK_BACKEND:
             continue
         for node in g.nodes:
-            if node_kind(node) != "compute":
-                continue  # views and scalars a fusion pass put in the group hold no buffer
+            if node_kind(node) != "compute" or node.meta.get(ALLOCATES):
+                continue  # views, scalars and self-allocating kernels hold no planned buffer
             for index, val, holder in slot_values(node):
                 name = holder.name if holder is not None else f"{node.name}_out{index}"
                 l = live.get(holder) if holder is not None else None

@@ -128,15 +128,19 @@ class GraphBuilder:
                 fresh: st.SearchStrategy | None = None) -> fx.Node:
         """An existing value of `dtype` whose shape `fits`, or a new input of a `fresh` shape.
 
-        Candidates run newest first: small indices, which hypothesis favours and shrinks to,
-        chain ops and give recent intermediates second consumers (what rewrites get wrong);
-        the last index means "new input". `fresh` must only produce fitting shapes.
+        How is drawn first, simplest first: the newest value (ops chain), a value that already
+        has a consumer (the second consumer is what rewrites and liveness get wrong), any value,
+        or a new input. `fresh` must only produce shapes that fit.
         """
         fits = fits or (lambda s: True)
         cands = [v for v in reversed(self.values) if v.meta["val"].dtype == dtype and fits(self.shape(v))]
-        i = draw(st.integers(0, len(cands)))
-        if i < len(cands):
-            return cands[i]
+        how = draw(st.integers(0, 3)) if cands else 3
+        shared = [v for v in cands if v.users]
+        if how == 0 or (how == 1 and not shared):
+            return cands[0]
+        if how in (1, 2):
+            pool = shared if how == 1 else cands
+            return pool[draw(st.integers(0, len(pool) - 1))]
         shape = draw(fresh if fresh is not None else self.shapes())
         assert fits(shape), f"fresh shape {shape} does not fit its own constraint"
         return self.input(shape, dtype)
@@ -461,15 +465,18 @@ def op_nodes(draw, builder: GraphBuilder, ops: Sequence[Op], dtype: torch.dtype,
     families = list(by_family)
 
     @st.composite
-    def one_op(draw):
+    def one_op(draw, skippable=True):
+        if skippable and draw(st.integers(0, 2)) == 0:
+            return None
         op = draw(st.sampled_from(by_family[draw(st.sampled_from(families))]))
         return op.build(draw, builder, dtype)
 
-    if os.environ.get("FXFORGE_COUNT_FIRST"):
-        nodes = [draw(one_op()) for _ in range(draw(st.integers(min_ops, max_ops)))]
-    else:
-        nodes = draw(st.lists(one_op(), min_size=min_ops, max_size=max_ops))
-    return [n for n in nodes if n is not None]
+    nodes = [n for n in (draw(one_op()) for _ in range(max_ops)) if n is not None]
+    while len(nodes) < min_ops:
+        node = draw(one_op(skippable=False))
+        if node is not None:
+            nodes.append(node)
+    return nodes
 
 
 @st.composite
@@ -492,8 +499,8 @@ def graphs(draw, *, ops: Iterable[str | Op] | None = None, extra_ops: Iterable[O
     b = GraphBuilder(dynamic=dynamic, max_rank=max_rank, max_dim=max_dim)
     draw(op_nodes(b, select_ops(ops, exclude) + list(extra_ops), dtype, max_ops=max_ops))
     sinks = b.sinks()
-    inner = [v for v in b.values if v.users and v.op != "placeholder"]
-    extra = draw(st.lists(st.sampled_from(inner), max_size=2, unique=True)) if inner else []
-    gm, inputs = b.finish(sinks + [v for v in inner if v in extra], seed=draw(st.integers(0, 2**16)))
+    # a value that is both consumed and returned lives to the end: liveness and reuse corner
+    extra = [v for v in b.values if v.users and v.op != "placeholder" and draw(st.integers(0, 3)) == 3]
+    gm, inputs = b.finish(sinks + extra, seed=draw(st.integers(0, 2**16)))
     note(gm.print_readable(print_output=False))  # hypothesis shows it for a failing example
     return gm, inputs
