@@ -15,26 +15,11 @@ from .codegen import wrapper
 from .codegen.registry import DEFAULT_REGISTRY, Registry
 from .compiled import STAT_KEYS, Compiled, KernelInfo
 from .config import Config
-from .graph import (
-    BACKEND,
-    FALLBACK,
-    FALLBACK_BACKEND,
-    GROUP,
-    VAL,
-    count_compute_nodes,
-    hint,
-    liveness,
-    node_kind,
-    output_nodes,
-    peak_live_bytes,
-    shape_env_of,
-    storage_nbytes,
-    storage_root,
-)
+from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
 from .passes.assign import AssignBackends
 from .passes.memory import plan_memory, verify_memory_plan
-from .passes.schedule import schedule as make_schedule
+from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .pipeline import PassManager
 from .plan import Group, Plan
 
@@ -81,17 +66,6 @@ def build_groups(gm: fx.GraphModule, sched: list[fx.Node]) -> list[Group]:
     return list(by_id.values())
 
 
-def storage_bytes(gm: fx.GraphModule, order: Sequence[fx.Node]) -> int:
-    """Max live bytes of every storage the graph creates (not its inputs), in ``order``."""
-    env = shape_env_of(gm)
-    nbytes = {}
-    for n in order:
-        if node_kind(n) in ("compute", "getitem") and storage_root(n) is n and isinstance(n.meta.get(VAL), torch.Tensor):
-            nbytes[n] = hint(storage_nbytes(n.meta[VAL]), env)
-    live = liveness(order, output_nodes(gm))
-    return peak_live_bytes((l.start, l.end, nbytes[r]) for r, l in live.items() if r in nbytes)
-
-
 def compile_graph(
     gm: fx.GraphModule,
     config: Config,
@@ -104,12 +78,12 @@ def compile_graph(
     registry = registry or DEFAULT_REGISTRY
     t0 = time.perf_counter()
     nodes_in = count_compute_nodes(gm)
-    eager_peak = storage_bytes(gm, [n for n in gm.graph.nodes if n.op != "output"])
+    eager_peak = peak_bytes(gm, program_order(gm))
 
     pm = PassManager(passes if passes is not None else default_passes(config, registry, gm), debug=config.debug)
     gm, records = pm(gm)
 
-    sched = make_schedule(gm)
+    sched, sched_stats = make_schedule(gm)
     groups = build_groups(gm, sched)
     memory = plan_memory(gm, sched, groups, config)
     if config.debug:
@@ -133,6 +107,7 @@ def compile_graph(
         lower_bound_bytes=peak_live_bytes(arena_live),
         eager_live_peak_bytes=eager_peak,
         refused_fusions={},
+        **sched_stats,
         passes=[r.as_dict() for r in records],
         fallbacks={g.nodes[0].name: g.reason for g in groups if g.backend == FALLBACK_BACKEND},
     )

@@ -26,6 +26,8 @@ class Config:
     alignment: int = 64
     # Op names (e.g. "aten.add.Tensor") always run as eager fallback calls, never by a backend.
     fallback_ops: frozenset = frozenset()
+    # Fill every arena with 0xFF bytes (NaN for floats) on each call: exposes reads of unwritten bytes.
+    poison_arena: bool = False
     # Directory where an HTML report is written for every compiled graph (None: no reports).
     report_dir: str | None = None
     # Verify the graph between passes (lint, metadata, re-propagated fake values) and the plan.

@@ -85,12 +85,14 @@ def shape_env_of(gm: fx.GraphModule):
 
 
 def fake_mode_of(gm: fx.GraphModule):
-    from torch._guards import detect_fake_mode
+    """The FakeTensorMode of the graph's values (placeholders first), or None."""
+    from torch._subclasses.fake_tensor import FakeTensor
 
-    vals = [n.meta.get(VAL) for n in gm.graph.nodes if n.op == "placeholder"]
-    vals += [n.meta.get(VAL) for n in gm.graph.nodes if n.op != "placeholder"]
-    flat = [v for v in _flatten(vals) if isinstance(v, torch.Tensor)]
-    return detect_fake_mode(flat) if flat else None
+    for n in sorted(gm.graph.nodes, key=lambda n: n.op != "placeholder"):
+        for v in _flatten([n.meta.get(VAL)]):
+            if isinstance(v, FakeTensor):
+                return v.fake_mode
+    return None
 
 
 def hint(e: sympy.Expr | int, shape_env=None) -> int:

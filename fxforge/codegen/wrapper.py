@@ -38,7 +38,7 @@ import torch.fx as fx
 from ..config import Config
 from ..graph import FALLBACK_BACKEND, VAL, expr, node_kind, output_nodes
 from ..plan import Buffer, Group, Plan
-from .pyexpr import PyExprPrinter, format_arg, format_call, literal, op_display, op_path
+from .pyexpr import PyExprPrinter, format_arg, format_call, literal, op_path
 from .registry import Kernel, KernelContext, Registry
 
 log = logging.getLogger("fxforge")
@@ -236,6 +236,8 @@ class _Builder:
             f"{a.name} = torch.empty({self.size(a.nbytes)}, dtype=torch.uint8, device={literal(a.device)})"
             for a in plan.memory.arenas
         ]
+        if self.config.poison_arena:
+            arena_alloc += [f"{a.name}.fill_(255)  # poison: NaN for floats" for a in plan.memory.arenas]
         body = self.lines[:body_start]
         body += arena_alloc + self.arena_lines + self.lines[body_start:]
         head = []

@@ -1,10 +1,143 @@
-"""The order nodes run in.  Program order, with each kernel group contiguous."""
+"""The order nodes run in: program order, or a memory-aware reordering when it lowers peak bytes.
+
+``schedule`` runs a greedy list scheduler that, among the nodes whose inputs are ready, runs the
+one that adds the fewest live bytes (new storages minus the storages it is the last user of),
+then keeps whichever of that order and program order has the lower peak of live bytes.
+
+Constraints kept: a node runs after its inputs; a multi-output node's getitems run right after
+it; nodes with side effects (asserts, mutations, random ops) keep their relative order, so random
+streams and checks are unchanged.  Kernel groups are single nodes until the fusion pass; a group
+of several nodes is scheduled as one unit.
+"""
 
 from __future__ import annotations
 
+import heapq
+import operator
+from typing import Iterable
+
+import torch
 import torch.fx as fx
 
+from ..graph import GROUP, VAL, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
+from ..lowering.cleanup import has_side_effects
 
-def schedule(gm: fx.GraphModule) -> list[fx.Node]:
-    """Every node but the output node, in program order (a valid topological order)."""
+
+def storage_sizes(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> dict[fx.Node, int]:
+    """Bytes (at the traced sizes) of every storage the graph creates, keyed by its root node."""
+    env = shape_env_of(gm)
+    out = {}
+    for n in nodes:
+        v = n.meta.get(VAL)
+        if node_kind(n) in ("compute", "getitem") and storage_root(n) is n and isinstance(v, torch.Tensor):
+            out[n] = hint(storage_nbytes(v), env)
+    return out
+
+
+def peak_bytes(gm: fx.GraphModule, order: list[fx.Node], sizes: dict[fx.Node, int] | None = None) -> int:
+    """Max bytes of graph-created storages live at once when the nodes run in ``order``."""
+    sizes = storage_sizes(gm, order) if sizes is None else sizes
+    live = liveness(order, output_nodes(gm))
+    return peak_live_bytes((l.start, l.end, sizes[r]) for r, l in live.items() if r in sizes)
+
+
+def program_order(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if n.op != "output"]
+
+
+def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int]) -> list[fx.Node]:
+    """Greedy: run the ready unit that raises live bytes least (ties: program order)."""
+    nodes = program_order(gm)
+    index = {n: i for i, n in enumerate(nodes)}
+    outputs = {storage_root(o) for o in output_nodes(gm)}
+
+    # Units: a group of nodes runs together; getitems ride along with their producer.
+    unit_of: dict[fx.Node, fx.Node] = {}
+    members: dict[fx.Node, list[fx.Node]] = {}
+    group_head: dict[int, fx.Node] = {}
+    for n in nodes:
+        if n.op == "call_function" and n.target is operator.getitem and n.args[0] in unit_of:
+            head = unit_of[n.args[0]]
+        elif n.meta.get(GROUP) is not None:
+            head = group_head.setdefault(n.meta[GROUP], n)
+        else:
+            head = n
+        unit_of[n] = head
+        members.setdefault(head, []).append(n)
+
+    deps: dict[fx.Node, set[fx.Node]] = {h: set() for h in members}
+    last_effect = None
+    for h, ms in members.items():
+        for m in ms:
+            for a in m.all_input_nodes:
+                if unit_of[a] is not h:
+                    deps[h].add(unit_of[a])
+        if any(has_side_effects(m) and m.op == "call_function" for m in ms):
+            if last_effect is not None:
+                deps[h].add(last_effect)
+            last_effect = h
+    users: dict[fx.Node, list[fx.Node]] = {h: [] for h in members}
+    for h, ds in deps.items():
+        for d in ds:
+            users[d].append(h)
+
+    # Storage bookkeeping: a storage is freed once every unit touching any alias of it has run.
+    touching: dict[fx.Node, set[fx.Node]] = {}
+    for n in nodes:
+        r = storage_root(n)
+        if r in sizes:
+            touching.setdefault(r, set()).add(unit_of[n])
+            for u in n.users:
+                if u.op != "output":
+                    touching[r].add(unit_of[u])
+    remaining = {r: len(us) for r, us in touching.items()}
+    storages_of: dict[fx.Node, list[fx.Node]] = {h: [] for h in members}
+    for r, us in touching.items():
+        for u in us:
+            storages_of[u].append(r)
+    creates = {h: sum(sizes.get(m, 0) for m in ms if storage_root(m) is m) for h, ms in members.items()}
+
+    def delta(h: fx.Node) -> int:
+        frees = sum(sizes[r] for r in storages_of[h] if remaining[r] == 1 and r not in outputs and unit_of[r] is not h)
+        return creates[h] - frees
+
+    waiting = {h: len(ds) for h, ds in deps.items()}
+    heap = [(delta(h), index[h], h) for h, w in waiting.items() if w == 0]
+    heapq.heapify(heap)
+    done: set[fx.Node] = set()
+    order: list[fx.Node] = []
+    while heap:
+        d, _, h = heapq.heappop(heap)
+        if h in done:
+            continue
+        cur = delta(h)
+        if cur != d:  # stale key: frees changed since it was pushed
+            heapq.heappush(heap, (cur, index[h], h))
+            continue
+        done.add(h)
+        order.extend(members[h])
+        for r in storages_of[h]:
+            remaining[r] -= 1
+            if remaining[r] == 1:  # its last toucher now frees it: that unit got cheaper
+                last = next(u for u in touching[r] if u not in done)
+                if waiting[last] == 0:
+                    heapq.heappush(heap, (delta(last), index[last], last))
+        for u in users[h]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(heap, (delta(u), index[u], u))
+    if len(order) != len(nodes):
+        raise AssertionError("memory-aware scheduling lost nodes: the graph has a cycle")
+    return order
+
+
+def schedule(gm: fx.GraphModule) -> tuple[list[fx.Node], dict]:
+    """The schedule with the lower peak of live bytes, and figures on the choice."""
+    prog = program_order(gm)
+    sizes = storage_sizes(gm, prog)
+    prog_peak = peak_bytes(gm, prog, sizes)
+    mem = memory_order(gm, sizes)
+    mem_peak = peak_bytes(gm, mem, sizes)
+    if mem_peak < prog_peak:
+        return mem, {"schedule": "memory", "schedule_peak_bytes": mem_peak}
+    return prog, {"schedule": "program", "schedule_peak_bytes": prog_peak}
