@@ -46,6 +46,8 @@ class Backend:
                 from torch._functorch.aot_autograd import make_boxed_func
 
                 return make_boxed_func(gm)
+            if kind == "backward":
+                c.stats["saved_activation_bytes"] = saved_activation_bytes(gm)
             self.compiled.append(c)
             return c.call_boxed
 
@@ -62,8 +64,31 @@ class Backend:
             bw_compiler=self._compiler("backward"),
             inference_compiler=self._compiler("inference"),
             decompositions=aot_table(self.config, backend_name),
+            partition_fn=_partitioner(self.config.partitioner),
         )
         return aot(gm, example_inputs)
+
+
+def _partitioner(name: str):
+    from torch._functorch import partitioners
+
+    return {
+        "min_cut": partitioners.min_cut_rematerialization_partition,
+        "default": partitioners.default_partition,
+    }[name]
+
+
+def saved_activation_bytes(backward: fx.GraphModule) -> int:
+    """Bytes the forward saved for this backward graph: its inputs that are not incoming grads."""
+    from .graph import VAL, hint, shape_env_of, storage_nbytes
+
+    env = shape_env_of(backward)
+    total = 0
+    for n in backward.graph.nodes:
+        v = n.meta.get(VAL)
+        if n.op == "placeholder" and isinstance(v, torch.Tensor) and not n.name.startswith("tangents"):
+            total += hint(storage_nbytes(v), env)
+    return total
 
 
 def backend(config: Config | None = None, *, registry: Registry | None = None) -> Backend:

@@ -16,6 +16,9 @@ class Config:
     codegen: str = "auto"
     # Decompositions before lowering: "auto" (per backend), "none" (ATen as traced), "core" (core ATen).
     decompose: str = "auto"
+    # AOTAutograd partitioner for training graphs: "min_cut" (recompute cheap ops in the backward
+    # instead of saving them: fewer saved-activation bytes) or "default" (save what the forward has).
+    partitioner: str = "min_cut"
     # Most nodes one fusion group may hold.
     max_fusion_size: int = 64
     # Most distinct buffers one fusion group may read or write.
@@ -38,6 +41,8 @@ class Config:
             raise ValueError(
                 f"Config.decompose={self.decompose!r}: expected 'auto', 'none' or 'core'"
             )
+        if self.partitioner not in ("min_cut", "default"):
+            raise ValueError(f"Config.partitioner={self.partitioner!r}: expected 'min_cut' or 'default'")
         for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args", "alignment"):
             v = getattr(self, knob)
             if not isinstance(v, int) or v < 1:
