@@ -18,7 +18,7 @@ from .config import Config
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
 from .passes.assign import AssignBackends
-from .passes.memory import plan_memory, verify_memory_plan
+from .passes.memory import arena_intervals, plan_memory, verify_memory_plan
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .pipeline import PassManager
 from .plan import Group, Plan
@@ -92,7 +92,7 @@ def compile_graph(
     w = wrapper.generate(gm, plan, registry, config)
     fn = w.load(f"<fxforge-{kind}-{next(_graph_ids)}>")
 
-    arena_live = [(b.start, b.end, memory.hint(b.nbytes)) for b in memory.buffers.values() if b.kind == "arena"]
+    arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas for iv in arena_intervals(memory, a.name)]
     fallback_nodes = sum(1 for g in groups if g.backend == FALLBACK_BACKEND) + sum(
         len(g.nodes) for g in groups if g.id in {d[0] for d in w.demoted}
     )

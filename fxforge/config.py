@@ -29,6 +29,8 @@ class Config:
     alignment: int = 64
     # Op names (e.g. "aten.add.Tensor") always run as eager fallback calls, never by a backend.
     fallback_ops: frozenset = frozenset()
+    # Let a pointwise op write its output over an input buffer that dies there (same layout).
+    inplace: bool = True
     # Fill every arena with 0xFF bytes (NaN for floats) on each call: exposes reads of unwritten bytes.
     poison_arena: bool = False
     # Directory where an HTML report is written for every compiled graph (None: no reports).

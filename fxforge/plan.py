@@ -51,6 +51,8 @@ class Buffer:
     end: int
     arena: str | None = None
     offset: sympy.Expr | None = None
+    # The buffer whose bytes this one takes over in place (it dies where this one is written).
+    reuses: str | None = None
 
 
 @dataclass
@@ -89,7 +91,7 @@ class MemoryPlan:
                     b.arena if b.kind == "arena" else "fresh",
                     str(self.hint(b.offset)) if b.offset is not None else "-",
                     str(self.hint(b.nbytes)),
-                    f"{b.start}..{b.end}",
+                    f"{b.start}..{b.end}" + (f" (in place of {b.reuses})" if b.reuses else ""),
                     str(b.dtype).replace("torch.", ""),
                     "(" + ", ".join(str(s) for s in b.shape) + ")",
                 )

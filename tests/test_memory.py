@@ -6,7 +6,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
 from fxforge.compiler import compile_graph
-from fxforge.passes.memory import verify_memory_plan
+from fxforge.passes.memory import blocks, verify_memory_plan
 from fxforge.passes.offsets import PlanError
 from fxforge.passes.schedule import memory_order, peak_bytes, program_order, storage_sizes
 
@@ -33,13 +33,38 @@ def test_static_plan_reuses_bytes_and_verifies():
 
 
 def test_verify_memory_plan_catches_overlap():
-    gm = make_fx(chain)(torch.randn(8, 8))
-    c = compile_graph(gm, fxforge.Config())
+    gm = make_fx(chain, tracing_mode="fake")(torch.randn(8, 8))
+    c = compile_graph(gm, fxforge.Config(inplace=False))
     mem = c.plan.memory
-    a, b = [b for b in mem.buffers.values() if b.kind == "arena"][:2]  # live together (producer, consumer)
-    b.offset = a.offset
+    heads = blocks([b for b in mem.buffers.values() if b.kind == "arena"])
+    spans = {k: (min(m.start for m in ms), max(m.end for m in ms)) for k, ms in heads.items()}
+    a, b = next((x, y) for x in spans for y in spans if x < y and spans[x][0] <= spans[y][1] and spans[y][0] <= spans[x][1])
+    for m in heads[b]:
+        m.offset = heads[a][0].offset
     with pytest.raises(PlanError, match="share bytes"):
         verify_memory_plan(mem)
+
+
+def test_inplace_reuse_shrinks_the_arena_and_stays_correct():
+    def f(x):
+        y = torch.mm(x, x)  # not pointwise: needs its own buffer
+        for _ in range(4):
+            y = torch.exp(y) * 0.5 - 1  # each step may overwrite its dying input
+        return y.sum(0)
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(32, 32))
+    on = compile_graph(gm, fxforge.Config(debug=True, poison_arena=True))
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(32, 32))
+    off = compile_graph(gm, fxforge.Config(debug=True, poison_arena=True, inplace=False))
+    reused = [b for b in on.plan.memory.buffers.values() if b.reuses]
+    assert len(reused) >= 8
+    assert not any(b.reuses for b in off.plan.memory.buffers.values())
+    assert on.stats["arena_bytes"] < off.stats["arena_bytes"]
+    assert on.stats["arena_bytes"] >= on.stats["lower_bound_bytes"]
+    assert "in place of" in on.plan.memory.dump()
+    x = torch.randn(32, 32) / 8
+    torch.testing.assert_close(on(x), f(x))
+    torch.testing.assert_close(off(x), f(x))
 
 
 def test_poisoned_arena_still_matches_eager():

@@ -24,7 +24,7 @@ from torch.utils._sympy.functions import FloorDiv
 from ..config import Config
 from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, expr, liveness, node_kind, output_nodes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
-from .offsets import Interval, plan_offsets, verify_plan
+from .offsets import Interval, PlanError, plan_offsets, verify_plan
 
 
 def align_up(e: sympy.Expr, alignment: int) -> sympy.Expr:
@@ -76,39 +76,80 @@ def collect_buffers(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Gr
     return buffers
 
 
-def place_static(bufs: list[Buffer], alignment: int) -> tuple[int, str]:
-    """Offsets from the best of the offset planners; returns (arena bytes, planner name)."""
-    plan = plan_offsets([Interval(b.name, int(b.nbytes), b.start, b.end) for b in bufs], alignment)
-    for b in bufs:
-        b.offset = sympy.Integer(plan.offsets[b.name])
-    return plan.arena_bytes, plan.planner
+def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: dict[fx.Node, int]) -> Buffer | None:
+    """An arena buffer a pointwise node may overwrite with its output: read only here, by this
+    node, through exactly one reference to its root, with the output's dtype, shape and stride."""
+    if torch.Tag.pointwise not in getattr(node.target, "tags", ()):
+        return None
+    tensor_inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get(VAL), torch.Tensor)]
+    for a in tensor_inputs:
+        src = buffers.get(a.name)
+        if (
+            src is not None
+            and src.kind == "arena"
+            and src.index is None
+            and src.end == pos[node]
+            and sum(storage_root(b) is storage_root(a) for b in tensor_inputs) == 1
+            and storage_root(a) is a
+            and (src.dtype, src.shape, src.stride, src.nbytes) == (out.dtype, out.shape, out.stride, out.nbytes)
+        ):
+            return src
+    return None
 
 
-def place_symbolic(bufs: list[Buffer], alignment: int) -> tuple[sympy.Expr, str]:
-    """Slots shared by buffers of the same size expression with disjoint lifetimes."""
+def blocks(bufs: list[Buffer]) -> dict[str, list[Buffer]]:
+    """Buffers sharing one region through in-place reuse, keyed by the first one's name."""
+    by_name = {b.name: b for b in bufs}
+    out: dict[str, list[Buffer]] = {}
+    for b in sorted(bufs, key=lambda b: b.start):
+        head = b
+        while head.reuses is not None and head.reuses in by_name:
+            head = by_name[head.reuses]
+        out.setdefault(head.name, []).append(b)
+    return out
+
+
+def block_intervals(bufs: list[Buffer]) -> dict[str, tuple[sympy.Expr, int, int]]:
+    """(bytes, first start, last end) of every block."""
+    return {k: (ms[0].nbytes, min(m.start for m in ms), max(m.end for m in ms)) for k, ms in blocks(bufs).items()}
+
+
+def place_static(spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int) -> tuple[dict[str, sympy.Expr], int, str]:
+    """Offsets from the best of the offset planners: (offsets, arena bytes, planner name)."""
+    plan = plan_offsets([Interval(k, int(n), s, e) for k, (n, s, e) in spans.items()], alignment)
+    return {k: sympy.Integer(o) for k, o in plan.offsets.items()}, plan.arena_bytes, plan.planner
+
+
+def place_symbolic(spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int) -> tuple[dict[str, sympy.Expr], sympy.Expr, str]:
+    """Slots shared by blocks of the same size expression with disjoint lifetimes."""
     free: dict[sympy.Expr, list[tuple[int, int]]] = {}  # size -> heap of (last end, slot)
     slot_of: dict[str, int] = {}
     slot_sizes: list[sympy.Expr] = []
-    for b in sorted(bufs, key=lambda b: (b.start, b.end)):
-        heap = free.setdefault(b.nbytes, [])
-        if heap and heap[0][0] < b.start:
+    for k, (nbytes, start, end) in sorted(spans.items(), key=lambda kv: (kv[1][1], kv[1][2])):
+        heap = free.setdefault(nbytes, [])
+        if heap and heap[0][0] < start:
             _, slot = heapq.heappop(heap)
         else:
             slot = len(slot_sizes)
-            slot_sizes.append(b.nbytes)
-        slot_of[b.name] = slot
-        heapq.heappush(heap, (b.end, slot))
+            slot_sizes.append(nbytes)
+        slot_of[k] = slot
+        heapq.heappush(heap, (end, slot))
     offsets, at = [], sympy.Integer(0)
     for size in slot_sizes:
         offsets.append(at)
         at = at + align_up(size, alignment)
-    for b in bufs:
-        b.offset = offsets[slot_of[b.name]]
-    return at, "slots"
+    return {k: offsets[s] for k, s in slot_of.items()}, at, "slots"
 
 
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config) -> MemoryPlan:
     buffers = collect_buffers(gm, schedule, groups)
+    if config.inplace:
+        pos = {n: i for i, n in enumerate(schedule)}
+        for b in sorted(buffers.values(), key=lambda b: b.start):
+            if b.kind == "arena" and b.index is None:
+                src = inplace_source(b.producer, b, buffers, pos)
+                if src is not None:
+                    b.reuses = src.name
     by_device: dict[str, list[Buffer]] = {}
     for b in buffers.values():
         if b.kind == "arena":
@@ -116,21 +157,32 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     arenas = []
     for i, bufs in enumerate(by_device.values()):
         name = f"arena{i}"
-        for b in bufs:
-            b.arena = name
-        if all(sympy.sympify(b.nbytes).is_Integer for b in bufs):
-            nbytes, planner = place_static(bufs, config.alignment)
+        spans = block_intervals(bufs)
+        if all(sympy.sympify(n).is_Integer for n, _, _ in spans.values()):
+            offsets, nbytes, planner = place_static(spans, config.alignment)
             nbytes = sympy.Integer(nbytes)
         else:
-            nbytes, planner = place_symbolic(bufs, config.alignment)
+            offsets, nbytes, planner = place_symbolic(spans, config.alignment)
+        for head, members in blocks(bufs).items():
+            for b in members:
+                b.arena, b.offset = name, offsets[head]
         arenas.append(Arena(name, bufs[0].device, nbytes, planner))
     return MemoryPlan(buffers, arenas, config.alignment, shape_env_of(gm))
 
 
+def arena_intervals(plan: MemoryPlan, arena: str) -> list[Interval]:
+    """One interval per block of ``arena`` at the traced sizes (in-place chains are one block)."""
+    spans = block_intervals([b for b in plan.buffers.values() if b.arena == arena])
+    return [Interval(k, plan.hint(n), s, e) for k, (n, s, e) in spans.items()]
+
+
 def verify_memory_plan(plan: MemoryPlan) -> None:
     """Raise ``offsets.PlanError`` if two buffers live at once share bytes (at the traced sizes),
-    a buffer leaves its arena, or an offset is misaligned."""
+    a buffer leaves its arena, or an offset is misaligned.  A buffer written in place over an
+    input it replaces shares that input's bytes by design; every other overlap is an error."""
     for a in plan.arenas:
-        bufs = [b for b in plan.buffers.values() if b.arena == a.name]
-        ivs = [Interval(b.name, plan.hint(b.nbytes), b.start, b.end) for b in bufs]
-        verify_plan(ivs, {b.name: plan.hint(b.offset) for b in bufs}, plan.hint(a.nbytes), plan.alignment)
+        members = blocks([b for b in plan.buffers.values() if b.arena == a.name])
+        if any(len({plan.hint(m.offset) for m in ms}) != 1 for ms in members.values()):
+            raise PlanError(f"an in-place chain in {a.name} does not share one offset")
+        offsets = {k: plan.hint(ms[0].offset) for k, ms in members.items()}
+        verify_plan(arena_intervals(plan, a.name), offsets, plan.hint(a.nbytes), plan.alignment)
