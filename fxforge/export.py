@@ -27,18 +27,8 @@ class ExportedCompiled(Compiled):
     """
 
     def __init__(self, inner: Compiled, ep: ExportedProgram):
-        super().__init__(
-            inner._fn,
-            source=inner.source,
-            stats=inner.stats,
-            kernels=inner.kernels,
-            graph=inner.graph,
-            plan=inner.plan,
-            eager=inner._eager,
-            debug=inner._debug,
-        )
+        self.__dict__.update(vars(inner))  # same artifact, different calling convention
         self.program = ep
-        self._inner = inner
 
     def _state(self, kind: InputKind, target: str) -> Any:
         ep = self.program

@@ -24,8 +24,16 @@ from .strategies import (ALL_DTYPES, FAMILIES, FLOATS, INTS, OPS, GraphBuilder, 
 _SLOW_OK = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("ci", max_examples=200, **_SLOW_OK)
 settings.register_profile("thorough", max_examples=10_000, **_SLOW_OK)
-if "FXFORGE_HYPOTHESIS_PROFILE" in os.environ or settings.get_current_profile_name() == "default":
-    settings.load_profile(os.environ.get("FXFORGE_HYPOTHESIS_PROFILE", "ci"))
+
+
+def _load_profile():
+    # an explicit FXFORGE_HYPOTHESIS_PROFILE wins; otherwise keep a profile the caller loaded
+    current = getattr(settings, "get_current_profile_name", lambda: "default")()
+    if "FXFORGE_HYPOTHESIS_PROFILE" in os.environ or current == "default":
+        settings.load_profile(os.environ.get("FXFORGE_HYPOTHESIS_PROFILE", "ci"))
+
+
+_load_profile()
 
 __all__ = [
     "ALL_DTYPES", "Check", "FAMILIES", "FLOATS", "INTS", "OPS", "GraphBuilder", "Op", "PassCheckFailure",

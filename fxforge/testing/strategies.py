@@ -3,8 +3,9 @@
 A graph is grown one op at a time by a `GraphBuilder`. Each op draws its operands from values
 already built (so values end up with several consumers) or from fresh placeholders, and every
 node's `meta["val"]` is computed on the spot under one FakeTensorMode, so each later op is drawn
-against the real, possibly symbolic, shapes of what exists. Because the graph is a plain sequence
-of draws, hypothesis shrinks a failing graph op by op, towards few, simple ops on few inputs.
+against the real, possibly symbolic, shapes of what exists. A graph is a fixed number of op
+slots, each a self-contained group of draws that can shrink to "skip", so hypothesis shrinks a
+failing graph op by op, towards few, simple ops on few inputs.
 
 Compose your own: `shapes()`, `dtypes()`, the `Op` table (`OPS`, `unary`, `binary`), and
 `op_nodes(builder, ops, dtype)` which appends drawn ops to a builder inside your `@st.composite`.
@@ -12,14 +13,13 @@ Compose your own: `shapes()`, `dtypes()`, the `Op` table (`OPS`, `unary`, `binar
 from __future__ import annotations
 
 import operator
-import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
 import torch._refs
 import torch.fx as fx
-from hypothesis import note, strategies as st
+from hypothesis import assume, note, strategies as st
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -148,10 +148,10 @@ class GraphBuilder:
     def shapes(self, **kw) -> st.SearchStrategy:
         return shapes(max_rank=kw.pop("max_rank", self.max_rank), max_dim=kw.pop("max_dim", self.max_dim), **kw)
 
-    def dim(self, draw, rank: int, *, negative_ok: bool = True) -> int:
+    def dim(self, draw, rank: int) -> int:
         """A dim index, sometimes written negatively: passes must normalize both spellings."""
         d = draw(st.integers(0, rank - 1))
-        return d - rank if negative_ok and draw(st.booleans()) else d
+        return d - rank if draw(st.booleans()) else d
 
     # -- finishing -------------------------------------------------------------------------
     def sinks(self) -> list[fx.Node]:
@@ -170,7 +170,7 @@ class GraphBuilder:
 @dataclass(frozen=True)
 class Op:
     """A drawable op. `build(draw, builder, dtype)` appends it and returns its main node, or None
-    when it does not apply to what was drawn (e.g. squeeze with no size-1 dim)."""
+    when it does not apply to what was drawn (e.g. split of a symbolic dim too small to split)."""
 
     name: str
     family: str
@@ -185,7 +185,8 @@ def _name(target) -> str:
 def unary(target, dtypes: Sequence[torch.dtype] = FLOATS, *, name: str | None = None,
           family: str = "unary") -> Op:
     """An elementwise op of one tensor that keeps its dtype (also for user-supplied ops)."""
-    return Op(name or _name(target), family, tuple(dtypes), lambda draw, b, dt: b.call(target, b.operand(draw, dt)))
+    return Op(name or _name(target), family, tuple(dtypes),
+              lambda draw, b, dt: b.call(target, b.operand(draw, dt)))
 
 
 def _broadcast_partner(shape: tuple) -> st.SearchStrategy:
@@ -237,8 +238,8 @@ def _view(draw, b, dt):
     x = b.operand(draw, dt)
     s = b.shape(x)
     r = len(s)
-    kinds = [k for k, ok in (("insert1", r < b.max_rank), ("merge", r >= 2),
-                             ("split", r < b.max_rank and any(b.is_static(x, d) and s[d] >= 4 for d in range(r))))
+    splittable = [d for d in range(r) if b.is_static(x, d) and s[d] >= 4]
+    kinds = [k for k, ok in (("insert1", r < b.max_rank), ("merge", r >= 2), ("split", r < b.max_rank and splittable))
              if ok]
     if not kinds:
         return None
@@ -254,9 +255,10 @@ def _view(draw, b, dt):
         for d in range(i, j):
             merged *= s[d]
         # at most one merge per view, so -1 is unambiguous for a symbolic product
-        sizes = [b.size_arg(x, d) for d in range(i)] + [merged if static else -1] + [b.size_arg(x, d) for d in range(j, r)]
+        sizes = [b.size_arg(x, d) for d in range(i)] + [merged if static else -1]
+        sizes += [b.size_arg(x, d) for d in range(j, r)]
     else:
-        d = draw(st.sampled_from([d for d in range(r) if b.is_static(x, d) and s[d] >= 4]))
+        d = draw(st.sampled_from(splittable))
         f = draw(st.sampled_from([f for f in range(2, s[d]) if s[d] % f == 0] or [1]))
         sizes[d:d + 1] = [f, s[d] // f]
     use_reshape = not b.is_contiguous(x) or draw(st.booleans())
@@ -279,8 +281,8 @@ def _slice(draw, b, dt):
     s = b.shape(x)
     d = draw(st.integers(0, len(s) - 1))
     if not b.is_static(x, d):
-        # on a symbolic dim only x[k:], which stays symbolic (s0 - k) with at most a >= guard
-        return b.call(aten.slice.Tensor, x, d, draw(st.integers(0, min(2, s[d] - 1))), _TO_END)
+        # on a symbolic dim only x[k:], which stays symbolic (s0 - k >= 2) with a >= guard
+        return b.call(aten.slice.Tensor, x, d, draw(st.integers(0, max(0, min(2, s[d] - 2)))), _TO_END)
     start = draw(st.integers(0, s[d] - 1))
     end = draw(st.sampled_from([_TO_END, *range(start + 1, s[d] + 1)]))
     return b.call(aten.slice.Tensor, x, d, start, end, draw(st.sampled_from((1, 2))))
@@ -296,15 +298,17 @@ def _expand(draw, b, dt):
 
 
 def _unsqueeze(draw, b, dt):
-    x = b.operand(draw, dt, lambda s: len(s) < b.max_rank, b.shapes(min_rank=min(1, b.max_rank - 1), max_rank=b.max_rank - 1))
+    x = b.operand(draw, dt, lambda s: len(s) < b.max_rank,
+                  b.shapes(min_rank=min(1, b.max_rank - 1), max_rank=b.max_rank - 1))
     r = len(b.shape(x)) + 1
     return b.call(aten.unsqueeze.default, x, b.dim(draw, r))
 
 
 def _squeeze(draw, b, dt):
-    x = b.operand(draw, dt)
-    ones = [d for d, n in enumerate(b.shape(x)) if n == 1]
-    return b.call(aten.squeeze.dim, x, draw(st.sampled_from(ones))) if ones else None
+    with_one = st.tuples(b.shapes(min_rank=0, max_rank=b.max_rank - 1), st.integers(0, b.max_rank - 1)).map(
+        lambda t: t[0][:t[1]] + (1,) + t[0][t[1]:])
+    x = b.operand(draw, dt, lambda s: 1 in s, with_one)
+    return b.call(aten.squeeze.dim, x, draw(st.sampled_from([d for d, n in enumerate(b.shape(x)) if n == 1])))
 
 
 def _cat(draw, b, dt):
@@ -325,8 +329,10 @@ def _pad(draw, b, dt):
     k = draw(st.integers(1, len(s)))
     pad = []
     for d in reversed(range(len(s) - k, len(s))):  # the pad list starts at the LAST dim
-        lo, hi = draw(st.integers(-1, 2)), draw(st.integers(-1, 2))
-        if s[d] + lo + hi < 1:  # negative pads crop; keep at least one element
+        lo, hi = (draw(st.sampled_from((1, 0, 2, -1))) for _ in "lh")  # not 0 first: all-zero pads are no-ops
+        # negative pads crop: keep one element, or two on a symbolic dim (a size of 1 would
+        # specialize the symbol)
+        if s[d] + lo + hi < (1 if b.is_static(x, d) else 2):
             lo, hi = max(lo, 0), max(hi, 0)
         pad += [lo, hi]
     value = draw(st.sampled_from((0, 1, -2)))
@@ -369,7 +375,11 @@ def _split(draw, b, dt):
         sizes = [hi - lo for lo, hi in zip([0, *cuts], [*cuts, s[d]])]
         node = b.call(aten.split_with_sizes.default, x, sizes, d)
         return _outputs(draw, b, node, len(sizes))
-    size = draw(st.integers(1, s[d]))
+    # On a symbolic dim the chunk count guards the size's range; a chunk of 1, or one chunk
+    # that fits exactly, would pin the symbol to its hint, so those stay on static dims.
+    size = draw(st.integers(1, s[d]) if b.is_static(x, d) else st.integers(2, max(2, s[d] // 2)))
+    if not b.is_static(x, d) and s[d] < 4:
+        return None
     node = b.call(aten.split.Tensor, x, size, d)
     return _outputs(draw, b, node, -(-s[d] // size))
 
@@ -406,7 +416,8 @@ def _addmm(draw, b, dt):
     w = b.operand(draw, dt, lambda s: len(s) == 2 and s[0] == k, st.integers(1, b.max_dim).map(lambda n: (k, n)))
     n = b.shape(w)[1]
     # addmm's bias must expand to (m, n); mutual broadcasting is not enough
-    bias = b.operand(draw, dt, lambda s: len(s) <= 2 and all(a in (1, c) for a, c in zip(s[::-1], (n, m))), st.sampled_from([(n,), (m, n), (1, n), (m, 1)]))
+    bias = b.operand(draw, dt, lambda s: len(s) <= 2 and all(a in (1, c) for a, c in zip(s[::-1], (n, m))),
+                     st.sampled_from([(n,), (m, n), (1, n), (m, 1)]))
     return b.call(aten.addmm.default, bias, x, w)
 
 
@@ -428,7 +439,8 @@ OPS: tuple[Op, ...] = (
     Op("cat", "catpad", ALL_DTYPES, _cat), Op("constant_pad_nd", "catpad", ALL_DTYPES, _pad),
     Op("split", "multi_output", ALL_DTYPES, _split), Op("var_mean", "multi_output", FLOATS, _var_mean),
     Op("topk", "multi_output", ALL_DTYPES, _topk), Op("native_layer_norm", "multi_output", FLOATS, _layer_norm),
-    Op("mm", "matmul", ALL_DTYPES, _mm), Op("addmm", "matmul", ALL_DTYPES, _addmm), Op("bmm", "matmul", ALL_DTYPES, _bmm),
+    Op("mm", "matmul", ALL_DTYPES, _mm), Op("addmm", "matmul", ALL_DTYPES, _addmm),
+    Op("bmm", "matmul", ALL_DTYPES, _bmm),
 )
 FAMILIES = tuple(dict.fromkeys(op.family for op in OPS))
 
@@ -451,10 +463,13 @@ def select_ops(ops: Iterable[str | Op] | None = None, exclude: Iterable[str] = (
 @st.composite
 def op_nodes(draw, builder: GraphBuilder, ops: Sequence[Op], dtype: torch.dtype, *,
              min_ops: int = 1, max_ops: int = 8) -> list[fx.Node]:
-    """Append between min_ops and max_ops drawn ops of `dtype` to `builder`; returns their nodes.
+    """Append drawn ops of `dtype` to `builder` (at least min_ops, about 2/3 of max_ops, at most
+    max_ops plus what min_ops needs); returns their nodes.
 
-    The count is drawn first and each op picks its family before the op, so families are equally
-    likely whatever their size, and shrinking drops ops and simplifies the ones left.
+    There are max_ops slots; each is skipped or picks a family, then an op of it, so families are
+    equally likely whatever their size. A slot's draws are self-contained and "skip" is its
+    simplest value, so shrinking removes ops anywhere in the graph and simplifies the rest. (A
+    count drawn up front shrinks badly: lowering it can only drop the last op.)
     """
     by_family: dict[str, list[Op]] = {}
     for op in ops:
@@ -466,16 +481,19 @@ def op_nodes(draw, builder: GraphBuilder, ops: Sequence[Op], dtype: torch.dtype,
 
     @st.composite
     def one_op(draw, skippable=True):
-        if skippable and draw(st.integers(0, 2)) == 0:
+        if skippable and draw(st.integers(0, 3)) == 0:
             return None
         op = draw(st.sampled_from(by_family[draw(st.sampled_from(families))]))
         return op.build(draw, builder, dtype)
 
     nodes = [n for n in (draw(one_op()) for _ in range(max_ops)) if n is not None]
-    while len(nodes) < min_ops:
+    for _ in range(10 * min_ops):  # an op may not apply (returns None): retry a bounded number of times
+        if len(nodes) >= min_ops:
+            break
         node = draw(one_op(skippable=False))
         if node is not None:
             nodes.append(node)
+    assume(len(nodes) >= min_ops)
     return nodes
 
 
@@ -491,10 +509,11 @@ def graphs(draw, *, ops: Iterable[str | Op] | None = None, extra_ops: Iterable[O
       rounding: a floor modulo is discontinuous, so ulp-level differences flip its result).
     dtypes: one is drawn per graph; only ops valid for it are used.
     max_ops: ops drawn (getitem/sym_size helper nodes come on top); max_rank, max_dim bound shapes.
-    dynamic: symbolic input sizes (True), static (False), or either (None).
+    dynamic: symbolic input sizes (True), static (False), or either (None: a quarter symbolic).
     Outputs are all values nobody consumes plus sometimes a few intermediates.
     """
-    dynamic = draw(st.booleans()) if dynamic is None else dynamic
+    # symbolic graphs cost ~4x to build; one in four keeps them common without halving the search
+    dynamic = draw(st.integers(0, 3)) == 3 if dynamic is None else dynamic
     dtype = draw(st.sampled_from(tuple(dtypes)))
     b = GraphBuilder(dynamic=dynamic, max_rank=max_rank, max_dim=max_dim)
     draw(op_nodes(b, select_ops(ops, exclude) + list(extra_ops), dtype, max_ops=max_ops))
