@@ -2,7 +2,8 @@
 
 "none": ATen as traced (composite ops already decomposed by tracing, e.g. ``linear`` -> ``addmm``):
 each node is an ATen kernel eager would run, the best input for the torch backend.
-"core": core ATen (softmax, layer norm... as pointwise + reduction nodes), what fusing backends want.
+"core": core ATen, plus softmax / log-softmax / layer norm split into pointwise + reduction
+nodes: what fusing backends want.
 "auto": "core" for backends that generate kernels, "none" for the torch backend.
 """
 
@@ -21,6 +22,20 @@ _KEEP = {
 }
 
 
+# Core ATen ops that kernel-generating backends still want as pointwise + reduction nodes.
+_SPLIT_FOR_FUSION = (
+    torch.ops.aten._softmax.default,
+    torch.ops.aten._log_softmax.default,
+    torch.ops.aten.native_layer_norm.default,
+)
+
+
+def _fusion_splits() -> dict:
+    from torch._decomp import decomposition_table
+
+    return {op: decomposition_table[op] for op in _SPLIT_FOR_FUSION if op in decomposition_table}
+
+
 def level(config: Config, backend_name: str) -> str:
     if config.decompose != "auto":
         return config.decompose
@@ -33,7 +48,9 @@ def aot_table(config: Config, backend_name: str) -> dict:
         return {}
     from torch._decomp import core_aten_decompositions
 
-    return {k: v for k, v in core_aten_decompositions().items() if k not in _KEEP}
+    table = {k: v for k, v in core_aten_decompositions().items() if k not in _KEEP}
+    table.update(_fusion_splits())
+    return table
 
 
 def export_table(config: Config, backend_name: str):
@@ -50,4 +67,6 @@ def export_table(config: Config, backend_name: str):
         for op in list(table.keys()):
             if not (isinstance(op, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), cia)):
                 table.pop(op)
+    else:
+        table.update(_fusion_splits())
     return table

@@ -1,0 +1,1 @@
+"""Triton codegen backend: one Triton kernel per group (see docs/triton.md)."""

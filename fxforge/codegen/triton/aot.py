@@ -1,0 +1,67 @@
+"""Ahead-of-time compiles of generated kernels for a named GPU, with no GPU present.
+
+``check_kernel(emitted)`` runs Triton's real compiler (``triton.compile`` on an ``ASTSource``
+for ``GPUTarget("cuda", cc, 32)``) for sm_80 and sm_90 and returns the PTX per target: kernels
+the permissive interpreter accepts but the compiler rejects fail here, on CPU.  Pointer
+arguments are declared 16-byte aligned (what Triton infers at launch for PyTorch's allocations),
+so the PTX shows the vectorised loads a real launch would get.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from . import cache
+from .kernel import KERNEL_NAME, Emitted, helper_names, module_text
+
+TARGETS = ((80, 32), (90, 32))
+
+
+@dataclass
+class AotResult:
+    arch: int
+    ptx: str
+    has_cubin: bool
+
+    def vector_loads(self) -> list[str]:
+        """``ld.global.v2/.v4`` instructions: vectorised loads."""
+        return re.findall(r"ld\.global(?:\.\w+)*\.v[24](?:\.\w+)*", self.ptx)
+
+
+def signature(emitted: Emitted) -> tuple[dict, dict, dict]:
+    sig = {p.name: p.sig for p in emitted.params}
+    sig.update({k: "constexpr" for k in emitted.constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(emitted.params) if p.sig.startswith("*")}
+    return sig, dict(emitted.constexprs), attrs
+
+
+def check_kernel(emitted: Emitted, archs=(80, 90), mode: str = "gpu") -> dict[int, AotResult]:
+    """Compile ``emitted`` for each ``sm_<arch>``; raises on a compile error.  Returns PTX per arch.
+
+    ``mode``: which helper prelude to compile with ("gpu": libdevice, what runs on a GPU;
+    "interp": the core-``tl`` formulas the interpreter runs)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    mod = cache.load(module_text(emitted.kernel_source, mode), helper_names(mode) + [KERNEL_NAME], wrap=JITFunction, tag="_aot")
+    fn = getattr(mod, KERNEL_NAME)
+    sig, constexprs, attrs = signature(emitted)
+    out = {}
+    for arch in archs:
+        src = ASTSource(fn, sig, constexprs, attrs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": emitted.num_warps, "enable_fp_fusion": False})
+        out[arch] = AotResult(arch, compiled.asm["ptx"], "cubin" in compiled.asm)
+    return out
+
+
+def check_generated(archs=(80, 90)) -> dict[str, dict[int, AotResult]]:
+    """AOT-compile every kernel emitted in this process (``backend.GENERATED``): name -> results.
+
+    Run after compiling a model with ``Config(codegen="triton")`` (on CPU under the interpreter)
+    to check its kernels with the real GPU compiler."""
+    from .backend import GENERATED
+
+    return {em.name: check_kernel(em, archs) for em in list(GENERATED)}

@@ -1,0 +1,111 @@
+"""The ``triton`` codegen backend: capability check + compile hook for the registry.
+
+``accepts`` runs the kernel emitter on the node itself (with placeholder variable names): a
+node is accepted exactly when a kernel can be emitted for it, so the check and the emitter
+cannot disagree.  ``compile`` emits the group's kernel, writes its module to the on-disk cache
+(``cache.py``), loads it with ``triton.jit`` (the interpreter under ``TRITON_INTERPRET=1``) and
+returns the launch function as the group's ``Kernel``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import torch
+import torch.fx as fx
+
+from ...config import Config
+from ...graph import VAL, free_symbols, is_mutating
+from ...plan import Group
+from ..registry import CodegenBackend, Kernel, KernelContext
+from . import cache
+from .kernel import KERNEL_NAME, Emitted, Emitter, Unsupported, helper_names, module_text
+from .ops import SIG_DTYPE, interp_missing
+
+# Every kernel emitted in this process (newest last): what tests and `aot.check_kernel` sweep.
+GENERATED: collections.deque[Emitted] = collections.deque(maxlen=4096)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _tensors(v) -> list[torch.Tensor]:
+    vals = v if isinstance(v, (list, tuple)) else [v]
+    return [t for t in vals if isinstance(t, torch.Tensor)]
+
+
+def accepts(node: fx.Node, config: Config) -> str | None:
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload):
+        return "not an ATen operator"
+    if is_mutating(node):
+        return "mutates its inputs"
+    val = node.meta.get(VAL)
+    outs = _tensors(val)
+    if not outs or (isinstance(val, (list, tuple)) and len(outs) != len(val)):
+        return "returns non-tensor values"
+    ins = [t for a in node.all_input_nodes for t in _tensors(a.meta.get(VAL))]
+    for t in outs + ins:
+        if t.dtype not in SIG_DTYPE:
+            return f"dtype {t.dtype} has no Triton lowering"
+        if t.layout != torch.strided or t.is_sparse:
+            return "non-strided layout"
+        if t.device.type == "cpu" and not interpreting():
+            return "CPU tensors need TRITON_INTERPRET=1"
+        if t.device.type not in ("cuda", "cpu"):
+            return f"device {t.device.type}"
+    if len({t.device for t in outs + ins}) > 1:
+        return "tensors on several devices"
+    if any(s.name.startswith("u") for s in free_symbols(val)):
+        return "data-dependent output size"
+    if any(t.numel() == 0 for t in outs if not free_symbols(t)):
+        return "empty output"
+    try:
+        em = Emitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", [node]).emit()
+    except (Unsupported, NotImplementedError) as e:
+        return f"triton: {e}"
+    if len(em.params) > config.max_kernel_args:
+        return f"triton: {len(em.params)} kernel arguments > Config.max_kernel_args={config.max_kernel_args}"
+    if interpreting():
+        missing = interp_missing(em.kernel_source)
+        if missing:
+            return f"triton: {missing} has no TRITON_INTERPRET implementation"
+    return None
+
+
+def load_kernel(em: Emitted, mode: str | None = None):
+    """The runnable kernel of ``em`` (``triton.jit``: the interpreter under TRITON_INTERPRET=1)."""
+    mode = mode or ("interp" if interpreting() else "gpu")
+    mod = cache.load(module_text(em.kernel_source, mode), helper_names(mode) + [KERNEL_NAME])
+    return getattr(mod, KERNEL_NAME)
+
+
+def compile_group(group: Group, ctx: KernelContext) -> Kernel:
+    em = Emitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None).emit()
+    fn = load_kernel(em)
+    GENERATED.append(em)
+    return Kernel(
+        name=em.name,
+        source=em.launch_source,
+        args=list(em.args),
+        globals={f"{em.name}_triton": fn},
+        node_count=em.node_count,
+        unique_io_buffers=em.unique_io_buffers,
+        launch_args=len(em.params),
+        backend="triton",
+    )
+
+
+BACKEND = CodegenBackend(
+    name="triton",
+    devices=("cuda", "cpu"),
+    accepts=accepts,
+    compile=compile_group,
+    description="Triton kernels (pointwise, reductions); CPU only under TRITON_INTERPRET=1",
+)
+
+
+def load() -> CodegenBackend:
+    return BACKEND

@@ -1,0 +1,55 @@
+"""Helpers for tests of the Triton backend (used by tests/test_triton_*.py).
+
+``TRITON_INTERPRET`` is read by ``triton.jit`` when a kernel is loaded, and by this backend's
+capability check, so setting it before the first compile is enough (tests use a fixture).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+import fxforge
+
+from . import aot
+from .backend import GENERATED
+
+_aot_checked: dict[str, dict] = {}
+
+
+def aot_check_new(since: int, archs=(80, 90)) -> list:
+    """AOT-compile (sm_80, sm_90) every kernel generated after ``GENERATED[since]``; once per source."""
+    out = []
+    for em in list(GENERATED)[since:]:
+        key = hashlib.sha256(em.kernel_source.encode()).hexdigest()
+        if key not in _aot_checked:
+            _aot_checked[key] = aot.check_kernel(em, archs)
+        out.append((em, _aot_checked[key]))
+    return out
+
+
+def aot_checked_count() -> int:
+    return len(_aot_checked)
+
+
+def run_compiled(fn, *args, dynamic=False, config=None, aot_check=True):
+    """``(backend, result)``: ``fn(*args)`` compiled with codegen="triton" (fullgraph, debug)."""
+    torch._dynamo.reset()
+    b = fxforge.backend(config or fxforge.Config(codegen="triton", debug=True))
+    start = len(GENERATED)
+    out = torch.compile(fn, backend=b, fullgraph=True, dynamic=dynamic)(*args)
+    if aot_check:
+        aot_check_new(start)
+    return b, out
+
+
+def triton_kernels(b) -> int:
+    return sum(1 for c in b.compiled for k in c.kernels if k.backend == "triton")
+
+
+def fallbacks(b) -> dict:
+    out = {}
+    for c in b.compiled:
+        out.update(c.stats["fallbacks"])
+    return out
