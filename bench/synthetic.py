@@ -1,0 +1,153 @@
+"""Synthetic large ATen graphs for pass-pipeline time scaling (1k, 10k, 100k nodes).
+
+A graph is built directly as FX (no tracing): ``inputs`` placeholders, then ``n`` pointwise
+nodes.  Each node applies a unary op to the previous node (a long chain), or a binary op to the
+previous node and an earlier one (a tree/DAG edge that keeps a value alive for a while, like a
+skip connection), drawn with a fixed seed.  ``meta["val"]`` comes from ``FakeTensorProp`` under a
+``FakeTensorMode``, as AOTAutograd would leave it.  Tensors are small (``shape``): only the
+compiler's time is of interest here, not the kernels'.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+aten = torch.ops.aten
+UNARY = (aten.relu.default, aten.neg.default, aten.sin.default, aten.exp.default, aten.tanh.default)
+BINARY = (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.maximum.default)
+
+
+def make_graph(n: int, *, inputs: int = 4, shape=(64,), seed: int = 0, skip_p: float = 0.3, reach: int = 64):
+    """An ``fx.GraphModule`` of ``n`` pointwise compute nodes with ``meta["val"]`` on every node,
+    and the real example inputs (the graph runs)."""
+    rng = random.Random(seed)
+    g = fx.Graph()
+    values = [g.placeholder(f"arg{i}") for i in range(inputs)]
+    for i in range(n):
+        prev = values[-1]
+        if rng.random() < skip_p:
+            other = values[max(0, len(values) - 1 - rng.randint(1, reach))]
+            node = g.call_function(rng.choice(BINARY), (prev, other))
+        else:
+            node = g.call_function(rng.choice(UNARY), (prev,))
+        values.append(node)
+    # A few outputs from across the graph, like a real graph's (outputs, saved activations).
+    outs = [values[-1]] + [values[inputs + (k * n) // 4] for k in range(1, 4) if n >= 4]
+    g.output(tuple(dict.fromkeys(outs)))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    example = [torch.randn(shape) for _ in range(inputs)]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    FakeTensorProp(gm, mode).propagate(*[mode.from_tensor(t) for t in example])
+    return gm, example
+
+
+def _timed_stages(fn, stages: dict):
+    """Run ``fn`` with fxforge.compiler's stage functions wrapped in timers (schedule, groups,
+    memory plan, wrapper generation), restored afterwards.  Read-only instrumentation: fxforge's
+    stats time the passes only; the rest of ``compile_seconds`` is split here."""
+    from fxforge import compiler
+    from fxforge.codegen import wrapper
+
+    targets = [(compiler, "make_schedule", "schedule"), (compiler, "build_groups", "groups"),
+               (compiler, "plan_memory", "memory_plan"), (wrapper, "generate", "codegen"),
+               (getattr(wrapper, "Wrapper", None), "load", "load")]
+    saved = []
+    for mod, attr, label in targets:
+        orig = getattr(mod, attr, None) if mod is not None else None
+        if orig is None:
+            continue
+        saved.append((mod, attr, orig))
+
+        def timed(*a, _orig=orig, _label=label, **k):
+            t0 = time.perf_counter()
+            try:
+                return _orig(*a, **k)
+            finally:
+                stages[_label] = stages.get(_label, 0.0) + time.perf_counter() - t0
+
+        setattr(mod, attr, timed)
+    try:
+        return fn()
+    finally:
+        for mod, attr, orig in saved:
+            setattr(mod, attr, orig)
+
+
+def pipeline_times(n: int, *, seed: int = 0) -> dict:
+    """Build a graph of ``n`` nodes and compile it with the default Config.
+
+    Returns ``nodes``, ``build_s`` (graph + FakeTensorProp, not fxforge's time), ``compile_s``
+    (``stats["compile_seconds"]``, wall: passes + schedule + memory plan + codegen + loading the
+    wrapper), ``passes_s`` (sum of the pass manager's per-pass times), ``passes`` (per pass:
+    name, seconds, nodes before/after), ``other_s`` = compile - passes, ``stages_s`` (schedule,
+    groups, memory plan, codegen, load: wall seconds of fxforge.compiler's stages) and
+    ``compile_cpu_s`` (process CPU seconds of the compile: single-threaded, so less sensitive to
+    other jobs on the machine than wall time)."""
+    import fxforge
+    from fxforge.compiler import compile_graph
+
+    t0 = time.perf_counter()
+    gm, example = make_graph(n, seed=seed)
+    build_s = time.perf_counter() - t0
+    stages: dict[str, float] = {}
+    gc.collect()  # a collection of the bench's own garbage must not land inside the timed compile
+    cpu0 = time.process_time()
+    c = _timed_stages(lambda: compile_graph(gm, fxforge.Config(debug=False), kind="synthetic"), stages)
+    compile_cpu_s = time.process_time() - cpu0
+    s = c.stats
+    passes = [{k: p[k] for k in ("name", "seconds", "nodes_before", "nodes_after")} for p in s["passes"]]
+    passes_s = sum(p["seconds"] for p in passes)
+    ok = None
+    if n <= 10_000:  # a correctness spot check where it is cheap
+        want = gm(*example)
+        got = c(*example)
+        ok = all(torch.allclose(a, b, equal_nan=True) for a, b in zip(want, got))
+    return {
+        "nodes": n,
+        "nodes_in": s["nodes_in"],
+        "build_s": build_s,
+        "compile_s": s["compile_seconds"],
+        "compile_cpu_s": compile_cpu_s,
+        "passes_s": passes_s,
+        "other_s": s["compile_seconds"] - passes_s,
+        "passes": passes,
+        "stages_s": stages,
+        "kernels": s["kernels"],
+        "arena_bytes": s["arena_bytes"],
+        "lower_bound_bytes": s["lower_bound_bytes"],
+        "matches_eager": ok,
+    }
+
+
+def add_scaling(rows: list[dict]) -> dict:
+    """Compile CPU time per node of each size relative to the smallest size (about constant =
+    linear growth).  CPU time, not wall: the compile is single-threaded, and on a shared machine
+    wall time mostly measures the neighbours."""
+    ok = [r for r in rows if "compile_s" in r]
+    key = "compile_cpu_s" if all("compile_cpu_s" in r for r in ok) else "compile_s"
+    base = ok[0][key] / ok[0]["nodes"] if ok else 0
+    pbase = ok[0]["passes_s"] / ok[0]["nodes"] if ok else 0
+    for r in ok:
+        r["us_per_node"] = r[key] / r["nodes"] * 1e6
+        r["per_node_vs_smallest"] = (r[key] / r["nodes"]) / base if base else None
+        r["passes_per_node_vs_smallest"] = (r["passes_s"] / r["nodes"]) / pbase if pbase else None
+    return {"rows": rows, "per_node_from": key}
+
+
+def scaling(sizes) -> dict:
+    return add_scaling([pipeline_times(n) for n in sizes])
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    sizes = [int(a) for a in sys.argv[1:]] or [1000, 10_000]
+    print(json.dumps(scaling(sizes), indent=1))

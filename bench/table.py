@@ -1,0 +1,239 @@
+"""Markdown tables and the target check from the results dict that bench/run.py writes as JSON.
+
+    python bench/table.py bench/results/bench.json     # re-render the Markdown of a JSON file
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+MiB = 1024 * 1024
+
+
+def _get(d: Any, *path):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def _ms(s):
+    return "—" if s is None else f"{s * 1e3:.2f}"
+
+
+def _s(s):
+    return "—" if s is None else f"{s:.2f}"
+
+
+def _mib(b):
+    return "—" if b is None else f"{b / MiB:.1f}"
+
+
+def _x(r):
+    return "—" if r is None else f"{r:.2f}x"
+
+
+def _case_name(c):
+    return f"{c['model']} {c['mode']}"
+
+
+def one_line(c: dict) -> str:
+    r = c.get("ratios", {})
+    res = c.get("contenders", {})
+    parts = [f"{_case_name(c)}:"]
+    for n in ("eager", "fxforge", "inductor"):
+        if _get(res, n, "time", "median_s") is not None:
+            parts.append(f"{n} {_ms(_get(res, n, 'time', 'median_s'))}ms")
+    parts.append(f"fx/eager {_x(r.get('time_fxforge_over_eager'))}")
+    parts.append(f"peak fx/eager {_x(r.get('peak_fxforge_over_eager'))} fx/ind {_x(r.get('peak_fxforge_over_inductor'))}")
+    parts.append(f"first call fx {_s(_get(res, 'fxforge', 'first_call_s'))}s ind {_s(_get(res, 'inductor', 'first_call_s'))}s")
+    if c.get("errors"):
+        parts.append("ERRORS: " + ", ".join(c["errors"]))
+    if "wall_s" in c:
+        parts.append(f"[{c['wall_s']:.0f}s]")
+    return " ".join(parts)
+
+
+def targets(results: dict) -> list[dict]:
+    """Each project target with the measured value, pass/miss, and what it was computed from."""
+    cases = [c for c in results.get("cases", []) if c.get("contenders")]
+    out = []
+
+    def add(name, goal, values, ok_fn, how):
+        vals = [v for v in values if v is not None]
+        if not vals:
+            out.append({"target": name, "goal": goal, "status": "not measured", "how": how})
+            return
+        out.append({"target": name, "goal": goal, "worst": max(vals), "mean": sum(vals) / len(vals), "n": len(vals),
+                    "status": "met" if ok_fn(vals) else "MISSED", "how": how})
+
+    add("compile time vs Inductor cold (first call)", "<= 0.2x",
+        [_get(c, "ratios", "first_call_fxforge_over_inductor") for c in cases], lambda v: max(v) <= 0.2,
+        "first call (dynamo + AOTAutograd + backend + run) fxforge / Inductor, per case; worst case")
+    add("compile time vs Inductor cold (backend only)", "<= 0.2x",
+        [_get(c, "ratios", "backend_fxforge_over_inductor") for c in cases], lambda v: max(v) <= 0.2,
+        "sum of fxforge compile_seconds / Inductor compile_fx_inner seconds, per case")
+    ab = [g["arena_over_bound"] for c in cases for g in _get(c, "fxforge", "graphs") or [] if g.get("arena_over_bound")]
+    add("arena / lower bound", "<= 1.02 mean", ab, lambda v: sum(v) / len(v) <= 1.02, "per compiled graph, all cases")
+    train = [c for c in cases if c["mode"] == "train"]
+    add("training peak vs Inductor", "<= 1.0x", [_get(c, "ratios", "peak_fxforge_over_inductor") for c in train],
+        lambda v: max(v) <= 1.0, "measured peak bytes of one training step, fxforge / Inductor")
+    add("training peak vs eager", "<= 0.9x", [_get(c, "ratios", "peak_fxforge_over_eager") for c in train],
+        lambda v: max(v) <= 0.9, "measured peak bytes of one training step, fxforge / eager")
+    add("time per call vs eager (not slower)", "<= 1.0x",
+        [_get(c, "ratios", "time_fxforge_over_eager") for c in cases], lambda v: max(v) <= 1.0,
+        "median time per call fxforge / eager, per case (target 'fxforge >= 1.0x eager speed')")
+    rows = [r for r in _get(results, "synthetic", "rows") or [] if r.get("nodes") == 100_000 and "compile_s" in r]
+    add("pass pipeline, 100k-node graph", "< 10 s", [r["passes_s"] for r in rows], lambda v: max(v) < 10,
+        "sum of the pass manager's per-pass seconds (stats['passes'])")
+    add("whole compile_graph, 100k-node graph", "< 10 s (same goal, stricter reading)",
+        [r["compile_s"] for r in rows], lambda v: max(v) < 10,
+        "stats['compile_seconds']: passes + schedule + memory plan + codegen + loading the wrapper")
+    return out
+
+
+def markdown(results: dict) -> str:
+    m = results.get("meta", {})
+    L = [
+        "# fxforge benchmarks: fxforge vs eager vs Inductor",
+        "",
+        f"- date: {m.get('date_utc')}; wall time of this run: {_s(m.get('wall_s'))} s; command: "
+        f"`python bench/run.py {' '.join(_argv(results.get('args', {})))}`",
+        f"- machine: {m.get('cpu')}, {m.get('cores')} cores, torch threads {m.get('torch_threads')}, "
+        f"device {m.get('device')}{' (' + m['gpu'] + ')' if m.get('gpu') else ''}; load average at start "
+        f"{', '.join(f'{x:.1f}' for x in m.get('loadavg_start', []))}",
+        f"- versions: python {m.get('python')}, torch {m.get('torch')}, transformers {m.get('transformers')}, "
+        f"triton {m.get('triton')}, fxforge {m.get('fxforge')} ({m.get('fxforge_commit')})",
+        "- how each figure is measured: bench/README.md. Ratios are fxforge / other (lower is better for all).",
+        "",
+    ]
+    cases = [c for c in results.get("cases", [])]
+    if cases:
+        L += ["## Time per call (median of interleaved calls after warm-up, ms)", "",
+              "| case | eager | fxforge | Inductor | fxforge/eager | fxforge/Inductor | Inductor/eager | calls |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for c in cases:
+            res, r = c["contenders"], c.get("ratios", {})
+            L.append(f"| {_case_name(c)} | {_ms(_get(res, 'eager', 'time', 'median_s'))} | "
+                     f"{_ms(_get(res, 'fxforge', 'time', 'median_s'))} | {_ms(_get(res, 'inductor', 'time', 'median_s'))} | "
+                     f"{_x(r.get('time_fxforge_over_eager'))} | {_x(r.get('time_fxforge_over_inductor'))} | "
+                     f"{_x(r.get('time_inductor_over_eager'))} | {_get(res, 'eager', 'time', 'calls') or '—'} |")
+        L += ["", "## Peak bytes allocated during one call (MiB, profiler allocation events)", "",
+              "| case | eager | fxforge | Inductor | fxforge/eager | fxforge/Inductor |", "|---|---:|---:|---:|---:|---:|"]
+        for c in cases:
+            res, r = c["contenders"], c.get("ratios", {})
+            L.append(f"| {_case_name(c)} | {_mib(_get(res, 'eager', 'memory', 'peak_bytes'))} | "
+                     f"{_mib(_get(res, 'fxforge', 'memory', 'peak_bytes'))} | {_mib(_get(res, 'inductor', 'memory', 'peak_bytes'))} | "
+                     f"{_x(r.get('peak_fxforge_over_eager'))} | {_x(r.get('peak_fxforge_over_inductor'))} |")
+        L += ["", "## Compile time (s): first call, cold", "",
+              "| case | aot_eager | fxforge | Inductor | fxforge/Inductor | fxforge backend | Inductor backend | "
+              "backend fxforge/Inductor | max abs err fxforge / Inductor |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for c in cases:
+            res, r = c["contenders"], c.get("ratios", {})
+            err = " / ".join(_e(res.get(n)) for n in ("fxforge", "inductor"))
+            L.append(f"| {_case_name(c)} | {_s(_get(res, 'aot_eager', 'first_call_s'))} | {_s(_get(res, 'fxforge', 'first_call_s'))} | "
+                     f"{_s(_get(res, 'inductor', 'first_call_s'))} | {_x(r.get('first_call_fxforge_over_inductor'))} | "
+                     f"{_s(_get(res, 'fxforge', 'backend_s'))} | {_s(_get(res, 'inductor', 'backend_s'))} | "
+                     f"{_x(r.get('backend_fxforge_over_inductor'))} | {err} |")
+        L += ["", "## fxforge memory plan and graphs (summed over the graphs of each case; MiB)", "",
+              "| case | graphs | nodes | kernels | fallbacks | arena | lower bound | arena/bound (mean, max) | "
+              "eager live peak | bound/eager live | copy | failures |",
+              "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+        for c in cases:
+            f = c.get("fxforge")
+            if not f:
+                continue
+            kinds = ",".join(str(g["graph"]) for g in f["graphs"])
+            fails = len(f.get("failures", [])) + len(f.get("failed_at_run_time", []))
+            L.append(f"| {_case_name(c)} | {kinds} | {f['nodes_in']} | {f['kernels']} | {f['fallback_nodes']} | "
+                     f"{_mib(f['arena_bytes'])} | {_mib(f['lower_bound_bytes'])} | "
+                     f"{_x(f['arena_over_bound_mean'])}, {_x(f['arena_over_bound_max'])} | {_mib(f['eager_live_peak_bytes'])} | "
+                     f"{_x(f['bound_over_eager_live'])} | {_mib(f['copy_bytes'])} | {fails or ''} |")
+        names = []
+        for c in cases:
+            for n in (_get(c, "fxforge", "pass_seconds") or {}):
+                if n not in names:
+                    names.append(n)
+        if names:
+            L += ["", "## fxforge compile time per pass (ms, summed over the graphs of each case)", "",
+                  "| case | " + " | ".join(names) + " | rest of compile (schedule, plan, codegen, load) | total |",
+                  "|---|" + "---:|" * (len(names) + 2)]
+            for c in cases:
+                f = c.get("fxforge")
+                if not f:
+                    continue
+                ps = f["pass_seconds"]
+                L.append(f"| {_case_name(c)} | " + " | ".join(_ms(ps.get(n)) for n in names)
+                         + f" | {_ms(f['other_compile_seconds'])} | {_ms(f['compile_seconds'])} |")
+        errs = [(c, k, v) for c in cases for k, v in (c.get("errors") or {}).items()]
+        if errs:
+            L += ["", "## Errors", ""]
+            for c, k, v in errs:
+                L.append(f"- {_case_name(c)}, {k}: `{v.splitlines()[0][:300]}`")
+        recompiled = [_case_name(c) for c in cases if c.get("recompiled_during_timing")]
+        if recompiled:
+            L += ["", f"Note: dynamo compiled a new graph during the timed calls of: {', '.join(recompiled)}."]
+    for s in results.get("skipped", []):
+        L.append(f"- skipped {s['model']}: {s['reason']}")
+    syn = _get(results, "synthetic", "rows")
+    if syn:
+        L += ["", "## Pass-pipeline time vs graph size (synthetic pointwise chains/trees)", "",
+              "| nodes | build + FakeTensorProp (s) | passes (s) | schedule | groups | memory plan | codegen | load wrapper | "
+              f"compile_seconds (s) | compile CPU s | µs/node ({'CPU' if _get(results, 'synthetic', 'per_node_from') == 'compile_cpu_s' else 'wall'}) | "
+              "per node vs smallest | matches eager |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in syn:
+            if "compile_s" not in r:
+                L.append(f"| {r['nodes']} | error: `{r.get('error', '').splitlines()[0][:200]}` |")
+                continue
+            st = r.get("stages_s", {})
+            L.append(f"| {r['nodes']} | {_s(r['build_s'])} | {_s(r['passes_s'])} | {_s(st.get('schedule'))} | "
+                     f"{_s(st.get('groups'))} | {_s(st.get('memory_plan'))} | {_s(st.get('codegen'))} | {_s(st.get('load'))} | "
+                     f"{_s(r['compile_s'])} | {_s(r.get('compile_cpu_s'))} | "
+                     f"{r['us_per_node']:.0f} | {_x(r['per_node_vs_smallest'])} | {r.get('matches_eager')} |")
+    gk = results.get("gpu_kernels")
+    if gk:
+        L += ["", f"## GPU kernel microbenchmarks (bench/bench_gpu_kernels.py): {gk.get('status')}", ""]
+        if gk.get("stdout"):
+            L += ["```", gk["stdout"][-8000:].rstrip(), "```"]
+    tg = results.get("targets") or targets(results)
+    if tg:
+        L += ["", "## Targets", "", "| target | goal | worst | mean | status | computed from |", "|---|---|---:|---:|---|---|"]
+        for t in tg:
+            L.append(f"| {t['target']} | {t['goal']} | {_num(t.get('worst'))} | {_num(t.get('mean'))} | "
+                     f"{t['status']} | {t['how']} |")
+    return "\n".join(L) + "\n"
+
+
+def _e(r):
+    if not r:
+        return "—"
+    e = r.get("grad_max_abs_err", r.get("max_abs_err"))
+    return "—" if e is None else f"{e:.1e}"
+
+
+def _num(v):
+    return "—" if v is None else f"{v:.3g}"
+
+
+def _argv(args: dict) -> list[str]:
+    out = []
+    for k in ("quick", "full", "gpu", "debug"):
+        if args.get(k):
+            out.append(f"--{k}")
+    if args.get("models"):
+        out += ["--models", *args["models"]]
+    if args.get("modes") and args["modes"] != ["inference", "train"]:
+        out += ["--modes", *args["modes"]]
+    if args.get("synthetic") is not None:
+        out += ["--synthetic", *map(str, args["synthetic"])]
+    for k in ("calls", "budget", "threads"):
+        if k in args:
+            out += [f"--{k}", str(args[k])]
+    return out
+
+
+if __name__ == "__main__":
+    print(markdown(json.load(open(sys.argv[1]))))

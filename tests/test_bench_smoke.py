@@ -1,0 +1,103 @@
+"""Smoke run of the benchmark suite (bench/run.py) on its smallest model.  The full bench is not
+part of the test suite (`make bench`); this checks that the suite runs end to end, writes the
+JSON and Markdown, and computes its ratios and target rows.  Inductor is left out here: its cold
+compile alone takes ~30 s on 2 cores (the full bench measures it)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def bench_modules():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import run
+        import table
+
+        yield run, table
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_smoke_run_writes_json_and_table(bench_modules, tmp_path):
+    run, _ = bench_modules
+    rc = run.main(["--models", "demo-tiny", "--contenders", "eager", "fxforge", "aot_eager", "--calls", "3",
+                   "--budget", "1", "--synthetic", "200", "--out", str(tmp_path), "--tag", "smoke"])
+    assert rc == 0
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    assert {"meta", "args", "cases", "synthetic", "targets"} <= set(data)
+    for key in ("date_utc", "torch", "cpu", "cores", "torch_threads", "wall_s"):
+        assert key in data["meta"]
+    assert [(c["model"], c["mode"]) for c in data["cases"]] == [("demo-tiny", "inference"), ("demo-tiny", "train")]
+    for case in data["cases"]:
+        assert not case["errors"], case["errors"]
+        res = case["contenders"]
+        assert set(res) == {"eager", "fxforge", "aot_eager"}
+        for n in ("eager", "fxforge"):
+            assert res[n]["time"]["median_s"] > 0 and res[n]["time"]["calls"] >= 3
+            assert res[n]["memory"]["peak_bytes"] > 0
+        assert res["fxforge"]["first_call_s"] > 0 and res["fxforge"]["backend_s"] > 0
+        assert res["fxforge"]["max_abs_err"] < 1e-3
+        r = case["ratios"]
+        for k in ("time_fxforge_over_eager", "peak_fxforge_over_eager", "first_call_fxforge_over_aot_eager"):
+            assert isinstance(r[k], float) and r[k] > 0, k
+        assert r["time_fxforge_over_inductor"] is None  # Inductor not run here
+        f = case["fxforge"]
+        for k in ("arena_bytes", "lower_bound_bytes", "eager_live_peak_bytes", "copy_bytes", "kernels",
+                  "fallback_nodes", "compile_seconds", "pass_seconds", "graphs", "arena_over_bound_mean"):
+            assert k in f, k
+        assert f["kernels"] > 0 and f["pass_seconds"]
+    kinds = [g["graph"] for c in data["cases"] for g in c["fxforge"]["graphs"]]
+    assert kinds == ["inference", "forward", "backward"]
+    (row,) = data["synthetic"]["rows"]
+    assert row["nodes"] == 200 and row["compile_s"] > 0 and row["matches_eager"] is True
+    assert {t["target"] for t in data["targets"]} >= {"arena / lower bound", "time per call vs eager (not slower)"}
+    md = (tmp_path / "smoke.md").read_text()
+    assert "| demo-tiny train |" in md and "fxforge/eager" in md and "torch 2." in md
+
+
+def test_ratios_and_targets_with_inductor(bench_modules):
+    """The fxforge/Inductor ratios and target rows, on hand-made figures."""
+    run, table = bench_modules
+
+    def contender(t, peak, first, backend):
+        return {"time": {"median_s": t}, "memory": {"peak_bytes": peak}, "first_call_s": first, "backend_s": backend}
+
+    case = {"model": "m", "mode": "train", "contenders": {
+        "eager": contender(2.0, 100, None, None),
+        "fxforge": contender(1.0, 80, 3.0, 0.5),
+        "inductor": contender(0.5, 160, 30.0, 25.0),
+        "aot_eager": {"first_call_s": 2.0}}}
+    r = run.ratios(case)
+    assert r["time_fxforge_over_eager"] == 0.5 and r["time_fxforge_over_inductor"] == 2.0
+    assert r["peak_fxforge_over_eager"] == 0.8 and r["peak_fxforge_over_inductor"] == 0.5
+    assert r["first_call_fxforge_over_inductor"] == 0.1 and r["backend_fxforge_over_inductor"] == 0.02
+    case["ratios"] = r
+    case["fxforge"] = {"graphs": [{"arena_over_bound": 1.01}, {"arena_over_bound": 1.03}]}
+    tg = {t["target"]: t for t in table.targets({"cases": [case]})}
+    assert tg["compile time vs Inductor cold (first call)"]["status"] == "met"
+    assert tg["training peak vs Inductor"]["status"] == "met"
+    assert tg["training peak vs eager"]["status"] == "met"
+    assert tg["arena / lower bound"]["status"] == "met"  # mean 1.02
+    assert tg["time per call vs eager (not slower)"]["status"] == "met"
+    assert tg["pass pipeline, 100k-node graph"]["status"] == "not measured"
+    del case["fxforge"]  # a partial dict; the real one is covered by the smoke run
+    md = table.markdown({"cases": [case], "targets": list(tg.values())})
+    assert "| m train | 2000.00 | 1000.00 | 500.00 | 0.50x | 2.00x |" in md
+
+
+def test_gpu_flag_without_cuda_exits_clearly(bench_modules, capsys, tmp_path, monkeypatch):
+    run, _ = bench_modules
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run.main(["--gpu", "--out", str(tmp_path)]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
