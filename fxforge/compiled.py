@@ -65,21 +65,36 @@ class Compiled:
         self._eager = eager
         self._debug = debug
         self.failed: str | None = None  # why calls switched to eager, if they did
+        self._proven = False  # a call has succeeded: later calls keep no copy of their inputs
 
     def call_boxed(self, args: list) -> Any:
-        """AOTAutograd's calling convention: one list of inputs."""
+        """AOTAutograd's calling convention: one list of inputs, emptied by the call.
+
+        The generated code clears ``args`` so every input is freed after its last use.  Until
+        one call has succeeded a copy of the inputs is kept, so that code which fails on its
+        first run falls back to running the graph eagerly instead of crashing the model.
+        """
+        # Graphs are ATen-level and functional: autograd, if any, happens outside them
+        # (AOTAutograd), and out= ops refuse inputs that require grad.
+        if self.failed is None and self._proven:
+            with torch.no_grad():
+                return self._fn(args)
         if self.failed is None:
+            kept = list(args)
             try:
-                # Graphs are ATen-level and functional: autograd, if any, happens outside them
-                # (AOTAutograd), and out= ops refuse inputs that require grad.
                 with torch.no_grad():
-                    return self._fn(args)
+                    out = self._fn(args)
+                self._proven = True
+                return out
             except Exception as e:
                 if self._debug or self._eager is None:
                     raise
                 self.failed = f"{type(e).__name__}: {e}"
                 log.warning("fxforge: generated code failed (%s); this graph now runs eagerly", self.failed)
-        return self._eager(args)
+                args = kept
+        out = self._eager(args)
+        args.clear()
+        return out
 
     call_boxed._boxed_call = True  # type: ignore[attr-defined]
 

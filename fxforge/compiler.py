@@ -80,17 +80,31 @@ def compile_graph(
     nodes_in = count_compute_nodes(gm)
     eager_peak = peak_bytes(gm, program_order(gm))
 
+    stages: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def stage(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        stages[name] = now - clock
+        clock = now
+
     pm = PassManager(passes if passes is not None else default_passes(config, registry, gm), debug=config.debug)
     gm, records = pm(gm)
 
+    stage("passes")
     sched, sched_stats = make_schedule(gm)
+    stage("schedule")
     groups = build_groups(gm, sched)
     memory = plan_memory(gm, sched, groups, config)
     if config.debug:
         verify_memory_plan(memory)
+    stage("memory_plan")
     plan = Plan(sched, groups, memory)
     w = wrapper.generate(gm, plan, registry, config)
+    stage("codegen")
     fn = w.load(f"<fxforge-{kind}-{next(_graph_ids)}>")
+    stage("load")
 
     arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas for iv in arena_intervals(memory, a.name)]
     fallback_nodes = sum(1 for g in groups if g.backend == FALLBACK_BACKEND) + sum(
@@ -108,6 +122,7 @@ def compile_graph(
         eager_live_peak_bytes=eager_peak,
         refused_fusions={},
         **sched_stats,
+        stage_seconds=stages,
         passes=[r.as_dict() for r in records],
         fallbacks={g.nodes[0].name: g.reason for g in groups if g.backend == FALLBACK_BACKEND},
     )

@@ -59,7 +59,7 @@ class ExportedCompiled(Compiled):
                 graph_args.append(torch.empty(0))
             else:
                 graph_args.append(self._state(s.kind, s.target))
-        results = self.call_boxed(graph_args)
+        results = self.call_boxed(list(graph_args))  # the call empties the list it gets
         user_out = []
         for s, r in zip(ep.graph_signature.output_specs, results):
             if s.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):

@@ -7,6 +7,7 @@ Shape of the source::
 
     def call(args):
         arg0_1, arg1_1, arg2_1 = args
+        args.clear()                          # inputs are freed after their last use
         s0 = arg0_1.size(0)                   # size symbols read off the inputs
         arena0 = torch.empty(..., dtype=torch.uint8, device=...)   # one arena per device, per call
         arena0_f32 = arena0.view(torch.float32)
@@ -244,6 +245,8 @@ class _Builder:
         if placeholders:
             names = ", ".join(n.name for n in placeholders)
             head.append(f"{names}{',' if len(placeholders) == 1 else ''} = args")
+        # The caller's list must not keep inputs alive: each is freed after its last use here.
+        head.append("args.clear()")
         src = [
             f"# fxforge wrapper: {len(self.kernels)} kernels, {len(plan.memory.arenas)} arenas",
             "import math, operator",
