@@ -22,14 +22,18 @@ from .registry import CodegenBackend, Kernel, KernelContext
 _RUNNABLE_NAMESPACES = ("aten", "prims")
 
 
-# Ops whose out= overload computes something else than the functional op: they run functionally
-# and the result is copy_-ed into the planned buffer.  Found by tests/test_opinfo.py (the sweep
-# turns "out tensor was resized" warnings into errors: a resized planned buffer spills into its
-# arena neighbours).
+# Ops whose out= overload misbehaves into a planned buffer: they run functionally and the result
+# is copy_-ed into the buffer.  Found by tests/test_opinfo.py (OutOverloadCheck), measured on
+# torch 2.13 CPU.  With reduction="mean"/"sum" these loss kernels use `out` as scratch for the
+# unreduced loss: they resize the 0-dim `out` to the input's shape, which inside an arena
+# overwrites the neighbouring buffers (a fresh one is reallocated).
 BROKEN_OUT_OVERLOADS: dict[str, str] = {
-    # CPU kernel (torch 2.11-2.13): with reduction="mean"/"sum" it resizes `out` to the input's
-    # shape and returns a wrong scalar (e.g. 0.74 instead of 1.03); reduction="none" is right.
-    "aten::binary_cross_entropy": "out= resizes its output and gives wrong results when reducing",
+    # ...and the reduced value it returns is wrong too (0.74 instead of 1.03)
+    "aten::binary_cross_entropy": "out= resizes out to the input's shape and returns a wrong value when reducing",
+    "aten::huber_loss": "out= resizes out to the input's shape when reducing",
+    "aten::mse_loss": "out= resizes out to the input's shape when reducing",
+    "aten::smooth_l1_loss": "out= resizes out to the input's shape when reducing",
+    "aten::soft_margin_loss": "out= resizes out to the input's shape when reducing",
 }
 
 
