@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from ..config import Config
-from ..graph import VAL, free_symbols, is_mutating, node_kind, storage_root, tensor_val
+from ..graph import ALLOCATES, VAL, free_symbols, is_mutating, node_kind, storage_root, tensor_val
 from ..plan import Group
 from .pyexpr import format_arg, op_display, op_path
 from .registry import CodegenBackend, Kernel, KernelContext
@@ -82,6 +82,35 @@ def accepts(node: fx.Node, config: Config) -> str | None:
     return None
 
 
+_DEVICE_KEYS = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "meta": "Meta"}
+
+
+def _device_type(node: fx.Node) -> str:
+    val = node.meta.get(VAL)
+    t = val if isinstance(val, torch.Tensor) else next(v for v in val if isinstance(v, torch.Tensor))
+    return t.device.type
+
+
+def writes_by_copy(node: fx.Node) -> bool:
+    """``clone`` into a planned buffer is one ``copy_`` (its out= overload copies twice)."""
+    return node.target is torch.ops.aten.clone.default
+
+
+def allocates(node: fx.Node, config: Config) -> bool:
+    """Run the functional op and keep its result when the device has no real out= kernel.
+
+    Out= overloads registered only as composites (``native_layer_norm.out``, ``embedding.out``...)
+    run the functional op and copy its result: a planned buffer would cost a full extra write.
+    """
+    if writes_by_copy(node):
+        return False
+    found = out_overload(node.target)
+    if found is None:
+        return True
+    key = _DEVICE_KEYS.get(_device_type(node))
+    return key is None or not torch._C._dispatch_has_kernel_for_dispatch_key(found[0].name(), key)
+
+
 def _slots(node: fx.Node) -> list[int | None]:
     val = node.meta[VAL]
     return list(range(len(val))) if isinstance(val, (list, tuple)) else [None]
@@ -96,6 +125,7 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     params: list[str] = []  # kernel parameter names == wrapper variable names
     body: list[str] = []
     storages: set[object] = set()  # distinct storages read or written
+    returns: list[str] = []  # outputs the kernel allocates itself
     members = set(group.nodes)
 
     def param(name: str) -> str:
@@ -105,8 +135,10 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
 
     def ref(n: fx.Node) -> str:
         if n in members and node_kind(n) == "compute":
-            return param(ctx.buffer(n, None))
+            return n.name if n.meta.get(ALLOCATES) else param(ctx.buffer(n, None))
         if n.target is operator.getitem and n.args[0] in members:
+            if n.args[0].meta.get(ALLOCATES):
+                return f"{n.args[0].name}[{n.args[1]}]"
             return param(ctx.buffer(n.args[0], n.args[1]))
         if n in members:
             return n.name  # a local computed earlier in this kernel
@@ -129,7 +161,14 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
             continue
         body.append(f"# {node.name}: {op_display(op)}")
         found = out_overload(op)
-        if found is not None:
+        if node.meta.get(ALLOCATES):
+            body.append(f"{node.name} = {call(op_path(op), node)}")
+            returns.append(node.name)
+            continue
+        if writes_by_copy(node):
+            src = format_arg(node.args[0], ref, ctx.const)
+            body.append(f"{param(ctx.buffer(node, None))}.copy_({src})")
+        elif found is not None:
             head = call(op_path(found[0]), node)[:-1]  # reads are bound before the outputs
             outs = [param(ctx.buffer(node, i)) for i in _slots(node)]
             sep = ", " if not head.endswith("(") else ""
@@ -142,12 +181,15 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
             else:
                 body.extend(f"{b}.copy_(_r[{i}])" for i, b in enumerate(outs))
         storages.update((node, i) for i in _slots(node))
+    if returns:
+        body.append(f"return {', '.join(returns)}{',' if len(returns) == 1 else ''}")
     lines = [f"def {ctx.name}({', '.join(params)}):"] + ["    " + l for l in body]
     return Kernel(
         name=ctx.name,
         backend="torch",
         source="\n".join(lines) + "\n",
         args=list(params),
+        returns=returns,
         node_count=sum(1 for n in group.nodes if node_kind(n) == "compute"),
         unique_io_buffers=len(storages),
     )
@@ -158,5 +200,6 @@ BACKEND = CodegenBackend(
     devices=("cpu", "cuda", "meta", "xpu", "mps"),
     accepts=accepts,
     compile=compile_group,
+    allocates=allocates,
     description="ATen out= calls into planned buffers (reference backend, default on CPU)",
 )
