@@ -98,8 +98,10 @@ def random_inputs(gm: fx.GraphModule, seed: int = 0, like: Sequence | None = Non
         ref = like[i] if like is not None else node.meta.get("val")
         if isinstance(ref, torch.Tensor):
             out.append(random_tensor([hint(s) for s in ref.shape], ref.dtype, gen, [hint(s) for s in ref.stride()]))
+        elif like is not None:
+            out.append(ref)  # sizes, flags: passed through as given
         else:
-            out.append(ref if like is not None or not isinstance(ref, torch.SymInt) else hint(ref))
+            out.append(hint(ref) if isinstance(ref, torch.SymInt) else ref)
     return out
 
 

@@ -291,9 +291,17 @@ def _slice(draw, b, dt):
 def _expand(draw, b, dt):
     x = b.operand(draw, dt)
     s = b.shape(x)
+    # with symbolic shapes, expand to a size the graph already has (as expand_as does): a fresh
+    # static size would later meet an equal symbolic one and pin that symbol
+    syms = [(v, d) for v in b.values for d in range(v.meta["val"].dim()) if not b.is_static(v, d)]
+
+    def size():
+        if not b.dynamic or not syms or draw(st.booleans()):
+            return draw(st.integers(1, b.max_dim)) if not b.dynamic else 1
+        return b.size_arg(*draw(st.sampled_from(syms)))
+
     lead = draw(st.integers(0, max(0, b.max_rank - len(s))))
-    size = st.integers(1, b.max_dim)
-    sizes = [draw(size) for _ in range(lead)] + [draw(size) if n == 1 else -1 for n in s]
+    sizes = [size() for _ in range(lead)] + [size() if n == 1 else -1 for n in s]
     return b.call(aten.expand.default, x, sizes)
 
 
@@ -505,8 +513,8 @@ def graphs(draw, *, ops: Iterable[str | Op] | None = None, extra_ops: Iterable[O
 
     ops: families (see FAMILIES) and/or op names from OPS, or `Op`s; default all of OPS.
     extra_ops: user `Op`s added to the selection (e.g. `unary(torch.ops.mylib.gelu.default)`).
-    exclude: op or family names to leave out (e.g. "remainder" for passes that change float
-      rounding: a floor modulo is discontinuous, so ulp-level differences flip its result).
+    exclude: op or family names to leave out (e.g. "remainder", "sign" for passes that change
+      float rounding: discontinuous ops turn ulp-level differences into large ones).
     dtypes: one is drawn per graph; only ops valid for it are used.
     max_ops: ops drawn (getitem/sym_size helper nodes come on top); max_rank, max_dim bound shapes.
     dynamic: symbolic input sizes (True), static (False), or either (None: a quarter symbolic).
