@@ -111,7 +111,11 @@ def hint(e: sympy.Expr | int, shape_env=None) -> int:
         v = e.xreplace(hints)
         if not v.free_symbols:
             return int(v)
-    return int(shape_env.size_hint(e))
+    try:
+        return int(shape_env.size_hint(e))
+    except Exception:
+        # data-dependent (unbacked) sizes have no traced value; figures use 1 for them
+        return int(e.xreplace({s: 1 for s in e.free_symbols}))
 
 
 def free_symbols(v: Any) -> set[sympy.Symbol]:

@@ -143,7 +143,7 @@ class _FakeReprop(fx.Interpreter):
 
     def get_attr(self, target, args, kwargs):
         v = super().get_attr(target, args, kwargs)
-        return self.mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+        return self.mode.from_tensor(v, static_shapes=True) if isinstance(v, torch.Tensor) else v
 
 
 def _reprop_mismatches(gm: fx.GraphModule) -> list[str]:

@@ -456,8 +456,9 @@ GRAD_OPS: list[str] = [
 # (id, sweep mode) -> diagnosis: fxforge bugs whose fix lies outside torch_backend.py (xfail,
 # not strict, in the sweep; never in the default lists).
 _UNBACKED = (
-    "compiler.storage_bytes -> graph.hint(): shape_env.size_hint() raises GuardOnDataDependentSymNode "
-    "on the unbacked size (u0) of a data-dependent output (nonzero, unique, masked_select...)"
+    "graph.hint() (called by the byte accounting: passes/schedule.storage_sizes, compiler) uses "
+    "shape_env.size_hint(), which raises GuardOnDataDependentSymNode on the unbacked size (u0) of "
+    "a data-dependent output (nonzero, unique, masked_select...)"
 )
 _TRUNC = "codegen/pyexpr.py cannot print TruncToInt(1.7*ToFloat(s0)) (interpolate's output size with a float scale_factor)"
 _CONST = (

@@ -43,10 +43,20 @@ def slot_values(node: fx.Node) -> list[tuple[int | None, torch.Tensor, fx.Node |
     return [(i, v, getitems.get(i)) for i, v in enumerate(val) if isinstance(v, torch.Tensor)]
 
 
+_STORAGE_OFFSET_OPS = {
+    torch.ops.aten.as_strided.default,
+    torch.ops.aten.as_strided_copy.default,
+    torch.ops.aten.as_strided_scatter.default,
+}
+
+
 def collect_buffers(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]) -> dict[str, Buffer]:
     """One buffer per tensor output of every node a backend runs, with its live range."""
     outputs = output_nodes(gm)
     escaping = {storage_root(o) for o in outputs}
+    # as_strided's offset counts from the start of the storage: a buffer it reads must own its
+    # storage, not be a view into the arena.
+    escaping |= {storage_root(n.args[0]) for n in gm.graph.nodes if n.target in _STORAGE_OFFSET_OPS}
     live = liveness(schedule, outputs)
     pos = {n: i for i, n in enumerate(schedule)}
     buffers: dict[str, Buffer] = {}
