@@ -2,7 +2,7 @@
 
 Each pass below is a small, plausible rewrite with one planted bug. `hypothesis.find` searches the
 default `graphs()` (every op family, static and dynamic shapes) with the active profile's example
-budget ("ci": 200) for a graph where `check_pass` fails, then shrinks it; the test asserts the
+budget (`profile()`, "ci": 200) for a graph where `check_pass` fails, then shrinks it; the test asserts the
 bug is found and the shrunk graph is small. Correct passes must survive the same search.
 """
 import operator
@@ -16,7 +16,7 @@ from hypothesis import Phase, find, given, settings
 from torch._guards import detect_fake_mode
 from torch.fx.passes.infra.pass_base import PassResult
 
-from fxforge.testing import GraphBuilder, PassCheckFailure, check_pass, graphs
+from fxforge.testing import GraphBuilder, PassCheckFailure, check_pass, graphs, profile
 
 aten = torch.ops.aten
 MAX_SHRUNK_NODES = 5
@@ -192,8 +192,9 @@ def sub_as_add_neg(gm):
 
 # -- the search -----------------------------------------------------------------------------
 def _search_settings():
-    # the active profile's budget; no database, so every run shows the search from scratch
-    return settings(settings.default, database=None, phases=(Phase.generate, Phase.shrink))
+    # fxforge's profile budget whatever profile is loaded; no database, so every run searches
+    # from scratch
+    return settings(profile(), database=None, phases=(Phase.generate, Phase.shrink))
 
 
 def _shrunk_failure(pass_):
@@ -230,7 +231,6 @@ PLANTED = {
 }
 
 
-@pytest.mark.xfail(strict=False, reason="search budget depends on the hypothesis profile other test modules load in the same worker (passes run alone); to be made profile-independent (issue 6)")
 @pytest.mark.parametrize("pass_", PLANTED, ids=lambda p: p.__name__)
 def test_planted_bug_is_found_and_shrunk(pass_):
     gm = _shrunk_failure(pass_)
@@ -241,7 +241,7 @@ def test_planted_bug_is_found_and_shrunk(pass_):
     assert PLANTED[pass_](gm), gm.code
 
 
-@settings(deadline=None)
+@settings(profile())
 @given(graphs())
 def test_correct_passes_pass(example):
     gm, inputs = example

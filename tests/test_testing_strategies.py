@@ -9,8 +9,8 @@ import torch
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
-from fxforge.testing import (FAMILIES, OPS, GraphBuilder, check_pass, graphs, op_nodes, random_tensor, select_ops,
-                             shapes, unary)
+from fxforge.testing import (FAMILIES, OPS, GraphBuilder, check_pass, graphs, op_nodes, profile, random_tensor,
+                             select_ops, shapes, unary)
 from fxforge.testing.equivalence import hint
 
 aten = torch.ops.aten
@@ -28,13 +28,13 @@ FAMILY_TARGETS = {
                      aten.native_layer_norm.default},
     "matmul": {aten.mm.default, aten.addmm.default, aten.bmm.default},
 }
-# 30% of the active profile's budget (60 under "ci"): each example builds a graph and runs it
-FEW = settings(max_examples=max(1, settings.default.max_examples * 3 // 10))
+# 30% of fxforge's profile budget (60 under "ci"): each example builds a graph and runs it
+FEW = settings(profile(), max_examples=max(1, profile().max_examples * 3 // 10))
 
 
 def _first(strategy, condition=lambda ex: True):
     """The first drawn example satisfying `condition`, without shrinking."""
-    return find(strategy, condition, settings=settings(database=None, phases=[Phase.generate]))
+    return find(strategy, condition, settings=settings(profile(), database=None, phases=[Phase.generate]))
 
 
 def compute(gm):
@@ -173,14 +173,14 @@ def residual_blocks(draw):
     return b.finish([out])
 
 
-@settings(max_examples=30)
+@settings(profile(), max_examples=30)
 @given(residual_blocks())
 def test_building_blocks_compose(example):
     gm, inputs = example
     check_pass(lambda g: None, gm, inputs)
 
 
-@settings(max_examples=30)
+@settings(profile(), max_examples=30)
 @given(shapes(max_rank=4, max_dim=5), st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.int64]),
        st.integers(0, 100))
 def test_random_values_are_finite_with_edge_cases(shape, dtype, seed):
@@ -203,7 +203,13 @@ def test_strided_meta_is_reproduced():
     assert random_tensor((3, 4), torch.float32, gen, stride=(0, 1)).is_contiguous()  # expanded: contiguous
 
 
-def test_profiles_are_registered():
+def test_profiles_are_registered_and_independent_of_the_loaded_one():
     assert settings.get_profile("ci").max_examples == 200
     assert settings.get_profile("thorough").max_examples == 10_000
-    assert settings.get_profile("ci").deadline is None
+    loaded = settings.get_current_profile_name()
+    try:
+        settings.load_profile("default")  # what another module or plugin might leave loaded
+        assert profile().deadline is None and profile().max_examples in (200, 10_000)
+        assert not profile().derandomize
+    finally:
+        settings.load_profile(loaded)
