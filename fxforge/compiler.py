@@ -43,14 +43,18 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> li
     return [DedupeGetitems(), EliminateDeadCode(), AssignBackends(backend, config)]
 
 
-def build_groups(gm: fx.GraphModule, sched: list[fx.Node]) -> list[Group]:
+def build_groups(gm: fx.GraphModule, sched: list[fx.Node], registry: Registry) -> list[Group]:
     """Groups from the ``GROUP``/``BACKEND`` metadata the passes wrote, in schedule order."""
     by_id: dict[int, Group] = {}
     for n in sched:
         gid = n.meta.get(GROUP)
         if gid is None:
             continue
-        g = by_id.setdefault(gid, Group(gid, n.meta[BACKEND], []))
+        if gid not in by_id:
+            backend = n.meta[BACKEND]
+            fused = backend != FALLBACK_BACKEND and registry.get(backend).fuses
+            by_id[gid] = Group(gid, backend, [], fused=fused)
+        g = by_id[gid]
         g.nodes.append(n)
         if FALLBACK in n.meta:
             g.reason = n.meta[FALLBACK]
@@ -95,7 +99,7 @@ def compile_graph(
     stage("passes")
     sched, sched_stats = make_schedule(gm)
     stage("schedule")
-    groups = build_groups(gm, sched)
+    groups = build_groups(gm, sched, registry)
     memory = plan_memory(gm, sched, groups, config)
     if config.debug:
         verify_memory_plan(memory)

@@ -218,16 +218,20 @@ class Live:
     end: int
 
 
-def liveness(schedule: Sequence[fx.Node], outputs: Iterable[fx.Node] = ()) -> dict[fx.Node, Live]:
+def liveness(
+    schedule: Sequence[fx.Node], outputs: Iterable[fx.Node] = (), position: dict[fx.Node, int] | None = None
+) -> dict[fx.Node, Live]:
     """Live range of every storage produced by the scheduled nodes.
 
-    Positions are indices into ``schedule``; a storage lives until the last
-    scheduled user of any view of it; storages reachable from ``outputs`` live to the end.
+    Positions are indices into ``schedule`` unless ``position`` gives them (nodes of one fused
+    kernel share a position: its reads and writes happen together); a storage lives until the
+    last scheduled user of any view of it; storages reachable from ``outputs`` live to the end.
     """
-    pos = {n: i for i, n in enumerate(schedule)}
+    pos = position if position is not None else {n: i for i, n in enumerate(schedule)}
     start: dict[fx.Node, int] = {}
     end: dict[fx.Node, int] = {}
-    for i, n in enumerate(schedule):
+    for n in schedule:
+        i = pos[n]
         r = storage_root(n)
         if r is n:
             # a multi-output op writes every output when it runs, before its getitems
@@ -237,7 +241,7 @@ def liveness(schedule: Sequence[fx.Node], outputs: Iterable[fx.Node] = ()) -> di
         for user in n.users:
             if user in pos:
                 end[r] = max(end.get(r, i), pos[user])
-    last = len(schedule) - 1
+    last = max(pos.values(), default=-1) if position is not None else len(schedule) - 1
     for o in outputs:
         end[storage_root(o)] = last
     return {r: Live(r, start[r], end[r]) for r in start}

@@ -32,6 +32,9 @@ class Group:
     outputs: list[fx.Node] = field(default_factory=list)
     # Why the group runs as an eager fallback (backend == "fallback" only).
     reason: str = ""
+    # The backend runs the group as one kernel (``CodegenBackend.fuses``): values inside it never
+    # reach memory, only ``outputs`` get buffers, and all its reads and writes happen together.
+    fused: bool = False
 
 
 @dataclass

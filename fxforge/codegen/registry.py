@@ -62,6 +62,9 @@ class CodegenBackend:
     description: str = ""
     # True for nodes whose kernel allocates its own outputs instead of writing planned buffers.
     allocates: Callable[[fx.Node, Config], bool] | None = None
+    # A group is one kernel whose intermediate values stay in registers (only the group's outputs
+    # are written to buffers). False: the group's nodes run one after another, each writing its own.
+    fuses: bool = False
 
 
 class Registry:

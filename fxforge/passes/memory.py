@@ -50,22 +50,42 @@ _STORAGE_OFFSET_OPS = {
 }
 
 
-def collect_buffers(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]) -> dict[str, Buffer]:
-    """One buffer per tensor output of every node a backend runs, with its live range."""
+def positions(schedule: list[fx.Node], groups: list[Group]) -> dict[fx.Node, int]:
+    """Schedule positions for liveness: every node of a fused group (and every getitem of one)
+    sits at the group's position, since one kernel reads all its inputs and writes all its
+    outputs; nodes of other groups run one after another at their own positions."""
+    pos = {n: i for i, n in enumerate(schedule)}
+    for g in groups:
+        if g.fused and len(g.nodes) > 1:
+            at = max(pos[n] for n in g.nodes)
+            for n in g.nodes:
+                pos[n] = at
+                for u in n.users:
+                    if u.target is operator.getitem and u in pos:
+                        pos[u] = at
+    return pos
+
+
+def collect_buffers(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group],
+                    pos: dict[fx.Node, int]) -> dict[str, Buffer]:
+    """One buffer per tensor output of every node a backend runs, with its live range (fused
+    groups: per output of the group only)."""
     outputs = output_nodes(gm)
     escaping = {storage_root(o) for o in outputs}
     # as_strided's offset counts from the start of the storage: a buffer it reads must own its
     # storage, not be a view into the arena.
     escaping |= {storage_root(n.args[0]) for n in gm.graph.nodes if n.target in _STORAGE_OFFSET_OPS}
-    live = liveness(schedule, outputs)
-    pos = {n: i for i, n in enumerate(schedule)}
+    live = liveness(schedule, outputs, pos)
     buffers: dict[str, Buffer] = {}
     for g in groups:
         if g.backend == FALLBACK_BACKEND:
             continue
+        written = set(g.outputs) if g.fused else None
         for node in g.nodes:
             if node_kind(node) != "compute" or node.meta.get(ALLOCATES):
                 continue  # views, scalars and self-allocating kernels hold no planned buffer
+            if written is not None and node not in written:
+                continue  # stays inside the fused kernel
             for index, val, holder in slot_values(node):
                 name = holder.name if holder is not None else f"{node.name}_out{index}"
                 l = live.get(holder) if holder is not None else None
@@ -152,11 +172,14 @@ def place_symbolic(spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int
 
 
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config) -> MemoryPlan:
-    buffers = collect_buffers(gm, schedule, groups)
+    pos = positions(schedule, groups)
+    buffers = collect_buffers(gm, schedule, groups, pos)
     if config.inplace:
-        pos = {n: i for i, n in enumerate(schedule)}
+        # one kernel reading and writing several values at different indices may not overwrite
+        # its own inputs
+        multi = {n for g in groups if g.fused and len(g.nodes) > 1 for n in g.nodes}
         for b in sorted(buffers.values(), key=lambda b: b.start):
-            if b.kind == "arena" and b.index is None:
+            if b.kind == "arena" and b.index is None and b.producer not in multi:
                 src = inplace_source(b.producer, b, buffers, pos)
                 if src is not None:
                     b.reuses = src.name

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import operator
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -45,13 +46,21 @@ def program_order(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if n.op != "output"]
 
 
-def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int]) -> list[fx.Node]:
-    """Greedy: run the ready unit that raises live bytes least (ties: program order)."""
+@dataclass
+class Units:
+    """Scheduling units: a kernel group runs as one unit; getitems ride along with their producer."""
+
+    nodes: list[fx.Node]  # program order
+    index: dict[fx.Node, int]
+    unit_of: dict[fx.Node, fx.Node]  # node -> its unit's head
+    members: dict[fx.Node, list[fx.Node]]  # head -> nodes, in program order
+    deps: dict[fx.Node, set[fx.Node]]  # head -> heads it waits for
+    users: dict[fx.Node, list[fx.Node]]  # head -> heads waiting for it
+
+
+def units(gm: fx.GraphModule) -> Units:
     nodes = program_order(gm)
     index = {n: i for i, n in enumerate(nodes)}
-    outputs = {storage_root(o) for o in output_nodes(gm)}
-
-    # Units: a group of nodes runs together; getitems ride along with their producer.
     unit_of: dict[fx.Node, fx.Node] = {}
     members: dict[fx.Node, list[fx.Node]] = {}
     group_head: dict[int, fx.Node] = {}
@@ -80,6 +89,35 @@ def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int]) -> list[fx.Node]
     for h, ds in deps.items():
         for d in ds:
             users[d].append(h)
+    return Units(nodes, index, unit_of, members, deps, users)
+
+
+def unit_program_order(gm: fx.GraphModule) -> list[fx.Node]:
+    """Program order with every group's nodes together: ready units in order of their first node."""
+    u = units(gm)
+    if all(u.index[ms[-1]] - u.index[ms[0]] == len(ms) - 1 for ms in u.members.values()):
+        return u.nodes  # every unit is already contiguous
+    waiting = {h: len(ds) for h, ds in u.deps.items()}
+    heap = [(u.index[h], h) for h, w in waiting.items() if w == 0]
+    heapq.heapify(heap)
+    order: list[fx.Node] = []
+    while heap:
+        _, h = heapq.heappop(heap)
+        order.extend(u.members[h])
+        for x in u.users[h]:
+            waiting[x] -= 1
+            if waiting[x] == 0:
+                heapq.heappush(heap, (u.index[x], x))
+    if len(order) != len(u.nodes):
+        raise AssertionError("kernel groups form a cycle: no order runs each group as one unit")
+    return order
+
+
+def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int]) -> list[fx.Node]:
+    """Greedy: run the ready unit that raises live bytes least (ties: program order)."""
+    u = units(gm)
+    nodes, index, unit_of, members, deps, users = u.nodes, u.index, u.unit_of, u.members, u.deps, u.users
+    outputs = {storage_root(o) for o in output_nodes(gm)}
 
     # Storage bookkeeping: a storage is freed once every unit touching any alias of it has run.
     touching: dict[fx.Node, set[fx.Node]] = {}
@@ -133,7 +171,7 @@ def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int]) -> list[fx.Node]
 
 def schedule(gm: fx.GraphModule) -> tuple[list[fx.Node], dict]:
     """The schedule with the lower peak of live bytes, and figures on the choice."""
-    prog = program_order(gm)
+    prog = unit_program_order(gm)
     sizes = storage_sizes(gm, prog)
     prog_peak = peak_bytes(gm, prog, sizes)
     mem = memory_order(gm, sizes)

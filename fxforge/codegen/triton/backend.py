@@ -103,6 +103,7 @@ BACKEND = CodegenBackend(
     devices=("cuda", "cpu"),
     accepts=accepts,
     compile=compile_group,
+    fuses=True,
     description="Triton kernels (pointwise, reductions); CPU only under TRITON_INTERPRET=1",
 )
 
