@@ -26,6 +26,7 @@ import fxforge
 pytest.importorskip("triton")
 
 from fxforge.codegen.triton import aot, backend as tb, cache, kernel as tk  # noqa: E402
+from fxforge.iteration import reduction_of  # noqa: E402
 from fxforge.codegen.triton.printer import TritonPrinter, floor_div, floor_mod  # noqa: E402
 from fxforge.codegen.triton.testing import fallbacks, run_compiled, triton_kernels  # noqa: E402
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod  # noqa: E402
@@ -380,7 +381,7 @@ class _FusePointwise:
 
         by_shape = {}
         for n in gm.graph.nodes:
-            if n.meta.get(BACKEND) == "triton" and tk.reduction_of(n) is None and isinstance(n.meta.get(VAL), torch.Tensor):
+            if n.meta.get(BACKEND) == "triton" and reduction_of(n) is None and isinstance(n.meta.get(VAL), torch.Tensor):
                 key = tuple(n.meta[VAL].shape)
                 n.meta[GROUP] = by_shape.setdefault(key, n.meta[GROUP])
         return PassResult(gm, True, {})

@@ -42,6 +42,14 @@ class Kernel:
         return self.launch_args if self.launch_args is not None else len(self.args)
 
 
+@dataclass(frozen=True)
+class GroupCost:
+    """What the kernel a backend would emit for a candidate group needs (fusion's limits)."""
+
+    num_args: int  # launch arguments: tensor pointers + sizes/strides/scalars
+    unique_io_buffers: int  # distinct storages read or written
+
+
 @dataclass
 class KernelContext:
     """What a backend may ask the wrapper while compiling a group."""
@@ -65,6 +73,10 @@ class CodegenBackend:
     # A group is one kernel whose intermediate values stay in registers (only the group's outputs
     # are written to buffers). False: the group's nodes run one after another, each writing its own.
     fuses: bool = False
+    # ``fusion_cost(nodes, outputs, config)``: the GroupCost of the one kernel the backend would
+    # emit for these nodes (``outputs``: those used outside), or why it cannot emit one.
+    # None: the backend runs single-node groups only (the fusion pass leaves its groups alone).
+    fusion_cost: Callable[[list[fx.Node], list[fx.Node], Config], "GroupCost | str"] | None = None
 
 
 class Registry:

@@ -17,7 +17,7 @@ from ..config import Config
 from ..graph import ALLOCATES, VAL, free_symbols, is_mutating, node_kind, storage_root, tensor_val
 from ..plan import Group
 from .pyexpr import format_arg, op_display, op_path
-from .registry import CodegenBackend, Kernel, KernelContext
+from .registry import CodegenBackend, GroupCost, Kernel, KernelContext
 
 _RUNNABLE_NAMESPACES = ("aten", "prims")
 
@@ -195,11 +195,32 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     )
 
 
+def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost:
+    """What ``compile_group`` would give the group: one parameter per value read from outside
+    and per planned output buffer; storages: those read plus those written."""
+    members = set(nodes)
+    params: set = set()
+    storages: set = set()
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in members or (a.target is operator.getitem and a.args[0] in members):
+                continue
+            params.add(a)
+            if tensor_val(a) is not None:
+                storages.add(storage_root(a))
+        if node_kind(n) == "compute" and not n.meta.get(ALLOCATES):
+            slots = [(n, i) for i in _slots(n)]
+            params.update(slots)
+            storages.update(slots)
+    return GroupCost(num_args=len(params), unique_io_buffers=len(storages))
+
+
 BACKEND = CodegenBackend(
     name="torch",
     devices=("cpu", "cuda", "meta", "xpu", "mps"),
     accepts=accepts,
     compile=compile_group,
     allocates=allocates,
+    fusion_cost=fusion_cost,
     description="ATen out= calls into planned buffers (reference backend, default on CPU)",
 )

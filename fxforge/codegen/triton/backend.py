@@ -18,7 +18,7 @@ import torch.fx as fx
 from ...config import Config
 from ...graph import VAL, free_symbols, is_mutating
 from ...plan import Group
-from ..registry import CodegenBackend, Kernel, KernelContext
+from ..registry import CodegenBackend, GroupCost, Kernel, KernelContext
 from . import cache
 from .kernel import KERNEL_NAME, Emitted, Emitter, Unsupported, helper_names, module_text
 from .ops import SIG_DTYPE, interp_missing
@@ -75,6 +75,19 @@ def accepts(node: fx.Node, config: Config) -> str | None:
     return None
 
 
+def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
+    """The emitted kernel's launch arguments and storages, or why no single kernel can be emitted."""
+    try:
+        em = Emitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
+    except (Unsupported, NotImplementedError) as e:
+        return f"triton: {e}"
+    if interpreting():
+        missing = interp_missing(em.kernel_source)
+        if missing:
+            return f"triton: {missing} has no TRITON_INTERPRET implementation"
+    return GroupCost(num_args=len(em.params), unique_io_buffers=em.unique_io_buffers)
+
+
 def load_kernel(em: Emitted, mode: str | None = None):
     """The runnable kernel of ``em`` (``triton.jit``: the interpreter under TRITON_INTERPRET=1)."""
     mode = mode or ("interp" if interpreting() else "gpu")
@@ -104,6 +117,7 @@ BACKEND = CodegenBackend(
     accepts=accepts,
     compile=compile_group,
     fuses=True,
+    fusion_cost=fusion_cost,
     description="Triton kernels (pointwise, reductions); CPU only under TRITON_INTERPRET=1",
 )
 

@@ -27,6 +27,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwis
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ...graph import VAL, expr, node_kind
+from ...iteration import Reduction, reduction_of, schema_bind as _schema_bind
 from ..pyexpr import PyExprPrinter
 from .ops import LOW_PRECISION, SIG_DTYPE, TL_DTYPE, V, cast, compute_dtype, const, lowering_of, round_to
 from .printer import TritonPrinter
@@ -227,67 +228,6 @@ class Emitted:
     kind: str  # "pointwise" | "persistent_reduction" | "looped_reduction"
     node_count: int = 1
     unique_io_buffers: int = 0
-
-
-# --------------------------------------------------------------------------- reductions
-
-
-@dataclass
-class Reduction:
-    kind: str  # sum prod mean amax amin argmax argmin var var_mean max_dim min_dim any all
-    inp: fx.Node
-    dims: list[int]
-    keepdim: bool
-    correction: float = 0.0
-
-
-def _schema_bind(node: fx.Node) -> dict[str, Any]:
-    schema = node.target._schema
-    out: dict[str, Any] = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(node.args):
-            out[a.name] = node.args[i]
-        elif a.name in node.kwargs:
-            out[a.name] = node.kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-    return out
-
-
-_REDUCTIONS = {
-    "sum.dim_IntList": "sum", "sum.default": "sum", "mean.dim": "mean", "mean.default": "mean",
-    "prod.dim_int": "prod", "prod.default": "prod", "amax.default": "amax", "amin.default": "amin",
-    "argmax.default": "argmax", "argmin.default": "argmin", "var.correction": "var",
-    "var_mean.correction": "var_mean", "max.dim": "max_dim", "min.dim": "min_dim",
-    "max.default": "amax", "min.default": "amin", "any.dim": "any", "any.dims": "any", "any.default": "any",
-    "all.dim": "all", "all.dims": "all", "all.default": "all",
-}
-
-
-def reduction_of(node: fx.Node) -> Reduction | None:
-    op = node.target
-    if not isinstance(op, torch._ops.OpOverload):
-        return None
-    name = op.name().split("::", 1)[1]
-    name = name if "." in name else name + ".default"
-    kind = _REDUCTIONS.get(name)
-    if kind is None:
-        return None
-    b = _schema_bind(node)
-    inp = b.get("self")
-    if not isinstance(inp, fx.Node) or not isinstance(inp.meta.get(VAL), torch.Tensor):
-        return None
-    ndim = inp.meta[VAL].ndim
-    dims = b.get("dim", b.get("dims"))
-    if isinstance(dims, int):
-        dims = [dims]
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        dims = list(range(ndim))
-        if kind in ("argmax", "argmin") and b.get("dim") is None:
-            dims = list(range(ndim))  # flattened argmax: the flat index
-    dims = sorted({d % max(ndim, 1) for d in dims}) if ndim else []
-    corr = b.get("correction")
-    return Reduction(kind, inp, dims, bool(b.get("keepdim", False)), 1.0 if corr is None else float(corr))
 
 
 # --------------------------------------------------------------------------- emitter

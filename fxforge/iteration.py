@@ -1,0 +1,107 @@
+"""What loop nest a node runs: the shared vocabulary of fusion and the kernel emitters.
+
+* *pointwise*: one value per output element (``Tag.pointwise`` ops, dtype conversions, fills);
+  its iteration space is its output shape.
+* *reduction*: ``reduction_of`` describes it (kind, input, reduced dims, keepdim); its iteration
+  space is its input's shape, split into kept dims (rows) and reduced dims.
+* anything else is *extern*: it ends fusion groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .graph import VAL, expr, node_kind
+
+aten = torch.ops.aten
+
+# Ops without the pointwise tag that still compute one output element from the same element of
+# each input (or from nothing).
+POINTWISE_EXTRA = {aten._to_copy.default, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default}
+
+
+def is_pointwise(node: fx.Node) -> bool:
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or not isinstance(node.meta.get(VAL), torch.Tensor):
+        return False
+    return torch.Tag.pointwise in op.tags or op in POINTWISE_EXTRA
+
+
+def kind_of(node: fx.Node) -> str:
+    """"pointwise", "reduction", "view" (an index remapping of its input) or "extern"."""
+    k = node_kind(node)
+    if k == "view":
+        return "view"
+    if k != "compute":
+        return "extern"
+    if is_pointwise(node):
+        return "pointwise"
+    if reduction_of(node) is not None:
+        return "reduction"
+    return "extern"
+
+
+def shape_of(v: torch.Tensor) -> tuple:
+    return tuple(expr(s) for s in v.shape)
+
+
+@dataclass
+class Reduction:
+    kind: str  # sum prod mean amax amin argmax argmin var var_mean max_dim min_dim any all
+    inp: fx.Node
+    dims: list[int]
+    keepdim: bool
+    correction: float = 0.0
+
+
+def schema_bind(node: fx.Node) -> dict[str, Any]:
+    schema = node.target._schema
+    out: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+_REDUCTIONS = {
+    "sum.dim_IntList": "sum", "sum.default": "sum", "mean.dim": "mean", "mean.default": "mean",
+    "prod.dim_int": "prod", "prod.default": "prod", "amax.default": "amax", "amin.default": "amin",
+    "argmax.default": "argmax", "argmin.default": "argmin", "var.correction": "var",
+    "var_mean.correction": "var_mean", "max.dim": "max_dim", "min.dim": "min_dim",
+    "max.default": "amax", "min.default": "amin", "any.dim": "any", "any.dims": "any", "any.default": "any",
+    "all.dim": "all", "all.dims": "all", "all.default": "all",
+}
+
+
+def reduction_of(node: fx.Node) -> Reduction | None:
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    name = op.name().split("::", 1)[1]
+    name = name if "." in name else name + ".default"
+    kind = _REDUCTIONS.get(name)
+    if kind is None:
+        return None
+    b = schema_bind(node)
+    inp = b.get("self")
+    if not isinstance(inp, fx.Node) or not isinstance(inp.meta.get(VAL), torch.Tensor):
+        return None
+    ndim = inp.meta[VAL].ndim
+    dims = b.get("dim", b.get("dims"))
+    if isinstance(dims, int):
+        dims = [dims]
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(ndim))
+        if kind in ("argmax", "argmin") and b.get("dim") is None:
+            dims = list(range(ndim))  # flattened argmax: the flat index
+    dims = sorted({d % max(ndim, 1) for d in dims}) if ndim else []
+    corr = b.get("correction")
+    return Reduction(kind, inp, dims, bool(b.get("keepdim", False)), 1.0 if corr is None else float(corr))

@@ -1,0 +1,501 @@
+"""Fusion: merge single-node kernel groups into larger ones, under guarded limits.
+
+Runs after ``AssignBackends`` (one group per compute node).  Candidates are the nodes the
+selected backend runs that are pointwise or reductions (``fxforge.iteration``); extern ops
+(matmuls, convolutions, collectives...), fallbacks and nodes with side effects (random ops,
+asserts) end groups.
+
+Two sweeps, greedy, in program order:
+
+* vertical: a consumer with the group of each producer it reads (directly, or through views
+  and getitems, which then join the group; a view also used outside it is copied first);
+* horizontal: groups of nodes reading the same value.
+
+Every candidate merge is checked, in this order, and refused with a reason code when it fails:
+
+=========================  ======================================================================
+``max_fusion_size``        more than ``Config.max_fusion_size`` compute nodes
+``cycle``                  some node outside the two groups depends on one and feeds the other
+``incompatible_iteration`` loop nests differ (element counts; reduction rows x reduced elements)
+``backend``                the backend cannot emit the group as one kernel (its reason is kept)
+``max_unique_io_buffers``  more distinct buffers read or written than
+                           ``Config.max_fusion_unique_io_buffers`` (the backend's own count)
+``max_kernel_args``        more launch arguments than ``Config.max_kernel_args`` (the backend's
+                           count for the kernel it would emit: pointers, sizes, strides, scalars)
+``peak_memory``            the estimated peak of live bytes would exceed the unfused graph's by
+                           more than ``Config.max_fusion_peak_growth``
+=========================  ======================================================================
+
+The peak estimate runs over program order with each group at the position of its last node (a
+fused group reads all its inputs and writes all its outputs there; values inside a fused group
+take no memory).  Fusion therefore never raises that peak above ``(1 + growth) *`` the unfused
+peak.  Refusals are counted in ``stats["refused_fusions"]`` and listed (first 200) with the nodes
+and details in ``stats["refused"]``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from fractions import Fraction
+
+import networkx as nx
+import numpy as np
+import sympy
+import torch.fx as fx
+
+from ..codegen.registry import CodegenBackend, GroupCost
+from ..config import Config
+from ..graph import (BACKEND, GROUP, VAL, aliased_input, hint, node_kind, output_nodes, shape_env_of,
+                     storage_nbytes, storage_root, tensor_val)
+from ..iteration import kind_of, reduction_of, shape_of
+from ..lowering.cleanup import has_side_effects
+from ..pipeline import PassResult
+from ..plan import group_outputs
+
+REASONS = ("max_fusion_size", "cycle", "incompatible_iteration", "backend", "max_unique_io_buffers",
+           "max_kernel_args", "peak_memory")
+MAX_LISTED = 200
+
+
+@dataclass
+class _Group:
+    id: int
+    nodes: list[fx.Node]  # members (compute nodes and the views/getitems pulled in)
+    lo: int  # smallest program index of a member
+    hi: int  # largest: where the group runs
+    compute: int  # compute nodes
+    cost: GroupCost | None = None
+
+
+@dataclass
+class Iteration:
+    """A group's loop nest, as element counts: ``numel`` values per reduction row times
+    ``rnumel`` reduced elements per row (1: pointwise only).  Shapes may differ where views
+    reshape values; a backend that needs more (same shapes, same strides) says so itself."""
+
+    numel: object
+    rnumel: object = 1
+
+    def fits(self, n) -> bool:
+        """A pointwise value of ``n`` elements runs in this loop nest: one per element, or one per row."""
+        return _same(n, self.numel * self.rnumel) or (self.rnumel != 1 and _same(n, self.numel))
+
+
+def _same(a, b) -> bool:
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def _numel(shape) -> object:
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+def iteration_of(nodes: list[fx.Node]) -> Iteration | str:
+    """The loop nest all compute nodes of ``nodes`` share, or why they do not share one."""
+    it = None
+    for n in nodes:
+        r = reduction_of(n) if kind_of(n) == "reduction" else None
+        if r is None:
+            continue
+        shape = shape_of(r.inp.meta[VAL])
+        red = [s for d, s in enumerate(shape) if d in r.dims]
+        kept = [s for d, s in enumerate(shape) if d not in r.dims]
+        mine = Iteration(_numel(kept), _numel(red))
+        if it is not None and not (_same(it.numel, mine.numel) and _same(it.rnumel, mine.rnumel)):
+            return f"reductions of {it.numel} rows x {it.rnumel} and {mine.numel} rows x {mine.rnumel}"
+        it = mine
+    for n in nodes:
+        if kind_of(n) != "pointwise":
+            continue
+        numel = _numel(shape_of(n.meta[VAL]))
+        if it is None:
+            it = Iteration(numel)
+        elif not it.fits(numel):
+            return f"{n.name} has {numel} elements; the group iterates {it.numel} x {it.rnumel}"
+    return it if it is not None else Iteration(sympy.Integer(1))
+
+
+def view_input(v: fx.Node) -> fx.Node | None:
+    """The node a view (or getitem) reads its tensor from."""
+    if v.target is operator.getitem:
+        return v.args[0] if isinstance(v.args[0], fx.Node) else None
+    return aliased_input(v)
+
+
+class FuseGroups:
+    name = "fuse_groups"
+
+    def __init__(self, backend: CodegenBackend, config: Config):
+        self.backend = backend
+        self.config = config
+
+    # ------------------------------------------------------------------ setup
+
+    def fusible(self, n: fx.Node) -> bool:
+        return (
+            n.meta.get(BACKEND) == self.backend.name
+            and not has_side_effects(n)
+            and kind_of(n) in ("pointwise", "reduction")
+        )
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        if self.backend.fusion_cost is None or self.config.max_fusion_size < 2:
+            return PassResult(gm, False, {"fused_groups": 0, "refused_fusions": {}, "refused": []})
+        self.gm = gm
+        nodes = [n for n in gm.graph.nodes if n.op != "output"]
+        self.index = {n: i for i, n in enumerate(nodes)}
+        self.gid: dict[fx.Node, int] = {}
+        self.groups: dict[int, _Group] = {}
+        for n in nodes:
+            if n.meta.get(GROUP) is not None:
+                g = n.meta[GROUP]
+                self.gid[n] = g
+                self.groups[g] = _Group(g, [n], self.index[n], self.index[n], 1)
+        self.refused: dict[str, int] = {}
+        self.refused_list: list[dict] = []
+        self.merges = 0
+        self.graph_outputs = set(output_nodes(gm))
+        self.memory = _PeakModel(gm, nodes, self)
+        self.order = _Order(self)
+
+        # vertical: producer into consumer
+        for c in nodes:
+            if not self.fusible(c):
+                continue
+            for a in c.all_input_nodes:
+                p = self.producer_through_views(a)
+                if p is not None and self.fusible(p):
+                    self.try_merge(self.gid[p], self.gid[c], c)
+        # horizontal: consumers of the same value
+        for x in nodes:
+            users = sorted((u for u in x.users if u in self.gid and self.fusible(u)), key=self.index.get)
+            for a, b in zip(users, users[1:]):
+                self.try_merge(self.gid[a], self.gid[b], b)
+
+        for g in self.groups.values():
+            for n in g.nodes:
+                n.meta[GROUP] = g.id
+                n.meta.setdefault(BACKEND, self.backend.name)  # views pulled in
+        return PassResult(gm, self.merges > 0, {
+            "fused_groups": sum(1 for g in self.groups.values() if g.compute > 1),
+            "merges": self.merges,
+            "refused_fusions": dict(self.refused),
+            "refused": self.refused_list,
+        })
+
+    def producer_through_views(self, a: fx.Node) -> fx.Node | None:
+        """The grouped node ``a`` reads from, through views and getitems (None: not grouped)."""
+        while a is not None and a not in self.gid and node_kind(a) in ("view", "getitem"):
+            a = view_input(a)
+        return a if a is not None and a in self.gid else None
+
+    # ------------------------------------------------------------------ one merge
+
+    def refuse(self, reason: str, a: _Group, b: _Group, detail: str = "") -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        if len(self.refused_list) < MAX_LISTED:
+            self.refused_list.append({"reason": reason, "into": b.nodes[-1].name, "group": a.nodes[-1].name,
+                                      "detail": detail})
+
+    def try_merge(self, ga: int, gb: int, at: fx.Node) -> bool:
+        if ga == gb:
+            return False
+        a, b = self.groups[ga], self.groups[gb]
+        if a.hi > b.hi:
+            a, b = b, a
+        cfg = self.config
+        if a.compute + b.compute > cfg.max_fusion_size:
+            self.refuse("max_fusion_size", a, b, f"{a.compute + b.compute} > {cfg.max_fusion_size}")
+            return False
+        members = set(a.nodes) | set(b.nodes)
+        views = self.views_between(members)
+        later = self.order.must_follow(a, b, views)
+        if later is None:
+            self.refuse("cycle", a, b)
+            return False
+        nodes = sorted(members | {v for v, _ in views}, key=self.index.get)
+        it = iteration_of(nodes)
+        if isinstance(it, str):
+            self.refuse("incompatible_iteration", a, b, it)
+            return False
+        outputs = group_outputs(nodes, self.graph_outputs)
+        try:
+            cost = self.backend.fusion_cost(nodes, outputs, cfg)
+        except Exception as e:  # a backend's check must not take the compile down
+            cost = f"{type(e).__name__}: {e}"
+        if isinstance(cost, str):
+            self.refuse("backend", a, b, cost)
+            return False
+        if cost.unique_io_buffers > cfg.max_fusion_unique_io_buffers:
+            self.refuse("max_unique_io_buffers", a, b, f"{cost.unique_io_buffers} > {cfg.max_fusion_unique_io_buffers}")
+            return False
+        if cost.num_args > cfg.max_kernel_args:
+            self.refuse("max_kernel_args", a, b, f"{cost.num_args} > {cfg.max_kernel_args}")
+            return False
+        grown = self.memory.try_merge(a, b, members | {v for v, copy in views if not copy})
+        if grown is not None:
+            self.refuse("peak_memory", a, b, grown)
+            return False
+        # commit
+        self.order.merged(a, b, later)
+        for v, clone in views:
+            if clone:
+                v = self.copy_view_for(v, members)
+            members.add(v)
+            self.gid[v] = a.id
+        a.nodes = sorted(members, key=self.index.get)
+        a.lo, a.hi = min(a.lo, b.lo), max(a.hi, b.hi)
+        a.compute += b.compute
+        a.cost = cost
+        for n in b.nodes:
+            self.gid[n] = a.id
+        del self.groups[b.id]
+        self.merges += 1
+        return True
+
+    def views_between(self, members: set[fx.Node]) -> list[tuple[fx.Node, bool]]:
+        """Views (not in any group) on the way from one member to another, which join the
+        group: (view, must be copied first because it also has users outside the group).
+        Getitems of members stay outside (they name the member's output buffers)."""
+        out: dict[fx.Node, bool] = {}
+        for c in members:
+            for a in c.all_input_nodes:
+                chain = []
+                x = a
+                while x is not None and x not in self.gid and node_kind(x) == "view":
+                    chain.append(x)
+                    x = view_input(x)
+                if x is not None and x not in self.gid and node_kind(x) == "getitem":
+                    x = view_input(x)
+                if x is None or x not in members or not chain:
+                    continue
+                inside = members | set(chain)
+                copying = False
+                for v in chain:  # from the consumer up to the producer
+                    copying = copying or any(u not in inside for u in v.users)
+                    out[v] = out.get(v, False) or copying
+        return list(out.items())
+
+    def copy_view_for(self, v: fx.Node, members: set[fx.Node]) -> fx.Node:
+        """A private copy of view ``v`` for its users inside the group (``v`` stays for the rest)."""
+        with self.gm.graph.inserting_after(v):
+            c = self.gm.graph.node_copy(v)
+        self.index[c] = self.index[v]
+        for u in list(v.users):
+            if u in members:
+                u.replace_input_with(v, c)
+        return c
+
+
+
+class _Order:
+    """A topological order of the group graph, kept as times (program index at first): every
+    edge goes from an earlier time to a later one.  A merged group runs at the later group's
+    time T; a cycle would need a path out of it and back in, and on such a path every time is
+    below T, so a search over earlier-than-T vertices decides it exactly.  The vertices that
+    search finds must run after the merged group: they are moved just after T, in their order."""
+
+    def __init__(self, fuser: FuseGroups):
+        self.f = fuser
+        self.time: dict = {}
+
+    def vertex(self, n: fx.Node):
+        g = self.f.gid.get(n)
+        if g is None and n.target is operator.getitem and node_kind(n) == "getitem":
+            g = self.f.gid.get(n.args[0])  # a getitem of a grouped node rides with its group
+        return ("g", g) if g is not None else n
+
+    def time_of(self, v):
+        if v not in self.time:
+            self.time[v] = self.f.index[v] if not isinstance(v, tuple) else self.f.index[self.f.groups[v[1]].nodes[0]]
+        return self.time[v]
+
+    def successors(self, v) -> list:
+        """Vertices using a value of ``v`` (its members' getitems are part of ``v``)."""
+        stack = list(self.f.groups[v[1]].nodes) if isinstance(v, tuple) else [v]
+        out = []
+        while stack:
+            n = stack.pop()
+            for u in n.users:
+                if u.op == "output":
+                    continue
+                w = self.vertex(u)
+                if w != v:
+                    out.append(w)
+                elif u.target is operator.getitem and u not in self.f.gid:
+                    stack.append(u)
+        return out
+
+    def must_follow(self, a: _Group, b: _Group, views: list[tuple[fx.Node, bool]]) -> list | None:
+        """The vertices that must move after the merged group, or None if merging forms a cycle."""
+        va, vb = ("g", a.id), ("g", b.id)
+        T = max(self.time_of(va), self.time_of(vb))
+        joined = {v for v, copy in views if not copy}
+        copied = {v for v, copy in views if copy}
+        inside = {va, vb} | joined
+        stack = [w for v in inside for w in self.successors(v) if w not in inside]
+        seen: set = set()
+        while stack:
+            v = stack.pop()
+            if v in seen or self.time_of(v) >= T:
+                continue
+            seen.add(v)
+            for w in self.successors(v):
+                if w in inside:
+                    if v in copied:
+                        continue  # this edge moves to the view's private copy
+                    return None
+                stack.append(w)
+        return sorted(seen, key=self.time_of)
+
+    def merged(self, a: _Group, b: _Group, later: list) -> None:
+        T = max(self.time_of(("g", a.id)), self.time_of(("g", b.id)))
+        self.time[("g", a.id)] = T
+        self.time.pop(("g", b.id), None)
+        if later:
+            # strictly between T and the next time any successor of theirs has
+            moving = set(later)
+            bound = min((self.time_of(w) for v in later for w in self.successors(v) if w not in moving), default=T + 1)
+            bound = min(bound, T + 1)
+            step = Fraction(bound - T) / (len(later) + 1)
+            for i, v in enumerate(later):
+                self.time[v] = T + step * (i + 1)
+
+
+class _PeakModel:
+    """Live bytes over program positions, with each group at its last node's position (values
+    inside a fused group take none): checks that a merge keeps the peak within the guard."""
+
+    def __init__(self, gm: fx.GraphModule, nodes: list[fx.Node], fuser: FuseGroups):
+        self.fuser = fuser
+        self.fused = fuser.backend.fuses
+        self.back: dict[fx.Node, int] = {}  # grouped node -> how many positions before its group's last
+        env = shape_env_of(gm)
+        self.size: dict[fx.Node, int] = {}
+        self.touch: dict[fx.Node, list[fx.Node]] = {}  # storage root -> nodes reading any alias of it
+        for n in nodes:
+            v = tensor_val(n)
+            r = storage_root(n)
+            if v is not None and node_kind(n) in ("compute", "getitem") and r is n:
+                self.size[n] = hint(storage_nbytes(v), env)
+            for u in n.users:
+                self.touch.setdefault(r, []).append(u)
+        self.escapes = {storage_root(o) for o in output_nodes(gm)}
+        self.last = len(nodes) - 1
+        self.profile = np.zeros(len(nodes) + 1, dtype=np.int64)
+        for r in self.size:
+            s, e = self.span(r, {})
+            if s is not None:
+                self.profile[s:e + 1] += self.size[r]
+        self.limit = int(self.profile.max(initial=0) * (1.0 + fuser.config.max_fusion_peak_growth))
+
+    def pos(self, n: fx.Node, moved: dict[fx.Node, int]) -> int:
+        if n in moved:
+            return moved[n]
+        g = self.fuser.gid.get(n)
+        return self.fuser.groups[g].hi - self.back.get(n, 0) if g is not None else self.fuser.index[n]
+
+    def group_of(self, n: fx.Node, moved: dict[fx.Node, int]):
+        return "merged" if n in moved else self.fuser.gid.get(n)
+
+    def positions(self, members: set[fx.Node], at: int) -> dict[fx.Node, int]:
+        """Where a merged group's nodes run: all at ``at`` (one fused kernel), or one after
+        another ending at ``at`` (a backend running them in order)."""
+        if self.fused:
+            return {n: at for n in members}
+        ordered = sorted(members, key=self.fuser.index.get)
+        return {n: at - (len(ordered) - 1 - i) for i, n in enumerate(ordered)}
+
+    def commit(self, moved: dict[fx.Node, int], at: int) -> None:
+        for n, p in moved.items():
+            self.back[n] = at - p
+
+    def span(self, r: fx.Node, moved: dict[fx.Node, int]) -> tuple[int | None, int]:
+        """(start, end) of storage ``r``; start None: it never reaches memory (inside a fused group)."""
+        producer = r.args[0] if r.target is operator.getitem else r
+        start = self.pos(producer, moved)
+        users = self.touch.get(r, [])
+        if r in self.escapes:
+            return start, self.last
+        if self.fused:
+            home = self.group_of(producer, moved)
+            if home is not None and all(self.group_of(u, moved) == home for u in users if u.op != "output"):
+                return None, start  # every reader is in the same fused kernel
+        end = max((self.pos(u, moved) for u in users if u.op != "output"), default=start)
+        return start, max(start, end)
+
+    def try_merge(self, a: _Group, b: _Group, members: set[fx.Node]) -> str | None:
+        """Apply the merge to the profile; None if within the limit, else undo and say why."""
+        at = max(a.hi, b.hi)
+        moved = self.positions(members, at)
+        roots = {storage_root(n) for n in members} | {storage_root(x) for n in members for x in n.all_input_nodes}
+        roots = [r for r in roots if r in self.size]
+        changes = []
+        for r in roots:
+            old = self.span(r, {})
+            new = self.span(r, moved)
+            if old != new:
+                changes.append((r, old, new))
+        if not changes:
+            self.commit(moved, at)
+            return None
+        lo = min(s for _, o, n in changes for s in (o[0], n[0]) if s is not None)
+        hi = max(e for _, o, n in changes for e in (o[1], n[1]))
+        for sign, idx in ((-1, 1), (1, 2)):
+            for ch in changes:
+                s, e = ch[idx]
+                if s is not None:
+                    self.profile[s:e + 1] += sign * self.size[ch[0]]
+        peak = int(self.profile[lo:hi + 1].max())
+        if peak <= self.limit:
+            self.commit(moved, at)
+            return None
+        for sign, idx in ((1, 1), (-1, 2)):
+            for ch in changes:
+                s, e = ch[idx]
+                if s is not None:
+                    self.profile[s:e + 1] += sign * self.size[ch[0]]
+        return f"{peak} live bytes > {self.limit} allowed"
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def group_graph(gm: fx.GraphModule) -> nx.DiGraph:
+    """Kernel groups (and ungrouped nodes) as a graph: an edge wherever one's value feeds another."""
+    g = nx.DiGraph()
+    vertex = {n: ("g", n.meta[GROUP]) if n.meta.get(GROUP) is not None else n.name for n in gm.graph.nodes}
+    for n in gm.graph.nodes:
+        g.add_node(vertex[n])
+        for u in n.users:
+            if vertex[u] != vertex[n]:
+                g.add_edge(vertex[n], vertex[u])
+    return g
+
+
+def verify_groups(gm: fx.GraphModule, config: Config, backend: CodegenBackend | None = None) -> list[str]:
+    """What is wrong with the graph's kernel groups (empty: nothing): a cycle between groups, a
+    group over ``max_fusion_size``, or (given the backend) over the io-buffer or argument limit."""
+    problems = []
+    if not nx.is_directed_acyclic_graph(group_graph(gm)):
+        problems.append("the kernel groups form a cycle")
+    groups: dict[int, list[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        if n.meta.get(GROUP) is not None:
+            groups.setdefault(n.meta[GROUP], []).append(n)
+    outs = set(output_nodes(gm))
+    for gid, nodes in groups.items():
+        compute = sum(1 for n in nodes if node_kind(n) == "compute")
+        if compute > config.max_fusion_size:
+            problems.append(f"group {gid}: {compute} nodes > max_fusion_size={config.max_fusion_size}")
+        if backend is None or backend.fusion_cost is None or len(nodes) < 2:
+            continue
+        cost = backend.fusion_cost(nodes, group_outputs(nodes, outs), config)
+        if isinstance(cost, str):
+            problems.append(f"group {gid}: {backend.name} cannot emit it: {cost}")
+            continue
+        if cost.unique_io_buffers > config.max_fusion_unique_io_buffers:
+            problems.append(f"group {gid}: {cost.unique_io_buffers} io buffers > {config.max_fusion_unique_io_buffers}")
+        if cost.num_args > config.max_kernel_args:
+            problems.append(f"group {gid}: {cost.num_args} kernel args > {config.max_kernel_args}")
+    return problems

@@ -1,0 +1,264 @@
+"""Fusion grouping (fxforge/passes/fusion.py): limits, reasons, cycles, peak guard, results."""
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fxforge
+from fxforge.codegen.registry import DEFAULT_REGISTRY
+from fxforge.compiler import compile_graph
+from fxforge.graph import GROUP
+from fxforge.passes.assign import AssignBackends
+from fxforge.passes.fusion import FuseGroups, group_graph, verify_groups
+from fxforge.testing import check_pass, graphs, profile
+
+TORCH = DEFAULT_REGISTRY.get("torch")
+
+
+def fused(gm, cfg, backend=TORCH):
+    AssignBackends(backend, cfg)(gm)
+    return FuseGroups(backend, cfg)(gm)
+
+
+def groups_of(gm):
+    out = {}
+    for n in gm.graph.nodes:
+        if n.meta.get(GROUP) is not None:
+            out.setdefault(n.meta[GROUP], []).append(n.name)
+    return list(out.values())
+
+
+def chain3(x, y):
+    return torch.relu(torch.sin(x) + y) * 2
+
+
+# --------------------------------------------------------------------------- property
+
+
+@st.composite
+def limits(draw):
+    return fxforge.Config(
+        max_fusion_size=draw(st.integers(1, 6)),
+        max_fusion_unique_io_buffers=draw(st.integers(1, 8)),
+        max_kernel_args=draw(st.integers(1, 10)),
+        max_fusion_peak_growth=draw(st.sampled_from([0.0, 0.05, 1.0])),
+    )
+
+
+def _run_compiled(cfg):
+    def run(gm, inputs):
+        # the groups the pass wrote are compiled as they are (no passes run again)
+        return compile_graph(gm, cfg, passes=[])(*inputs)
+
+    return run
+
+
+@settings(profile(), max_examples=60)
+@given(graphs(exclude=("remainder", "sign")), limits())
+def test_random_graphs_random_limits(example, cfg):
+    """No group exceeds any limit, groups are acyclic, and the compiled groups compute what eager does."""
+    gm, inputs = example
+
+    def verify(before, after):
+        problems = verify_groups(after, cfg, TORCH)
+        assert not problems, problems
+
+    check_pass(lambda g: fused(g, cfg) and None, gm, inputs, runner=_run_compiled(cfg), verify_fusion=verify)
+
+
+# --------------------------------------------------------------------------- edge cases
+
+
+def test_chain_fuses_into_one_group_and_matches_eager():
+    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    cfg = fxforge.Config(debug=True)
+    c = compile_graph(gm, cfg)
+    assert [k.node_count for k in c.kernels] == [4]
+    assert c.stats["fused_nodes"] == 4 and c.stats["kernels"] == 1
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    torch.testing.assert_close(c(x, y), chain3(x, y))
+
+
+def test_size_limit_of_one_disables_fusion():
+    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    res = fused(gm, fxforge.Config(max_fusion_size=1))
+    assert all(len(g) == 1 for g in groups_of(gm))
+    assert res.stats["fused_groups"] == 0
+
+
+def test_size_limit_exactly_at_the_need_and_one_below():
+    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    fused(gm, fxforge.Config(max_fusion_size=4))
+    assert sorted(map(len, groups_of(gm))) == [4]
+    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    res = fused(gm, fxforge.Config(max_fusion_size=3))
+    assert max(map(len, groups_of(gm))) == 3
+    assert res.stats["refused_fusions"]["max_fusion_size"] >= 1
+
+
+def test_kernel_arg_limit_counts_a_scalar_argument_per_input():
+    """A group reading a runtime scalar (a SymInt) needs an argument for it: the limit counts it."""
+
+    def f(x, y):
+        return torch.relu(x * y.shape[0]) + y
+
+    def g(x, y):
+        return torch.relu(x * 4) + y
+
+    def cost(fn, mode):
+        gm = make_fx(fn, tracing_mode=mode)(torch.randn(4, 8), torch.randn(4, 8))
+        AssignBackends(TORCH, fxforge.Config())(gm)
+        nodes = [n for n in gm.graph.nodes if n.meta.get(GROUP) is not None]
+        return TORCH.fusion_cost(nodes, nodes[-1:], fxforge.Config()).num_args
+
+    need = cost(f, "symbolic")
+    assert need == cost(g, "fake") + 1  # the same group, plus the size scalar
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(4, 8), torch.randn(4, 8))
+    fused(gm, fxforge.Config(max_kernel_args=need))
+    assert sorted(map(len, groups_of(gm))) == [3]
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(4, 8), torch.randn(4, 8))
+    res = fused(gm, fxforge.Config(max_kernel_args=need - 1))
+    assert res.stats["refused_fusions"].get("max_kernel_args", 0) >= 1
+    c = compile_graph(gm, fxforge.Config(max_kernel_args=need - 1), passes=[])
+    assert all(k.num_args <= need - 1 for k in c.kernels if k.node_count > 1)
+    x, y = torch.randn(6, 8), torch.randn(6, 8)
+    torch.testing.assert_close(c(x, y), f(x, y))
+
+
+def test_unique_io_limit():
+    def f(a, b, c, d):
+        return ((a + b) * c) - d
+
+    args = [torch.randn(8) for _ in range(4)]
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    res = fused(gm, fxforge.Config(max_fusion_unique_io_buffers=4))
+    assert res.stats["refused_fusions"].get("max_unique_io_buffers", 0) >= 1
+    assert not verify_groups(gm, fxforge.Config(max_fusion_unique_io_buffers=4), TORCH)
+
+
+def test_diamond_through_an_extern_op_is_refused_as_a_cycle():
+    """a = relu(x); b = mm(a, w) (extern); c = a + b: fusing a into c would need mm inside."""
+
+    def f(x, w):
+        a = torch.relu(x)
+        return a + torch.mm(a, w)
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(8, 8), torch.randn(8, 8))
+    res = fused(gm, fxforge.Config())
+    assert res.stats["refused_fusions"] == {"cycle": 1}
+    assert all(len(g) == 1 for g in groups_of(gm))
+    import networkx as nx
+
+    assert nx.is_directed_acyclic_graph(group_graph(gm))
+
+
+def test_horizontal_fusion_of_siblings_and_views_inside_groups():
+    def f(x):
+        y = torch.sin(x)
+        return torch.cos(y.view(-1)), torch.exp(y).sum(), torch.tanh(y.t())
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 6))
+    cfg = fxforge.Config(debug=True)
+    c = compile_graph(gm, cfg)
+    big = max(c.kernels, key=lambda k: k.node_count)
+    assert big.node_count >= 4  # sin, cos (through a view), exp, sum, tanh (through t)
+    assert "view" in c.source.split("def call")[0]  # the view is a local inside the kernel
+    x = torch.randn(4, 6)
+    for got, want in zip(c(x), f(x)):
+        torch.testing.assert_close(got, want)
+
+
+def test_view_shared_with_an_extern_op_is_copied_not_moved():
+    def f(x, w):
+        y = torch.sin(x)
+        v = y.t()
+        return torch.mm(v, w), torch.cos(v)
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(8, 8), torch.randn(8, 8))
+    c = compile_graph(gm, fxforge.Config(debug=True))
+    assert max(k.node_count for k in c.kernels) == 2
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    for got, want in zip(c(x, w), f(x, w)):
+        torch.testing.assert_close(got, want)
+
+
+def test_peak_memory_guard_refuses_a_fusion_that_raises_the_peak():
+    """Horizontal fusion runs both siblings in one kernel where the later one runs: the earlier
+    one's big input then lives across a big temporary (pytorch#138685's shape of problem)."""
+    pytest.importorskip("triton")
+    triton = DEFAULT_REGISTRY.get("triton")
+
+    def f(x, y, z):
+        big = torch.mm(y, y)  # 256 KiB, dies at `early` unfused
+        early = (x + big).sum()
+        tmp = torch.mm(z, z)  # 256 KiB temporary
+        late = x * 2 + tmp.sum()
+        return early, late
+
+    args = [torch.randn(256, 256) for _ in range(3)]
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    loose = fused(gm, fxforge.Config(max_fusion_peak_growth=10.0), triton)
+    assert loose.stats["refused_fusions"].get("peak_memory", 0) == 0
+    assert any("add" in g and "mul" in g for g in groups_of(gm))  # early joined late
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    strict = fused(gm, fxforge.Config(max_fusion_peak_growth=0.0), triton)
+    assert strict.stats["refused_fusions"].get("peak_memory", 0) >= 1
+    assert not any("add" in g and "mul" in g for g in groups_of(gm))
+
+
+def test_stats_and_kernel_introspection():
+    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    c = compile_graph(gm, fxforge.Config(max_fusion_size=2))
+    assert c.stats["refused_fusions"]["max_fusion_size"] >= 1
+    assert all(r["reason"] in ("max_fusion_size", "peak_memory") and r["into"] and r["group"] for r in c.stats["refused"])
+    assert sum(c.stats["refused_fusions"].values()) == len(c.stats["refused"])
+    for k in c.kernels:
+        assert k.node_count >= 1 and k.num_args >= 2 and k.unique_io_buffers >= 2
+
+
+def test_torch_cost_matches_the_compiled_kernel():
+    """The figures fusion checks limits against are the emitted kernel's own."""
+
+    def f(x, y):
+        a = torch.sin(x) + y
+        return a * a.sum(1, keepdim=True), torch.relu(a)
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    cfg = fxforge.Config()
+    fused(gm, cfg)
+    c = compile_graph(gm, cfg, passes=[])
+    g = max(groups_of(gm), key=len)
+    nodes = [n for n in gm.graph.nodes if n.name in g]
+    k = max(c.kernels, key=lambda k: k.node_count)
+    outs = [n for n in nodes if any(u.name not in g for u in n.users)]
+    cost = TORCH.fusion_cost(nodes, outs, cfg)
+    assert (cost.num_args, cost.unique_io_buffers) == (k.num_args, k.unique_io_buffers)
+
+
+def test_training_graphs_fuse_and_match():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    ref = __import__("copy").deepcopy(m)
+    b = fxforge.backend(fxforge.Config(debug=True, decompose="core"))
+    c = torch.compile(m, backend=b)
+    x = torch.randn(5, 8)
+    c(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert sum(cc.stats["fused_nodes"] for cc in b.compiled) > 0
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton runs on CPU only under TRITON_INTERPRET=1")
+def test_triton_pointwise_chain_is_one_kernel():
+    pytest.importorskip("triton")
+    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    c = compile_graph(gm, fxforge.Config(codegen="triton", debug=True))
+    assert [(k.backend, k.node_count) for k in c.kernels] == [("triton", 4)]
+    # only the output is a buffer: values inside the kernel never reach memory
+    assert c.stats["arena_bytes"] == 0
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    torch.testing.assert_close(c(x, y), chain3(x, y))
