@@ -48,6 +48,11 @@ def triton_kernels(b) -> int:
     return sum(1 for c in b.compiled for k in c.kernels if k.backend == "triton")
 
 
+def triton_nodes(b) -> int:
+    """Compute nodes run inside Triton kernels (a fused kernel counts each of its nodes)."""
+    return sum(k.node_count for c in b.compiled for k in c.kernels if k.backend == "triton")
+
+
 def fallbacks(b) -> dict:
     out = {}
     for c in b.compiled:
