@@ -18,10 +18,11 @@ from .config import Config
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
 from .passes.assign import AssignBackends
-from .passes.memory import arena_intervals, plan_memory, verify_memory_plan
+from .passes.fusion import FuseGroups
+from .passes.memory import arena_intervals, arena_peak_bytes, plan_memory, verify_memory_plan
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .pipeline import PassManager
-from .plan import Group, Plan
+from .plan import Group, Plan, group_outputs
 
 log = logging.getLogger("fxforge")
 
@@ -40,7 +41,7 @@ def device_types(gm: fx.GraphModule) -> set[str]:
 
 def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> list:
     backend = registry.select(config, device_types(gm))
-    return [DedupeGetitems(), EliminateDeadCode(), AssignBackends(backend, config)]
+    return [DedupeGetitems(), EliminateDeadCode(), AssignBackends(backend, config), FuseGroups(backend, config)]
 
 
 def build_groups(gm: fx.GraphModule, sched: list[fx.Node], registry: Registry) -> list[Group]:
@@ -65,8 +66,7 @@ def build_groups(gm: fx.GraphModule, sched: list[fx.Node], registry: Registry) -
             for a in n.all_input_nodes:
                 if a not in members and a not in g.inputs:
                     g.inputs.append(a)
-            if n in outputs or any(u not in members for u in n.users):
-                g.outputs.append(n)
+        g.outputs = group_outputs(g.nodes, outputs)
     return list(by_id.values())
 
 
@@ -121,10 +121,12 @@ def compile_graph(
         kernels=len(w.kernels),
         fused_nodes=sum(k.node_count for k in w.kernels if k.node_count > 1),
         fallback_nodes=fallback_nodes,
-        arena_bytes=sum(memory.hint(a.nbytes) for a in memory.arenas),
+        arena_bytes=arena_peak_bytes(memory),  # arenas live over windows: most live at once
+        arenas=len(memory.arenas),
         lower_bound_bytes=peak_live_bytes(arena_live),
         eager_live_peak_bytes=eager_peak,
-        refused_fusions={},
+        refused_fusions=_summed(r.stats.get("refused_fusions", {}) for r in records),
+        refused=[x for r in records for x in r.stats.get("refused", [])],
         **sched_stats,
         stage_seconds=stages,
         passes=[r.as_dict() for r in records],
@@ -146,6 +148,14 @@ def compile_graph(
         os.makedirs(config.report_dir, exist_ok=True)
         compiled.write_report(os.path.join(config.report_dir, f"{kind}-{next(_graph_ids)}.html"))
     return compiled
+
+
+def _summed(counts) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
 
 
 def _boxed(gm: fx.GraphModule):

@@ -3,7 +3,7 @@
 * ``Group``: nodes one backend runs as one kernel, in schedule order.
 * ``Buffer``: one planned output storage: where it lives (an arena region, or a fresh
   allocation when it escapes to the caller), its dtype, shape, stride and live range.
-* ``MemoryPlan``: every buffer plus the arenas (one per device).
+* ``MemoryPlan``: every buffer plus the arenas (per device, one per window of the schedule).
 * ``Plan``: schedule + groups + memory plan.
 
 Sizes, strides and offsets are sympy expressions over the graph's size symbols; ``hint``
@@ -18,7 +18,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from .graph import hint
+from .graph import hint, node_kind
 
 
 @dataclass
@@ -35,6 +35,13 @@ class Group:
     # The backend runs the group as one kernel (``CodegenBackend.fuses``): values inside it never
     # reach memory, only ``outputs`` get buffers, and all its reads and writes happen together.
     fused: bool = False
+
+
+def group_outputs(nodes: list[fx.Node], graph_outputs: set[fx.Node]) -> list[fx.Node]:
+    """The compute nodes of a group whose values are used outside it or returned."""
+    members = set(nodes)
+    return [n for n in nodes
+            if node_kind(n) == "compute" and (n in graph_outputs or any(u not in members for u in n.users))]
 
 
 @dataclass
@@ -65,6 +72,11 @@ class Arena:
     nbytes: sympy.Expr
     # Which placement produced the offsets ("size", "breadth", ... or "slots" for symbolic sizes).
     planner: str = ""
+    # Live range (schedule positions): from its first buffer's start to its last buffer's end.
+    # The wrapper allocates it just before that first buffer is written and drops it with the
+    # last of its buffers.
+    start: int = 0
+    end: int = 0
 
 
 @dataclass
@@ -100,7 +112,7 @@ class MemoryPlan:
                 )
             )
         for a in self.arenas:
-            rows.append((a.name, str(a.device), "", str(self.hint(a.nbytes)), "", "uint8", ""))
+            rows.append((a.name, str(a.device), "", str(self.hint(a.nbytes)), f"{a.start}..{a.end}", "uint8", ""))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

@@ -9,16 +9,23 @@ Shape of the source::
         arg0_1, arg1_1, arg2_1 = args
         args.clear()                          # inputs are freed after their last use
         s0 = arg0_1.size(0)                   # size symbols read off the inputs
-        arena0 = torch.empty(..., dtype=torch.uint8, device=...)   # one arena per device, per call
+        ...
+        arena0 = torch.empty(..., dtype=torch.uint8, device=...)   # arena0: live 4..9
         arena0_f32 = arena0.view(torch.float32)
         add = arena0_f32.as_strided((s0, 16), (16, 1), 0)           # planned buffer = arena view
         kernel3(mm, arg2_1, add)
+        ...
+        del add, arena0, arena0_f32           # the arena's last buffer is dead: arena freed
         ...
         return (out,)
 
 Graph outputs (and everything they view) are allocated fresh per call, never in the arena, so
 values an earlier call returned are never overwritten by a later one.  Intermediates are
 released (``del``) after their last use, so eager fallbacks do not hold memory longer than eager.
+An arena (there may be several per device, each over a window of the schedule) is allocated just
+before the first kernel writing one of its buffers, and its name and typed views are deleted
+together with the last of its buffers, so its storage is freed as soon as no buffer in it is
+live (a later view of a buffer keeps it alive as long as needed).
 A kernel whose backend fails to compile it falls back to eager calls for its nodes.
 """
 
@@ -81,7 +88,13 @@ class _Builder:
         self.kernel_sources: list[str] = []
         self.demoted: list[tuple[int, str]] = []
         self.demoted_nodes: set[fx.Node] = set()
+        self.node_names = {n.name for n in gm.graph.nodes}
+        self.unheld: list[str] = []
         self.bound: set[str] = set()  # local names currently bound in call(); only these are del'ed
+        self.arena_alloced: set[str] = set()
+        self.arena_pending: dict[str, int] = {}  # arena -> its buffers not yet bound
+        self.arena_bound: dict[str, set[str]] = {}  # arena -> its buffers bound and not yet deleted
+        self.arena_of: dict[str, str] = {}  # arena buffer name -> arena
 
     # ------------------------------------------------------------------ naming
 
@@ -159,11 +172,53 @@ class _Builder:
         return f"{typed}.as_strided({shape}, {stride}, {offset})"
 
     def typed_arena(self, arena: str, dtype: torch.dtype) -> str:
+        self.allocate_arena(arena)
         name = f"{arena}_{_DTYPE_SHORT.get(dtype, str(dtype).replace('torch.', ''))}"
         if (arena, dtype) not in self._typed:
             self._typed[(arena, dtype)] = name
-            self.arena_lines.append(f"{name} = {arena}.view({literal(dtype)})")
+            self.lines.append(f"{name} = {arena}.view({literal(dtype)})")
         return name
+
+    def allocate_arena(self, arena: str) -> None:
+        """Emit the arena's allocation, once, just before its first buffer is written."""
+        if arena in self.arena_alloced:
+            return
+        self.arena_alloced.add(arena)
+        a = next(a for a in self.plan.memory.arenas if a.name == arena)
+        self.lines.append(
+            f"{a.name} = torch.empty({self.size(a.nbytes)}, dtype=torch.uint8, device={literal(a.device)})"
+            f"  # {a.name}: live {a.start}..{a.end}"
+        )
+        if self.config.poison_arena:
+            self.lines.append(f"{a.name}.fill_(255)  # poison: NaN for floats")
+
+    def released(self, dead: list[str]) -> list[str]:
+        """``dead`` plus every arena (and its typed views) whose last bound buffer is in ``dead``
+        and none of whose buffers is still to be written."""
+        extra = []
+        for d in dead:
+            arena = self.arena_of.get(d)
+            if arena is None:
+                continue
+            bound = self.arena_bound[arena]
+            bound.discard(d)
+            if not bound and self.arena_pending[arena] == 0 and arena in self.arena_alloced:
+                extra.append(arena)
+                extra += [v for (a, _), v in self._typed.items() if a == arena]
+        return dead + extra
+
+    def bind_buffer(self, b: Buffer) -> None:
+        self.assign(b.name, self.alloc(b))
+        if b.kind == "arena":
+            self.arena_pending[b.arena] -= 1
+            self.arena_bound[b.arena].add(b.name)
+
+    def forget_buffers(self, g: Group) -> None:
+        """A demoted group writes none of its planned buffers."""
+        for n in g.nodes:
+            for b in self.plan.memory.buffers.values():
+                if b.producer is n and b.kind == "arena":
+                    self.arena_pending[b.arena] -= 1
 
     def compile_group(self, g: Group) -> Kernel | None:
         backend = self.registry.get(g.backend)
@@ -184,15 +239,24 @@ class _Builder:
     def build(self) -> Wrapper:
         plan = self.plan
         self._typed: dict[tuple[str, torch.dtype], str] = {}
-        self.arena_lines: list[str] = []
+        for b in plan.memory.buffers.values():
+            if b.kind == "arena":
+                self.arena_of[b.name] = b.arena
+                self.arena_pending[b.arena] = self.arena_pending.get(b.arena, 0) + 1
+                self.arena_bound.setdefault(b.arena, set())
         outputs = set(output_nodes(self.gm))
         sched = plan.schedule
         # A group runs where its last node is scheduled; every member is "emitted" there.
         emit_at = {n: i for i, n in enumerate(sched)}
+        late: set[fx.Node] = set()  # getitems of a group's nodes: they follow the group's kernel
         for g in plan.groups:
             last = max(emit_at[n] for n in g.nodes)
             for n in g.nodes:
                 emit_at[n] = last
+                for u in n.users:
+                    if u.target is operator.getitem and u in emit_at and plan.group_of(u) is None:
+                        emit_at[u] = max(emit_at[u], last)
+                        late.add(u)
         last_use: dict[fx.Node, int] = {}
         for n in sched:
             for u in n.users:
@@ -207,8 +271,11 @@ class _Builder:
         for n in placeholders:
             self.bound.add(n.name)
             self.bind_symbols_from(n.name, n.meta.get(VAL))
-        body_start = len(self.lines)  # arenas are allocated here, once input sizes are known
-        for i, n in enumerate(sched):
+        rank = {n: i for i, n in enumerate(sched)}
+        order = sorted(sched, key=lambda n: (emit_at[n], n in late, rank[n]))
+        next_node = dict(zip(order, order[1:]))
+        for n in order:
+            i = emit_at[n]
             kind = node_kind(n)
             g = plan.group_of(n)
             if kind == "placeholder":
@@ -216,7 +283,7 @@ class _Builder:
             elif kind == "get_attr":
                 self.globals[n.name] = _fetch_attr(self.gm, n.target)
             elif g is not None and g.backend != FALLBACK_BACKEND:
-                if emit_at[n] == i and n is g.nodes[-1]:
+                if n is g.nodes[-1]:
                     self.emit_group(g)
             elif kind == "getitem" and self.written_by_kernel(n.args[0], n.args[1]):
                 pass  # the producer's kernel wrote this planned buffer
@@ -226,21 +293,18 @@ class _Builder:
                 self.assign(n.name, self.call_source(n))
                 if kind in ("compute", "scalar"):
                     self.bind_symbols_from(n.name, n.meta.get(VAL))
+            if i == emit_at.get(next_node.get(n), -1):
+                continue  # more nodes run at this position: release after the last of them
             dead = [d.name for d in dead_at.get(i, ()) if d.name in self.bound]
+            dead += self.unheld  # buffers of outputs no node holds: dead once written
+            self.unheld = []
             if dead:
                 self.bound.difference_update(dead)
-                self.lines.append("del " + ", ".join(dead))
+                self.lines.append("del " + ", ".join(self.released(dead)))
         out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
         self.lines.append(f"return {format_arg(out.args[0], self.ref, self.const)}")
 
-        arena_alloc = [
-            f"{a.name} = torch.empty({self.size(a.nbytes)}, dtype=torch.uint8, device={literal(a.device)})"
-            for a in plan.memory.arenas
-        ]
-        if self.config.poison_arena:
-            arena_alloc += [f"{a.name}.fill_(255)  # poison: NaN for floats" for a in plan.memory.arenas]
-        body = self.lines[:body_start]
-        body += arena_alloc + self.arena_lines + self.lines[body_start:]
+        body = self.lines
         head = []
         if placeholders:
             names = ", ".join(n.name for n in placeholders)
@@ -270,6 +334,7 @@ class _Builder:
         k = self.compile_group(g)
         if k is None:
             self.demoted_nodes.update(g.nodes)
+            self.forget_buffers(g)
             for n in g.nodes:
                 self.lines.append(f"# {n.name}: eager fallback (kernel failed to compile)")
                 self.assign(n.name, self.call_source(n))
@@ -281,7 +346,9 @@ class _Builder:
             for index in ([None] if isinstance(val, torch.Tensor) else range(len(val))):
                 b = self.plan.memory.of(n, index)
                 if b is not None:
-                    self.assign(b.name, self.alloc(b))
+                    self.bind_buffer(b)
+                    if b.name not in self.node_names:
+                        self.unheld.append(b.name)
         self.kernels.append(k)
         self.kernel_sources.append(k.source)
         call = f"{k.name}({', '.join(k.args)})"

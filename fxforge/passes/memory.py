@@ -2,7 +2,16 @@
 
 Buffers whose storage escapes to the caller (graph outputs and views of them) are allocated
 fresh on every call, so a later call can never overwrite what an earlier call returned.  All
-others live in one arena per device, allocated per call, at aligned offsets:
+others live in arenas, allocated per call, at aligned offsets.
+
+An arena lives only over a window of the schedule: the wrapper allocates it just before the
+kernel writing its first buffer and drops it with its last buffer (``Arena.start``/``end``).  One
+arena held for the whole call would coexist with everything else the call holds at its ends: in
+a backward graph, every saved activation still alive at the start; in a forward graph, every
+activation saved by the end.  So the buffers of each device are split by start position into
+windows, chosen (``split_windows``) to lower the peak of arenas live at any position plus every
+other storage live there (inputs until their last use, fresh outputs, self-allocating kernels'
+results), each window planned on its own:
 
 * static sizes: the offset planners of ``passes/offsets.py`` run (all of them, smallest arena
   wins), so buffers whose lifetimes do not overlap share bytes;
@@ -16,13 +25,14 @@ from __future__ import annotations
 import heapq
 import operator
 
+import numpy as np
 import sympy
 import torch
 import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv
 
 from ..config import Config
-from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, expr, liveness, node_kind, output_nodes, shape_env_of, storage_nbytes, storage_root
+from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, plan_offsets, verify_plan
 
@@ -171,6 +181,88 @@ def place_symbolic(spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int
     return {k: offsets[s] for k, s in slot_of.items()}, at, "slots"
 
 
+def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], pos: dict[fx.Node, int],
+                     buffers: dict[str, Buffer], length: int) -> np.ndarray:
+    """Bytes (at the traced sizes) live at each position in storages that are not arena
+    buffers: inputs until their last use (the wrapper frees them then), fresh buffers, storages
+    of self-allocating kernels and fallbacks."""
+    env = shape_env_of(gm)
+    in_arena = {b.name for b in buffers.values() if b.kind == "arena"}
+    diff = np.zeros(length + 1, dtype=np.int64)
+    for r, l in liveness(schedule, output_nodes(gm), pos).items():
+        v = r.meta.get(VAL)
+        if r.name in in_arena or not isinstance(v, torch.Tensor) or node_kind(r) not in ("placeholder", "compute", "getitem"):
+            continue
+        nbytes = hint(storage_nbytes(v), env)
+        diff[l.start] += nbytes
+        diff[l.end + 1] -= nbytes
+    return np.cumsum(diff[:length])
+
+
+def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max_cuts: int = 32,
+                  max_candidates: int = 64) -> list[list[str]]:
+    """Group blocks (name -> (bytes, start, end), at the traced sizes) into arenas by start
+    position.  An arena of blocks ``B`` is estimated at the max live bytes of ``B`` and lives
+    from the first start to the last end in ``B``.  A split is judged by
+
+    * its peak: the max over positions of ``other`` plus the arenas live there, and then
+    * its waste: arena bytes held at positions where they hold no live buffer, summed over
+      positions (the arena-bytes x positions above the live bytes of its buffers).
+
+    ``other`` cannot know which inputs the caller keeps alive (weights) and which die here
+    (saved activations), so its peak may sit at the wrong position; the waste needs no such
+    knowledge and makes the arenas follow the live bytes everywhere, as eager's allocations do.
+    Greedy: add the cut (at a block start) that gives the lowest (peak, waste), while it lowers
+    the peak, or keeps it and lowers the waste by at least 2% of the one-arena waste.  No cut:
+    one arena, as before."""
+    if not spans:
+        return []
+    names = sorted(spans, key=lambda k: (spans[k][1], spans[k][2], k))
+    size = np.array([spans[k][0] for k in names], dtype=np.float64)
+    start = np.array([spans[k][1] for k in names], dtype=np.int64)
+    end = np.array([spans[k][2] for k in names], dtype=np.int64)
+    length = max(len(other), int(end.max()) + 1)
+    base = np.zeros(length, dtype=np.float64)
+    base[: len(other)] = other
+    cache: dict[tuple[int, int], tuple[float, int, int]] = {}
+
+    def window(i: int, j: int) -> tuple[float, int, int]:  # blocks names[i:j]: (bytes, first, last)
+        w = cache.get((i, j))
+        if w is None:
+            d = np.bincount(start[i:j], size[i:j], length + 1) - np.bincount(end[i:j] + 1, size[i:j], length + 1)
+            w = cache[(i, j)] = (float(np.cumsum(d).max()), int(start[i]), int(end[i:j].max()))
+        return w
+
+    def cost(cuts: list[int]) -> tuple[float, float]:
+        prof = base.copy()
+        area = 0.0
+        bounds = [0, *cuts, len(names)]
+        for i, j in zip(bounds, bounds[1:]):
+            nbytes, lo, hi = window(i, j)
+            prof[lo:hi + 1] += nbytes
+            area += nbytes * (hi - lo + 1)
+        return float(prof.max()), area
+
+    # candidate cuts: indices where a new start position begins (a cut never splits one position)
+    firsts = [i for i in range(1, len(names)) if start[i] != start[i - 1]]
+    if len(firsts) > max_candidates:
+        firsts = [firsts[int(k * len(firsts) / max_candidates)] for k in range(max_candidates)]
+    cuts: list[int] = []
+    peak, area = cost(cuts)
+    live_area = float((size * (end - start + 1)).sum())
+    min_gain = 0.02 * (area - live_area)
+    for _ in range(max_cuts):
+        trials = [(cost(sorted(cuts + [c])), c) for c in firsts if c not in cuts]
+        if not trials:
+            break
+        (c_peak, c_area), c = min(trials)
+        if not (c_peak < peak * (1 - 1e-3) or (c_peak <= peak and c_area <= area - min_gain and min_gain > 0)):
+            break
+        peak, area, cuts = c_peak, c_area, sorted(cuts + [c])
+    bounds = [0, *cuts, len(names)]
+    return [names[i:j] for i, j in zip(bounds, bounds[1:])]
+
+
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config) -> MemoryPlan:
     pos = positions(schedule, groups)
     buffers = collect_buffers(gm, schedule, groups, pos)
@@ -187,20 +279,34 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     for b in buffers.values():
         if b.kind == "arena":
             by_device.setdefault(str(b.device), []).append(b)
+    env = shape_env_of(gm)
+    length = max(pos.values(), default=-1) + 1
+    other = other_live_bytes(gm, schedule, pos, buffers, length) if by_device else None
     arenas = []
-    for i, bufs in enumerate(by_device.values()):
-        name = f"arena{i}"
+    for bufs in by_device.values():
+        members = blocks(bufs)
         spans = block_intervals(bufs)
-        if all(sympy.sympify(n).is_Integer for n, _, _ in spans.values()):
-            offsets, nbytes, planner = place_static(spans, config.alignment)
-            nbytes = sympy.Integer(nbytes)
-        else:
-            offsets, nbytes, planner = place_symbolic(spans, config.alignment)
-        for head, members in blocks(bufs).items():
-            for b in members:
-                b.arena, b.offset = name, offsets[head]
-        arenas.append(Arena(name, bufs[0].device, nbytes, planner))
+        hinted = {k: (hint(n, env), s, e) for k, (n, s, e) in spans.items()}
+        windows = split_windows(hinted, other) if config.arena_windows else [list(spans)]
+        for heads in windows:
+            name = f"arena{len(arenas)}"
+            window = {k: spans[k] for k in heads}
+            if all(sympy.sympify(n).is_Integer for n, _, _ in window.values()):
+                offsets, nbytes, planner = place_static(window, config.alignment)
+                nbytes = sympy.Integer(nbytes)
+            else:
+                offsets, nbytes, planner = place_symbolic(window, config.alignment)
+            for head in heads:
+                for b in members[head]:
+                    b.arena, b.offset = name, offsets[head]
+            arenas.append(Arena(name, bufs[0].device, nbytes, planner,
+                                start=min(s for _, s, _ in window.values()), end=max(e for _, _, e in window.values())))
     return MemoryPlan(buffers, arenas, config.alignment, shape_env_of(gm))
+
+
+def arena_peak_bytes(plan: MemoryPlan) -> int:
+    """Most arena bytes live at once (at the traced sizes): arenas live over their windows."""
+    return peak_live_bytes((a.start, a.end, plan.hint(a.nbytes)) for a in plan.arenas)
 
 
 def arena_intervals(plan: MemoryPlan, arena: str) -> list[Interval]:
@@ -211,10 +317,14 @@ def arena_intervals(plan: MemoryPlan, arena: str) -> list[Interval]:
 
 def verify_memory_plan(plan: MemoryPlan) -> None:
     """Raise ``offsets.PlanError`` if two buffers live at once share bytes (at the traced sizes),
-    a buffer leaves its arena, or an offset is misaligned.  A buffer written in place over an
+    a buffer leaves its arena (in bytes, or in time: its live range outside the arena's), or an
+    offset is misaligned.  Buffers of different arenas never share bytes (separate allocations).  A buffer written in place over an
     input it replaces shares that input's bytes by design; every other overlap is an error."""
     for a in plan.arenas:
         members = blocks([b for b in plan.buffers.values() if b.arena == a.name])
+        outside = [m.name for ms in members.values() for m in ms if not a.start <= m.start <= m.end <= a.end]
+        if outside:
+            raise PlanError(f"{a.name} lives over {a.start}..{a.end}, but buffers {outside} live outside it")
         if any(len({plan.hint(m.offset) for m in ms}) != 1 for ms in members.values()):
             raise PlanError(f"an in-place chain in {a.name} does not share one offset")
         offsets = {k: plan.hint(ms[0].offset) for k, ms in members.items()}
