@@ -113,7 +113,10 @@ def test_cat_and_pad_trees():
 def test_dynamic_graphs_have_symbolic_sizes():
     pinned = []
 
-    @FEW
+    # Derandomized: pinned graphs come in clusters (hypothesis mutates the examples it has seen),
+    # so with a random seed the count over 60 graphs crossed 3 in about 1 run in 4 (measured:
+    # 8 pinned of 300 graphs over three seeds, in runs of up to 3 consecutive examples).
+    @settings(FEW, derandomize=True, database=None)
     @given(graphs(dynamic=True))
     def check(example):
         gm, inputs = example

@@ -113,8 +113,9 @@ def check_pass(pass_: Callable, gm: fx.GraphModule, inputs: Sequence | None = No
                extra_checks: Iterable[Check] = ()) -> fx.GraphModule:
     """Apply `pass_` to a deep copy of `gm` and check it; returns the transformed GraphModule.
 
-    pass_: GraphModule -> PassResult | None (None: it mutated its argument in place); a returned
-      GraphModule is accepted too.
+    pass_: GraphModule -> torch.fx's or fxforge's PassResult, a GraphModule, or None / a bool (it
+      changed its argument in place). fxforge passes leave `recompile()` to their PassManager: check
+      them as `lambda gm: PassManager([p])(gm)[0]`, as the compiler runs them.
     inputs: example inputs, used as the first input set; `n_inputs` fresh random sets of the same
       shapes/dtypes follow (seeded by `seed`, so a failure replays identically).
     rtol/atol: override the per-dtype TOLERANCES for floating outputs (integers compare exactly).
@@ -141,10 +142,12 @@ def check_pass(pass_: Callable, gm: fx.GraphModule, inputs: Sequence | None = No
         after = result.graph_module
     elif isinstance(result, fx.GraphModule):
         after = result
-    elif result is None:
+    elif result is None or isinstance(result, bool):  # in place (a bool: fxforge's "modified")
         after = work
+    elif isinstance(result, tuple) and len(result) >= 2 and isinstance(result[0], fx.GraphModule):
+        after = result[0]  # fxforge.PassResult(graph_module, modified, stats)
     else:
-        fail(f"the pass returned {type(result).__name__}, expected PassResult or None")
+        fail(f"the pass returned {type(result).__name__}, expected PassResult, GraphModule, bool or None")
 
     problem = _structure(original, after)
     if problem:
