@@ -43,7 +43,8 @@ DEFAULT_MODELS = QUICK_MODELS + ["gpt2-12l"]
 FULL_MODELS = QUICK_MODELS + ["gpt2-12l", "llama-12l", "bert-12l"]
 CONTENDERS = ("eager", "fxforge", "inductor", "aot_eager")
 STAT_SUMS = ("nodes_in", "kernels", "fused_nodes", "fallback_nodes", "arena_bytes", "lower_bound_bytes",
-             "eager_live_peak_bytes", "copy_bytes", "symmetric_arena_bytes", "compile_seconds")
+             "eager_live_peak_bytes", "schedule_peak_bytes", "arenas", "copy_bytes", "symmetric_arena_bytes",
+             "compile_seconds")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu", action="store_true", help="CUDA, Config(codegen='triton'), + bench/bench_gpu_kernels.py")
     p.add_argument("--out", default=str(HERE / "results"), help="output directory (default bench/results)")
     p.add_argument("--tag", default=None, help="file name stem (default: bench, bench-quick, bench-gpu, ...)")
+    p.add_argument("--no-partitioners", dest="partitioners", action="store_false",
+                   help="skip the partitioner comparison of training cases (a second fxforge compile with the "
+                        "other AOTAutograd partitioner)")
     p.add_argument("--debug", action="store_true", help="Config(debug=True): verify between passes, raise on errors")
     return p.parse_args(argv)
 
@@ -155,6 +159,23 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
         del m
         torch._dynamo.reset()
 
+    # Partitioner comparison (training): fxforge with AOTAutograd's default partitioner on its own
+    # copy, one step and one measured step, then a reset; the min-cut figures come from the main
+    # fxforge run below (Config's default partitioner).
+    if train and "fxforge" in args.contenders and args.partitioners:
+        other = "default" if fxforge.Config().partitioner == "min_cut" else "min_cut"
+        m = copy.deepcopy(base)
+        try:
+            b = fxforge.backend(fxforge.Config(codegen="triton" if device == "cuda" else "auto", partitioner=other))
+            cm = torch.compile(m, backend=b)
+            run(cm)
+            zero(cm)
+            case["partitioners"] = {other: {**saved_figures(b), **measure.peak_bytes(lambda: run(cm, zero_grads=False), device)}}
+        except Exception as e:
+            case["errors"][f"partitioner {other}"] = _err(e)
+        del m
+        torch._dynamo.reset()
+
     backend = None
     if "fxforge" in args.contenders:
         cfg = fxforge.Config(codegen="triton" if device == "cuda" else "auto", debug=args.debug)
@@ -201,8 +222,30 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
             case["errors"][f"{n} memory"] = _err(e)
     if backend is not None:
         case["fxforge"]["failed_at_run_time"] = [c.failed for c in backend.compiled if c.failed]
+        if "partitioners" in case and res.get("fxforge", {}).get("memory"):
+            case["partitioners"][backend.config.partitioner] = {**saved_figures(backend), **res["fxforge"]["memory"]}
     case["ratios"] = ratios(case)
     return case
+
+
+def saved_figures(backend) -> dict:
+    """Bytes the forward graphs saved for the backward graphs: ``saved_bytes`` = the backend's
+    ``stats["saved_activation_bytes"]`` (every backward input but the incoming grads, weights
+    included), ``saved_activation_bytes`` = the same without ``primals_*`` inputs (weights and
+    user inputs, which exist whatever the partitioner saves)."""
+    from fxforge.graph import VAL, hint, shape_env_of, storage_nbytes
+
+    saved = activations = 0
+    for c in backend.compiled:
+        if c.stats.get("graph") != "backward":
+            continue
+        saved += c.stats.get("saved_activation_bytes", 0)
+        env = shape_env_of(c.graph)
+        for n in c.graph.graph.nodes:
+            v = n.meta.get(VAL)
+            if n.op == "placeholder" and isinstance(v, torch.Tensor) and not n.name.startswith(("tangents", "primals")):
+                activations += hint(storage_nbytes(v), env)
+    return {"saved_bytes": saved, "saved_activation_bytes": activations}
 
 
 def fxforge_figures(backend) -> dict:
@@ -216,6 +259,8 @@ def fxforge_figures(backend) -> dict:
         g["fallbacks"] = dict(s.get("fallbacks", {}))
         g["passes"] = [{k: p.get(k) for k in ("name", "seconds", "nodes_before", "nodes_after")} for p in s.get("passes", [])]
         g["arena_over_bound"] = s["arena_bytes"] / s["lower_bound_bytes"] if s.get("lower_bound_bytes") else None
+        g["schedule_over_eager_live"] = (s["schedule_peak_bytes"] / s["eager_live_peak_bytes"]
+                                         if s.get("eager_live_peak_bytes") and "schedule_peak_bytes" in s else None)
         graphs.append(g)
     total = {k: sum(g[k] for g in graphs) for k in STAT_SUMS}
     per_pass: dict[str, float] = {}
@@ -229,6 +274,10 @@ def fxforge_figures(backend) -> dict:
     total["arena_over_bound_max"] = max(ab) if ab else None
     total["bound_over_eager_live"] = (total["lower_bound_bytes"] / total["eager_live_peak_bytes"]
                                       if total["eager_live_peak_bytes"] else None)
+    se = [g["schedule_over_eager_live"] for g in graphs if g["schedule_over_eager_live"] is not None]
+    total["schedule_over_eager_live"] = (total["schedule_peak_bytes"] / total["eager_live_peak_bytes"]
+                                         if total["eager_live_peak_bytes"] else None)
+    total["schedule_over_eager_live_max"] = max(se) if se else None
     total["graphs"] = graphs
     total["failures"] = [{"graph": k, "reason": r} for k, r in backend.failures]
     return total

@@ -77,6 +77,10 @@ def targets(results: dict) -> list[dict]:
     ab = [g["arena_over_bound"] for c in cases for g in _get(c, "fxforge", "graphs") or [] if g.get("arena_over_bound")]
     add("arena / lower bound", "<= 1.02 mean", ab, lambda v: sum(v) / len(v) <= 1.02, "per compiled graph, all cases")
     train = [c for c in cases if c["mode"] == "train"]
+    se = [g.get("schedule_over_eager_live") for c in train for g in _get(c, "fxforge", "graphs") or []]
+    add("schedule peak / eager live peak, training graphs", "<= 0.9", se, lambda v: max(v) <= 0.9,
+        "planned: max live bytes of every storage the graph creates, fxforge's schedule / program order, "
+        "per forward and backward graph")
     add("training peak vs Inductor", "<= 1.0x", [_get(c, "ratios", "peak_fxforge_over_inductor") for c in train],
         lambda v: max(v) <= 1.0, "measured peak bytes of one training step, fxforge / Inductor")
     add("training peak vs eager", "<= 0.9x", [_get(c, "ratios", "peak_fxforge_over_eager") for c in train],
@@ -138,9 +142,12 @@ def markdown(results: dict) -> str:
                      f"{_s(_get(res, 'fxforge', 'backend_s'))} | {_s(_get(res, 'inductor', 'backend_s'))} | "
                      f"{_x(r.get('backend_fxforge_over_inductor'))} | {err} |")
         L += ["", "## fxforge memory plan and graphs (summed over the graphs of each case; MiB)", "",
-              "| case | graphs | nodes | kernels | fallbacks | arena | lower bound | arena/bound (mean, max) | "
-              "eager live peak | bound/eager live | copy | failures |",
-              "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+              "arena: most arena bytes live at once (arenas live over windows of the schedule); schedule peak / "
+              "eager live peak: every storage the graph creates, fxforge's schedule vs program order (like for "
+              "like; per graph, max over the case's graphs in brackets).", "",
+              "| case | graphs | nodes | kernels | fallbacks | arenas | arena | lower bound | arena/bound (mean, max) | "
+              "eager live peak | schedule peak | schedule/eager live | bound/eager live | copy | failures |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---|"]
         for c in cases:
             f = c.get("fxforge")
             if not f:
@@ -148,9 +155,25 @@ def markdown(results: dict) -> str:
             kinds = ",".join(str(g["graph"]) for g in f["graphs"])
             fails = len(f.get("failures", [])) + len(f.get("failed_at_run_time", []))
             L.append(f"| {_case_name(c)} | {kinds} | {f['nodes_in']} | {f['kernels']} | {f['fallback_nodes']} | "
-                     f"{_mib(f['arena_bytes'])} | {_mib(f['lower_bound_bytes'])} | "
+                     f"{f.get('arenas', '—')} | {_mib(f['arena_bytes'])} | {_mib(f['lower_bound_bytes'])} | "
                      f"{_x(f['arena_over_bound_mean'])}, {_x(f['arena_over_bound_max'])} | {_mib(f['eager_live_peak_bytes'])} | "
+                     f"{_mib(f.get('schedule_peak_bytes'))} | {_x(f.get('schedule_over_eager_live'))} "
+                     f"({_x(f.get('schedule_over_eager_live_max'))}) | "
                      f"{_x(f['bound_over_eager_live'])} | {_mib(f['copy_bytes'])} | {fails or ''} |")
+        parts = [c for c in cases if c.get("partitioners")]
+        if parts:
+            L += ["", "## Training: AOTAutograd partitioner (fxforge; MiB)", "",
+                  "saved: bytes the forward saves for the backward (backward inputs but incoming grads), with and "
+                  "without weights/user inputs (`primals_*`); peak: measured as above, one training step.", "",
+                  "| case | saved min_cut | saved default | activations min_cut | activations default | "
+                  "min_cut/default | peak min_cut | peak default |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            for c in parts:
+                pm, pd = c["partitioners"].get("min_cut", {}), c["partitioners"].get("default", {})
+                L.append(f"| {_case_name(c)} | {_mib(pm.get('saved_bytes'))} | {_mib(pd.get('saved_bytes'))} | "
+                         f"{_mib(pm.get('saved_activation_bytes'))} | {_mib(pd.get('saved_activation_bytes'))} | "
+                         f"{_x(_ratio(pm.get('saved_activation_bytes'), pd.get('saved_activation_bytes')))} | "
+                         f"{_mib(pm.get('peak_bytes'))} | {_mib(pd.get('peak_bytes'))} |")
         names = []
         for c in cases:
             for n in (_get(c, "fxforge", "pass_seconds") or {}):
@@ -214,6 +237,10 @@ def _e(r):
     return "—" if e is None else f"{e:.1e}"
 
 
+def _ratio(a, b):
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
 def _num(v):
     return "—" if v is None else f"{v:.3g}"
 
@@ -223,15 +250,21 @@ def _argv(args: dict) -> list[str]:
     for k in ("quick", "full", "gpu", "debug"):
         if args.get(k):
             out.append(f"--{k}")
+    if args.get("partitioners") is False:
+        out.append("--no-partitioners")
     if args.get("models"):
         out += ["--models", *args["models"]]
     if args.get("modes") and args["modes"] != ["inference", "train"]:
         out += ["--modes", *args["modes"]]
+    if args.get("contenders") and sorted(args["contenders"]) != sorted(["eager", "fxforge", "inductor", "aot_eager"]):
+        out += ["--contenders", *args["contenders"]]
     if args.get("synthetic") is not None:
         out += ["--synthetic", *map(str, args["synthetic"])]
     for k in ("calls", "budget", "threads"):
         if k in args:
             out += [f"--{k}", str(args[k])]
+    if args.get("tag"):
+        out += ["--tag", args["tag"]]
     return out
 
 

@@ -116,13 +116,27 @@ def collect_buffers(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Gr
     return buffers
 
 
+# Row-wise kernels whose output may overwrite one input (by argument index): they read a whole row
+# of it (the row sum) before writing that row, and then write each element from the same element
+# of that input (softmax / log-softmax backward, CPU and CUDA kernels alike).
+_ROWWISE_INPLACE = {
+    torch.ops.aten._softmax_backward_data.default: 0,
+    torch.ops.aten._log_softmax_backward_data.default: 0,
+}
+
+
 def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: dict[fx.Node, int]) -> Buffer | None:
-    """An arena buffer a pointwise node may overwrite with its output: read only here, by this
-    node, through exactly one reference to its root, with the output's dtype, shape and stride."""
-    if torch.Tag.pointwise not in getattr(node.target, "tags", ()):
-        return None
+    """An arena buffer a pointwise node (or a row-wise kernel of ``_ROWWISE_INPLACE``, over its
+    one allowed input) may overwrite with its output: read only here, by this node, through
+    exactly one reference to its root, with the output's dtype, shape and stride."""
     tensor_inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get(VAL), torch.Tensor)]
-    for a in tensor_inputs:
+    if torch.Tag.pointwise in getattr(node.target, "tags", ()):
+        candidates = tensor_inputs
+    elif node.target in _ROWWISE_INPLACE and isinstance(node.args[_ROWWISE_INPLACE[node.target]], fx.Node):
+        candidates = [node.args[_ROWWISE_INPLACE[node.target]]]
+    else:
+        return None
+    for a in candidates:
         src = buffers.get(a.name)
         if (
             src is not None
@@ -184,14 +198,23 @@ def place_symbolic(spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int
 def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], pos: dict[fx.Node, int],
                      buffers: dict[str, Buffer], length: int) -> np.ndarray:
     """Bytes (at the traced sizes) live at each position in storages that are not arena
-    buffers: inputs until their last use (the wrapper frees them then), fresh buffers, storages
-    of self-allocating kernels and fallbacks."""
+    buffers: fresh buffers, storages of self-allocating kernels and fallbacks, and the inputs the
+    call frees at their last use (the wrapper drops its references then).
+
+    Which inputs die here is a guess from AOTAutograd's names, used only to choose windows
+    (never for soundness): in a backward graph (it has ``tangents_*`` inputs) the saved
+    activations and incoming grads die at their last use, while ``primals_*`` (weights and
+    user inputs) are held by the caller; in any other graph the caller holds every input, a
+    constant that does not move the peak, so inputs are left out."""
     env = shape_env_of(gm)
-    in_arena = {b.name for b in buffers.values() if b.kind == "arena"}
+    skip = {b.name for b in buffers.values() if b.kind == "arena"}
+    placeholders = [n for n in schedule if n.op == "placeholder"]
+    backward = any(n.name.startswith("tangents_") for n in placeholders)
+    skip |= {n.name for n in placeholders if not backward or n.name.startswith("primals_")}
     diff = np.zeros(length + 1, dtype=np.int64)
     for r, l in liveness(schedule, output_nodes(gm), pos).items():
         v = r.meta.get(VAL)
-        if r.name in in_arena or not isinstance(v, torch.Tensor) or node_kind(r) not in ("placeholder", "compute", "getitem"):
+        if r.name in skip or not isinstance(v, torch.Tensor) or node_kind(r) not in ("placeholder", "compute", "getitem"):
             continue
         nbytes = hint(storage_nbytes(v), env)
         diff[l.start] += nbytes
@@ -199,67 +222,101 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], pos: dict[fx.N
     return np.cumsum(diff[:length])
 
 
-def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max_cuts: int = 32,
-                  max_candidates: int = 64) -> list[list[str]]:
+def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max_cuts: int = 64,
+                  max_candidates: int = 1024, work_budget: float = 5e7) -> list[list[str]]:
     """Group blocks (name -> (bytes, start, end), at the traced sizes) into arenas by start
     position.  An arena of blocks ``B`` is estimated at the max live bytes of ``B`` and lives
     from the first start to the last end in ``B``.  A split is judged by
 
-    * its peak: the max over positions of ``other`` plus the arenas live there, and then
-    * its waste: arena bytes held at positions where they hold no live buffer, summed over
-      positions (the arena-bytes x positions above the live bytes of its buffers).
+    * its peak: the max over positions of ``other`` plus the arenas live there, then
+    * its excess: the max over positions of the arena bytes live there minus the bytes of
+      their buffers live there (what one call holds beyond per-buffer allocations, at worst),
+    * its waste: that excess summed over positions.
 
-    ``other`` cannot know which inputs the caller keeps alive (weights) and which die here
-    (saved activations), so its peak may sit at the wrong position; the waste needs no such
-    knowledge and makes the arenas follow the live bytes everywhere, as eager's allocations do.
-    Greedy: add the cut (at a block start) that gives the lowest (peak, waste), while it lowers
-    the peak, or keeps it and lowers the waste by at least 2% of the one-arena waste.  No cut:
-    one arena, as before."""
+    ``other`` misses what the caller holds (weights, a forward's returned logits during the
+    backward) and guesses which inputs die here, so its peak may sit at the wrong position.  The
+    excess needs no such knowledge: wherever the true peak lies, the call holds at most the
+    excess more than if every buffer were allocated on its own, as eager does.  Greedy: add the
+    cut (at a block start) that gives the lowest (peak, excess, waste) while it lowers the peak,
+    or keeps it and lowers the excess by at least 1% of the largest window's bytes, or keeps both
+    and lowers the waste by at least 0.5% of the one-arena waste; at most ``max_cuts`` cuts and
+    about ``work_budget`` profile entries touched (deterministic, bounded time on huge graphs).
+    No cut: one arena, as before."""
     if not spans:
         return []
     names = sorted(spans, key=lambda k: (spans[k][1], spans[k][2], k))
+    n = len(names)
     size = np.array([spans[k][0] for k in names], dtype=np.float64)
     start = np.array([spans[k][1] for k in names], dtype=np.int64)
     end = np.array([spans[k][2] for k in names], dtype=np.int64)
     length = max(len(other), int(end.max()) + 1)
-    base = np.zeros(length, dtype=np.float64)
-    base[: len(other)] = other
+    prof = np.zeros(length, dtype=np.float64)
+    prof[: len(other)] = other
+    # other + live bytes of the buffers: the profile minus this is the excess
+    floor = prof + np.cumsum(np.bincount(start, size, length + 1) - np.bincount(end + 1, size, length + 1))[:length]
     cache: dict[tuple[int, int], tuple[float, int, int]] = {}
 
     def window(i: int, j: int) -> tuple[float, int, int]:  # blocks names[i:j]: (bytes, first, last)
         w = cache.get((i, j))
         if w is None:
-            d = np.bincount(start[i:j], size[i:j], length + 1) - np.bincount(end[i:j] + 1, size[i:j], length + 1)
-            w = cache[(i, j)] = (float(np.cumsum(d).max()), int(start[i]), int(end[i:j].max()))
+            lo, hi = int(start[i]), int(end[i:j].max())
+            d = np.bincount(start[i:j] - lo, size[i:j], hi - lo + 2) - np.bincount(end[i:j] + 1 - lo, size[i:j], hi - lo + 2)
+            w = cache[(i, j)] = (float(np.cumsum(d).max()), lo, hi)
         return w
 
-    def cost(cuts: list[int]) -> tuple[float, float]:
-        prof = base.copy()
-        area = 0.0
-        bounds = [0, *cuts, len(names)]
-        for i, j in zip(bounds, bounds[1:]):
-            nbytes, lo, hi = window(i, j)
-            prof[lo:hi + 1] += nbytes
-            area += nbytes * (hi - lo + 1)
-        return float(prof.max()), area
-
     # candidate cuts: indices where a new start position begins (a cut never splits one position)
-    firsts = [i for i in range(1, len(names)) if start[i] != start[i - 1]]
+    firsts = [i for i in range(1, n) if start[i] != start[i - 1]]
     if len(firsts) > max_candidates:
         firsts = [firsts[int(k * len(firsts) / max_candidates)] for k in range(max_candidates)]
-    cuts: list[int] = []
-    peak, area = cost(cuts)
-    live_area = float((size * (end - start + 1)).sum())
-    min_gain = 0.02 * (area - live_area)
+    bounds = [0, n]  # windows: names[bounds[k]:bounds[k + 1]]
+    nbytes, lo, hi = window(0, n)
+    prof[lo:hi + 1] += nbytes
+    peak, excess, area = float(prof.max()), float((prof - floor).max()), nbytes * (hi - lo + 1)
+    min_gain = 0.005 * (area - float((size * (end - start + 1)).sum()))
+    min_excess_gain = 0.01 * nbytes
+    work = 0.0
     for _ in range(max_cuts):
-        trials = [(cost(sorted(cuts + [c])), c) for c in firsts if c not in cuts]
-        if not trials:
+        if min_gain <= 0 or work > work_budget:
             break
-        (c_peak, c_area), c = min(trials)
-        if not (c_peak < peak * (1 - 1e-3) or (c_peak <= peak and c_area <= area - min_gain and min_gain > 0)):
+        # max of the profile left and right of every position, for peaks outside a window
+        left = np.maximum.accumulate(prof)
+        right = np.maximum.accumulate(prof[::-1])[::-1]
+        ex = prof - floor
+        ex_left = np.maximum.accumulate(ex)
+        ex_right = np.maximum.accumulate(ex[::-1])[::-1]
+        best = None
+        for k in range(len(bounds) - 1):
+            i, j = bounds[k], bounds[k + 1]
+            w_bytes, w_lo, w_hi = window(i, j)
+            outside = max(left[w_lo - 1] if w_lo > 0 else 0.0, right[w_hi + 1] if w_hi + 1 < length else 0.0)
+            ex_outside = max(ex_left[w_lo - 1] if w_lo > 0 else 0.0, ex_right[w_hi + 1] if w_hi + 1 < length else 0.0)
+            base = prof[w_lo:w_hi + 1] - w_bytes
+            base_floor = floor[w_lo:w_hi + 1]
+            for c in firsts:
+                if not i < c < j:
+                    continue
+                a, b = window(i, c), window(c, j)
+                seg = base.copy()
+                seg[a[1] - w_lo:a[2] - w_lo + 1] += a[0]
+                seg[b[1] - w_lo:b[2] - w_lo + 1] += b[0]
+                work += len(seg)
+                trial = (max(outside, float(seg.max())), max(ex_outside, float((seg - base_floor).max())),
+                         area - w_bytes * (w_hi - w_lo + 1) + a[0] * (a[2] - a[1] + 1) + b[0] * (b[2] - b[1] + 1), c)
+                if best is None or trial < best:
+                    best = trial
+        if best is None:
             break
-        peak, area, cuts = c_peak, c_area, sorted(cuts + [c])
-    bounds = [0, *cuts, len(names)]
+        c_peak, c_excess, c_area, c = best
+        if not (c_peak < peak * (1 - 1e-3) or (c_peak <= peak and c_excess <= excess - min_excess_gain)
+                or (c_peak <= peak and c_excess <= excess and c_area <= area - min_gain)):
+            break
+        k = next(k for k in range(len(bounds) - 1) if bounds[k] < c < bounds[k + 1])
+        i, j = bounds[k], bounds[k + 1]
+        for (wi, wj), sign in (((i, j), -1), ((i, c), 1), ((c, j), 1)):
+            w_bytes, w_lo, w_hi = window(wi, wj)
+            prof[w_lo:w_hi + 1] += sign * w_bytes
+        bounds.insert(k + 1, c)
+        peak, excess, area = c_peak, c_excess, c_area
     return [names[i:j] for i, j in zip(bounds, bounds[1:])]
 
 
