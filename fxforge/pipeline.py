@@ -169,7 +169,10 @@ def _reprop_mismatches(gm: fx.GraphModule) -> list[str]:
 def _is_unsupported(e: Exception) -> bool:
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException
 
-    return isinstance(e, (UnsupportedOperatorException, DynamicOutputShapeException, DataDependentOutputException))
+    if isinstance(e, (UnsupportedOperatorException, DynamicOutputShapeException, DataDependentOutputException)):
+        return True
+    # a fake kernel that cannot run at symbolic sizes (FakeTensorMode's fallback asks for strides)
+    return isinstance(e, RuntimeError) and "with symbolic sizes/strides" in str(e)
 
 
 def _dims_equal(a, b) -> bool:
@@ -177,6 +180,12 @@ def _dims_equal(a, b) -> bool:
     eb = b.node.expr if isinstance(b, torch.SymInt) else sympy.Integer(b)
     if any(s.name.startswith("u") for s in (ea.free_symbols | eb.free_symbols)):
         return True  # unbacked symbols are renamed on every propagation
+    if isinstance(a, torch.SymInt) != isinstance(b, torch.SymInt):
+        # an op whose meta kernel cannot handle symbolic sizes runs at the example sizes under
+        # FakeTensorMode's fallback: its result is static, so compare at those sizes
+        sym = a if isinstance(a, torch.SymInt) else b
+        static = b if sym is a else a
+        return sym.node.hint is not None and int(sym.node.hint) == int(static)
     return sympy.simplify(ea - eb) == 0
 
 

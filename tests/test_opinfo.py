@@ -509,12 +509,7 @@ def test_op(name):
     assert ran, f"{name}: no sample produced an fxforge kernel or fallback"
 
 
-# Fails since the fusion pass landed (session 2, found by CI at the end of the session; not yet
-# diagnosed): tracked in issue 4's closing note.
-GRAD_XFAIL = {"min.reduction_no_dim"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=False, reason="fusion regression, under investigation")) if n in GRAD_XFAIL else n for n in GRAD_OPS])
+@pytest.mark.parametrize("name", GRAD_OPS)
 def test_op_grad(name):
     op = lookup(name)
     for s in samples(op, GRAD_SAMPLES, grad=True):

@@ -300,10 +300,7 @@ class _Order:
         self.time: dict = {}
 
     def vertex(self, n: fx.Node):
-        g = self.f.gid.get(n)
-        if g is None and n.target is operator.getitem and node_kind(n) == "getitem":
-            g = self.f.gid.get(n.args[0])  # a getitem of a grouped node rides with its group
-        return ("g", g) if g is not None else n
+        return group_vertex(n, self.f.gid)
 
     def time_of(self, v):
         if v not in self.time:
@@ -400,11 +397,13 @@ class _PeakModel:
 
     def positions(self, members: set[fx.Node], at: int) -> dict[fx.Node, int]:
         """Where a merged group's nodes run: all at ``at`` (one fused kernel), or one after
-        another ending at ``at`` (a backend running them in order)."""
+        another ending at ``at``, none before its own program position (a backend running them
+        in order; copied views share their original's position)."""
         if self.fused:
             return {n: at for n in members}
         ordered = sorted(members, key=self.fuser.index.get)
-        return {n: at - (len(ordered) - 1 - i) for i, n in enumerate(ordered)}
+        index = self.fuser.index
+        return {n: max(index[n], at - (len(ordered) - 1 - i)) for i, n in enumerate(ordered)}
 
     def commit(self, moved: dict[fx.Node, int], at: int) -> None:
         for n, p in moved.items():
@@ -461,10 +460,20 @@ class _PeakModel:
 # --------------------------------------------------------------------------- verification
 
 
+def group_vertex(n: fx.Node, gid: dict[fx.Node, int]):
+    """``("g", id)`` for a node of a group, else the node itself.  A getitem of a grouped node
+    rides with its group (it names one of the group's outputs; the schedule keeps it there)."""
+    g = gid.get(n)
+    if g is None and n.target is operator.getitem and node_kind(n) == "getitem":
+        g = gid.get(n.args[0])
+    return ("g", g) if g is not None else n
+
+
 def group_graph(gm: fx.GraphModule) -> nx.DiGraph:
     """Kernel groups (and ungrouped nodes) as a graph: an edge wherever one's value feeds another."""
     g = nx.DiGraph()
-    vertex = {n: ("g", n.meta[GROUP]) if n.meta.get(GROUP) is not None else n.name for n in gm.graph.nodes}
+    gid = {n: n.meta[GROUP] for n in gm.graph.nodes if n.meta.get(GROUP) is not None}
+    vertex = {n: group_vertex(n, gid) for n in gm.graph.nodes}
     for n in gm.graph.nodes:
         g.add_node(vertex[n])
         for u in n.users:
