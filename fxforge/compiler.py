@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import logging
 import os
 import time
@@ -111,8 +112,9 @@ def compile_graph(
     stage("load")
 
     arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas for iv in arena_intervals(memory, a.name)]
+    demoted = {gid for gid, _ in w.demoted}
     fallback_nodes = sum(1 for g in groups if g.backend == FALLBACK_BACKEND) + sum(
-        len(g.nodes) for g in groups if g.id in {d[0] for d in w.demoted}
+        len(g.nodes) for g in groups if g.id in demoted
     )
     stats: dict[str, Any] = {k: 0 for k in STAT_KEYS}
     stats.update(
@@ -125,7 +127,7 @@ def compile_graph(
         arenas=len(memory.arenas),
         lower_bound_bytes=peak_live_bytes(arena_live),
         eager_live_peak_bytes=eager_peak,
-        refused_fusions=_summed(r.stats.get("refused_fusions", {}) for r in records),
+        refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),
         refused=[x for r in records for x in r.stats.get("refused", [])],
         **sched_stats,
         stage_seconds=stages,
@@ -148,14 +150,6 @@ def compile_graph(
         os.makedirs(config.report_dir, exist_ok=True)
         compiled.write_report(os.path.join(config.report_dir, f"{kind}-{next(_graph_ids)}.html"))
     return compiled
-
-
-def _summed(counts) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for c in counts:
-        for k, v in c.items():
-            out[k] = out.get(k, 0) + v
-    return out
 
 
 def _boxed(gm: fx.GraphModule):

@@ -14,7 +14,6 @@ import operator
 
 import pytest
 import torch
-import torch.fx as fx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._guards import detect_fake_mode

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge

@@ -213,12 +213,24 @@ class _Builder:
             self.arena_pending[b.arena] -= 1
             self.arena_bound[b.arena].add(b.name)
 
+    def planned(self, g: Group) -> list[Buffer]:
+        """The planned buffers the group's kernel writes."""
+        out = []
+        for n in g.nodes:
+            if node_kind(n) != "compute":
+                continue
+            val = n.meta[VAL]
+            for index in ([None] if isinstance(val, torch.Tensor) else range(len(val))):
+                b = self.plan.memory.of(n, index)
+                if b is not None:
+                    out.append(b)
+        return out
+
     def forget_buffers(self, g: Group) -> None:
         """A demoted group writes none of its planned buffers."""
-        for n in g.nodes:
-            for b in self.plan.memory.buffers.values():
-                if b.producer is n and b.kind == "arena":
-                    self.arena_pending[b.arena] -= 1
+        for b in self.planned(g):
+            if b.kind == "arena":
+                self.arena_pending[b.arena] -= 1
 
     def compile_group(self, g: Group) -> Kernel | None:
         backend = self.registry.get(g.backend)
@@ -339,21 +351,15 @@ class _Builder:
                 self.lines.append(f"# {n.name}: eager fallback (kernel failed to compile)")
                 self.assign(n.name, self.call_source(n))
             return
-        for n in g.nodes:
-            if node_kind(n) != "compute":
-                continue
-            val = n.meta[VAL]
-            for index in ([None] if isinstance(val, torch.Tensor) else range(len(val))):
-                b = self.plan.memory.of(n, index)
-                if b is not None:
-                    self.bind_buffer(b)
-                    if b.name not in self.node_names:
-                        self.unheld.append(b.name)
+        for b in self.planned(g):
+            self.bind_buffer(b)
+            if b.name not in self.node_names:
+                self.unheld.append(b.name)
         self.kernels.append(k)
         self.kernel_sources.append(k.source)
         call = f"{k.name}({', '.join(k.args)})"
         if k.returns:
-            self.assign(", ".join(k.returns) + ("," if len(k.returns) == 1 else ""), call)
+            self.lines.append(f"{', '.join(k.returns)}{',' if len(k.returns) == 1 else ''} = {call}")
             self.bound.update(k.returns)
         else:
             self.lines.append(call)

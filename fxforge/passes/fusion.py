@@ -44,28 +44,24 @@ import numpy as np
 import sympy
 import torch.fx as fx
 
-from ..codegen.registry import CodegenBackend, GroupCost
+from ..codegen.registry import CodegenBackend
 from ..config import Config
-from ..graph import (BACKEND, GROUP, VAL, aliased_input, hint, node_kind, output_nodes, shape_env_of,
-                     storage_nbytes, storage_root, tensor_val)
+from ..graph import BACKEND, GROUP, VAL, aliased_input, node_kind, output_nodes, storage_root
 from ..iteration import kind_of, reduction_of, shape_of
 from ..lowering.cleanup import has_side_effects
 from ..pipeline import PassResult
 from ..plan import group_outputs
+from .schedule import program_order, storage_sizes
 
-REASONS = ("max_fusion_size", "cycle", "incompatible_iteration", "backend", "max_unique_io_buffers",
-           "max_kernel_args", "peak_memory")
 MAX_LISTED = 200
 
 
 @dataclass
 class _Group:
     id: int
-    nodes: list[fx.Node]  # members (compute nodes and the views/getitems pulled in)
-    lo: int  # smallest program index of a member
-    hi: int  # largest: where the group runs
+    nodes: list[fx.Node]  # members (compute nodes and the views pulled in)
+    hi: int  # largest program index of a member: where the group runs
     compute: int  # compute nodes
-    cost: GroupCost | None = None
 
 
 @dataclass
@@ -142,7 +138,7 @@ class FuseGroups:
         if self.backend.fusion_cost is None or self.config.max_fusion_size < 2:
             return PassResult(gm, False, {"fused_groups": 0, "refused_fusions": {}, "refused": []})
         self.gm = gm
-        nodes = [n for n in gm.graph.nodes if n.op != "output"]
+        nodes = program_order(gm)
         self.index = {n: i for i, n in enumerate(nodes)}
         self.gid: dict[fx.Node, int] = {}
         self.groups: dict[int, _Group] = {}
@@ -150,7 +146,7 @@ class FuseGroups:
             if n.meta.get(GROUP) is not None:
                 g = n.meta[GROUP]
                 self.gid[n] = g
-                self.groups[g] = _Group(g, [n], self.index[n], self.index[n], 1)
+                self.groups[g] = _Group(g, [n], self.index[n], 1)
         self.refused: dict[str, int] = {}
         self.refused_list: list[dict] = []
         self.merges = 0
@@ -165,12 +161,12 @@ class FuseGroups:
             for a in c.all_input_nodes:
                 p = self.producer_through_views(a)
                 if p is not None and self.fusible(p):
-                    self.try_merge(self.gid[p], self.gid[c], c)
+                    self.try_merge(self.gid[p], self.gid[c])
         # horizontal: consumers of the same value
         for x in nodes:
             users = sorted((u for u in x.users if u in self.gid and self.fusible(u)), key=self.index.get)
             for a, b in zip(users, users[1:]):
-                self.try_merge(self.gid[a], self.gid[b], b)
+                self.try_merge(self.gid[a], self.gid[b])
 
         for g in self.groups.values():
             for n in g.nodes:
@@ -197,7 +193,7 @@ class FuseGroups:
             self.refused_list.append({"reason": reason, "into": b.nodes[-1].name, "group": a.nodes[-1].name,
                                       "detail": detail})
 
-    def try_merge(self, ga: int, gb: int, at: fx.Node) -> bool:
+    def try_merge(self, ga: int, gb: int) -> bool:
         if ga == gb:
             return False
         a, b = self.groups[ga], self.groups[gb]
@@ -244,9 +240,8 @@ class FuseGroups:
             members.add(v)
             self.gid[v] = a.id
         a.nodes = sorted(members, key=self.index.get)
-        a.lo, a.hi = min(a.lo, b.lo), max(a.hi, b.hi)
+        a.hi = max(a.hi, b.hi)
         a.compute += b.compute
-        a.cost = cost
         for n in b.nodes:
             self.gid[n] = a.id
         del self.groups[b.id]
@@ -367,16 +362,10 @@ class _PeakModel:
         self.fuser = fuser
         self.fused = fuser.backend.fuses
         self.back: dict[fx.Node, int] = {}  # grouped node -> how many positions before its group's last
-        env = shape_env_of(gm)
-        self.size: dict[fx.Node, int] = {}
+        self.size = storage_sizes(gm, nodes)
         self.touch: dict[fx.Node, list[fx.Node]] = {}  # storage root -> nodes reading any alias of it
         for n in nodes:
-            v = tensor_val(n)
-            r = storage_root(n)
-            if v is not None and node_kind(n) in ("compute", "getitem") and r is n:
-                self.size[n] = hint(storage_nbytes(v), env)
-            for u in n.users:
-                self.touch.setdefault(r, []).append(u)
+            self.touch.setdefault(storage_root(n), []).extend(n.users)
         self.escapes = {storage_root(o) for o in output_nodes(gm)}
         self.last = len(nodes) - 1
         self.profile = np.zeros(len(nodes) + 1, dtype=np.int64)
@@ -440,21 +429,20 @@ class _PeakModel:
             return None
         lo = min(s for _, o, n in changes for s in (o[0], n[0]) if s is not None)
         hi = max(e for _, o, n in changes for e in (o[1], n[1]))
-        for sign, idx in ((-1, 1), (1, 2)):
-            for ch in changes:
-                s, e = ch[idx]
-                if s is not None:
-                    self.profile[s:e + 1] += sign * self.size[ch[0]]
+        self.shift(changes, 1)
         peak = int(self.profile[lo:hi + 1].max())
         if peak <= self.limit:
             self.commit(moved, at)
             return None
-        for sign, idx in ((1, 1), (-1, 2)):
-            for ch in changes:
-                s, e = ch[idx]
-                if s is not None:
-                    self.profile[s:e + 1] += sign * self.size[ch[0]]
+        self.shift(changes, -1)
         return f"{peak} live bytes > {self.limit} allowed"
+
+    def shift(self, changes: list, sign: int) -> None:
+        """Move each changed storage from its old span to its new one (sign -1: back)."""
+        for r, old, new in changes:
+            for (s, e), k in ((old, -sign), (new, sign)):
+                if s is not None:
+                    self.profile[s:e + 1] += k * self.size[r]
 
 
 # --------------------------------------------------------------------------- verification

@@ -32,7 +32,7 @@ import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv
 
 from ..config import Config
-from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
+from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, plan_offsets, verify_plan
 
@@ -76,8 +76,8 @@ def positions(schedule: list[fx.Node], groups: list[Group]) -> dict[fx.Node, int
     return pos
 
 
-def collect_buffers(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group],
-                    pos: dict[fx.Node, int]) -> dict[str, Buffer]:
+def collect_buffers(gm: fx.GraphModule, groups: list[Group], pos: dict[fx.Node, int],
+                    live: dict[fx.Node, Live]) -> dict[str, Buffer]:
     """One buffer per tensor output of every node a backend runs, with its live range (fused
     groups: per output of the group only)."""
     outputs = output_nodes(gm)
@@ -85,7 +85,6 @@ def collect_buffers(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Gr
     # as_strided's offset counts from the start of the storage: a buffer it reads must own its
     # storage, not be a view into the arena.
     escaping |= {storage_root(n.args[0]) for n in gm.graph.nodes if n.target in _STORAGE_OFFSET_OPS}
-    live = liveness(schedule, outputs, pos)
     buffers: dict[str, Buffer] = {}
     for g in groups:
         if g.backend == FALLBACK_BACKEND:
@@ -195,7 +194,7 @@ def place_symbolic(spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int
     return {k: offsets[s] for k, s in slot_of.items()}, at, "slots"
 
 
-def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], pos: dict[fx.Node, int],
+def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.Node, Live],
                      buffers: dict[str, Buffer], length: int) -> np.ndarray:
     """Bytes (at the traced sizes) live at each position in storages that are not arena
     buffers: fresh buffers, storages of self-allocating kernels and fallbacks, and the inputs the
@@ -212,7 +211,7 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], pos: dict[fx.N
     backward = any(n.name.startswith("tangents_") for n in placeholders)
     skip |= {n.name for n in placeholders if not backward or n.name.startswith("primals_")}
     diff = np.zeros(length + 1, dtype=np.int64)
-    for r, l in liveness(schedule, output_nodes(gm), pos).items():
+    for r, l in live.items():
         v = r.meta.get(VAL)
         if r.name in skip or not isinstance(v, torch.Tensor) or node_kind(r) not in ("placeholder", "compute", "getitem"):
             continue
@@ -322,7 +321,8 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
 
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config) -> MemoryPlan:
     pos = positions(schedule, groups)
-    buffers = collect_buffers(gm, schedule, groups, pos)
+    live = liveness(schedule, output_nodes(gm), pos)
+    buffers = collect_buffers(gm, groups, pos, live)
     if config.inplace:
         # one kernel reading and writing several values at different indices may not overwrite
         # its own inputs
@@ -338,7 +338,7 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
             by_device.setdefault(str(b.device), []).append(b)
     env = shape_env_of(gm)
     length = max(pos.values(), default=-1) + 1
-    other = other_live_bytes(gm, schedule, pos, buffers, length) if by_device else None
+    other = other_live_bytes(gm, schedule, live, buffers, length) if by_device else None
     arenas = []
     for bufs in by_device.values():
         members = blocks(bufs)
@@ -358,7 +358,7 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
                     b.arena, b.offset = name, offsets[head]
             arenas.append(Arena(name, bufs[0].device, nbytes, planner,
                                 start=min(s for _, s, _ in window.values()), end=max(e for _, _, e in window.values())))
-    return MemoryPlan(buffers, arenas, config.alignment, shape_env_of(gm))
+    return MemoryPlan(buffers, arenas, config.alignment, env)
 
 
 def arena_peak_bytes(plan: MemoryPlan) -> int:
@@ -375,8 +375,9 @@ def arena_intervals(plan: MemoryPlan, arena: str) -> list[Interval]:
 def verify_memory_plan(plan: MemoryPlan) -> None:
     """Raise ``offsets.PlanError`` if two buffers live at once share bytes (at the traced sizes),
     a buffer leaves its arena (in bytes, or in time: its live range outside the arena's), or an
-    offset is misaligned.  Buffers of different arenas never share bytes (separate allocations).  A buffer written in place over an
-    input it replaces shares that input's bytes by design; every other overlap is an error."""
+    offset is misaligned.  Buffers of different arenas never share bytes (separate allocations).
+    A buffer written in place over an input it replaces shares that input's bytes by design;
+    every other overlap is an error."""
     for a in plan.arenas:
         members = blocks([b for b in plan.buffers.values() if b.arena == a.name])
         outside = [m.name for ms in members.values() for m in ms if not a.start <= m.start <= m.end <= a.end]

@@ -92,9 +92,9 @@ def units(gm: fx.GraphModule) -> Units:
     return Units(nodes, index, unit_of, members, deps, users)
 
 
-def unit_program_order(gm: fx.GraphModule) -> list[fx.Node]:
+def unit_program_order(gm: fx.GraphModule, u: Units | None = None) -> list[fx.Node]:
     """Program order with every group's nodes together: ready units in order of their first node."""
-    u = units(gm)
+    u = u or units(gm)
     if all(u.index[ms[-1]] - u.index[ms[0]] == len(ms) - 1 for ms in u.members.values()):
         return u.nodes  # every unit is already contiguous
     waiting = {h: len(ds) for h, ds in u.deps.items()}
@@ -113,10 +113,10 @@ def unit_program_order(gm: fx.GraphModule) -> list[fx.Node]:
     return order
 
 
-def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int]) -> list[fx.Node]:
+def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int], un: Units | None = None) -> list[fx.Node]:
     """Greedy: run the ready unit that raises live bytes least (ties: program order)."""
-    u = units(gm)
-    nodes, index, unit_of, members, deps, users = u.nodes, u.index, u.unit_of, u.members, u.deps, u.users
+    un = un or units(gm)
+    nodes, index, unit_of, members, deps, users = un.nodes, un.index, un.unit_of, un.members, un.deps, un.users
     outputs = {storage_root(o) for o in output_nodes(gm)}
 
     # Storage bookkeeping: a storage is freed once every unit touching any alias of it has run.
@@ -171,10 +171,11 @@ def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int]) -> list[fx.Node]
 
 def schedule(gm: fx.GraphModule) -> tuple[list[fx.Node], dict]:
     """The schedule with the lower peak of live bytes, and figures on the choice."""
-    prog = unit_program_order(gm)
+    un = units(gm)
+    prog = unit_program_order(gm, un)
     sizes = storage_sizes(gm, prog)
     prog_peak = peak_bytes(gm, prog, sizes)
-    mem = memory_order(gm, sizes)
+    mem = memory_order(gm, sizes, un)
     mem_peak = peak_bytes(gm, mem, sizes)
     if mem_peak < prog_peak:
         return mem, {"schedule": "memory", "schedule_peak_bytes": mem_peak}

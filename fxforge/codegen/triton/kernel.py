@@ -621,8 +621,8 @@ class Emitter:
                     "argmax": lowest, "argmin": highest, "max_dim": lowest, "min_dim": highest, "any": "0", "all": "1"}[kind]
         ptr = self.tensor(self.ref(x), xval, "in")
 
-        def load_block(rprefix: str) -> tuple[list[str], str]:
-            lines_before = len(body)
+        def load_block(rprefix: str) -> None:
+            """Emit loads of one [XBLOCK, RBLOCK] block of the input into ``v``."""
             rc = self.coords(rshape, "rindex", rprefix)
             coords = dict(coords_x)
             coords.update({d: c for d, c in zip(r.dims, rc)})
@@ -633,7 +633,6 @@ class Emitter:
             else:
                 v = cast(V(raw, in_dt), acc_dt).expr
             body.append(f"v = tl.where(rmask & xmask, {v}, {identity})")
-            return body[lines_before:], "v"
 
         combine = {"sum": "_sum_combine", "mean": "_sum_combine", "prod": "_prod_combine", "amax": "_max_nan",
                    "amin": "_min_nan", "any": "_max_nan", "all": "_min_nan"}

@@ -130,14 +130,6 @@ def _div_mode(a: V, b: V, mode: str | None) -> V:
     return V(floor_div(a.expr, b.expr), a.dtype)
 
 
-def _pow_scalar(a: V, e: Any) -> V | None:
-    if isinstance(e, (int, float)) and float(e) == 2.0:
-        return V(f"({a.expr} * {a.expr})", a.dtype)
-    if isinstance(e, (int, float)) and float(e) == 1.0:
-        return a
-    return None
-
-
 def _gelu(a: V, approximate: str) -> V:
     x = a.expr
     if approximate == "tanh":

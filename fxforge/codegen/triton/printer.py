@@ -104,8 +104,3 @@ class TritonPrinter:
         if _nonneg(a) and _nonneg(b):
             return f"({self.p(a)} % {self.p(b)})"
         return floor_mod(self.p(a), self.p(b))
-
-
-def texpr(e: Any, names: dict[sympy.Symbol, str] | None = None) -> str:
-    """One-shot printing of ``e``."""
-    return TritonPrinter(names)(e)

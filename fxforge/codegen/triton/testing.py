@@ -29,10 +29,6 @@ def aot_check_new(since: int, archs=(80, 90)) -> list:
     return out
 
 
-def aot_checked_count() -> int:
-    return len(_aot_checked)
-
-
 def run_compiled(fn, *args, dynamic=False, config=None, aot_check=True):
     """``(backend, result)``: ``fn(*args)`` compiled with codegen="triton" (fullgraph, debug)."""
     torch._dynamo.reset()
