@@ -19,7 +19,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fxforge.passes.offsets import PLANNERS, Interval, lower_bound, plan_offsets, verify_plan  # noqa: E402
+from fxforge.passes.offsets import PLANNERS, Interval, _arena, lower_bound, plan_offsets, verify_plan  # noqa: E402
 
 ALIGN = 64
 ACT = 2 * 128 * 768 * 4  # one fp32 activation of a batch-2, seq-128, hidden-768 transformer
@@ -59,10 +59,6 @@ def timed(fn: Callable, repeats: int):
     return best, result
 
 
-def arena_of(intervals: list[Interval], offsets: dict[str, int]) -> int:
-    return max((offsets[iv.name] + -(-iv.size // ALIGN) * ALIGN for iv in intervals if iv.size), default=0)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[1_000, 10_000, 100_000])
@@ -80,8 +76,9 @@ def main() -> None:
             cells, t_all = [], 0.0
             for name, planner in PLANNERS:
                 t, offsets = timed(lambda: planner(ivs, ALIGN), repeats)
-                verify_plan(ivs, offsets, arena_of(ivs, offsets), ALIGN)
-                cells.append(f"{t * 1e3:.1f} / {arena_of(ivs, offsets) / bound:.4f}")
+                arena = _arena(ivs, offsets, ALIGN)
+                verify_plan(ivs, offsets, arena, ALIGN)
+                cells.append(f"{t * 1e3:.1f} / {arena / bound:.4f}")
                 t_all += t
             t_plan, plan = timed(lambda: plan_offsets(ivs, ALIGN), repeats)
             t_verify, _ = timed(lambda: verify_plan(ivs, plan), repeats)

@@ -138,7 +138,7 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
     ref_grads = _grads(base) if train else None
     res["eager"] = {}
 
-    def first_call(name: str, compiled: torch.nn.Module) -> dict:
+    def first_call(compiled: torch.nn.Module) -> dict:
         t0 = time.perf_counter()
         out = run(compiled)
         measure.sync(device)
@@ -153,7 +153,7 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
     if "aot_eager" in args.contenders:
         m = copy.deepcopy(base)
         try:
-            res["aot_eager"] = first_call("aot_eager", torch.compile(m, backend="aot_eager"))
+            res["aot_eager"] = first_call(torch.compile(m, backend="aot_eager"))
         except Exception as e:
             case["errors"]["aot_eager"] = _err(e)
         del m
@@ -183,7 +183,7 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
         m = copy.deepcopy(base)
         try:
             cm = torch.compile(m, backend=backend)
-            res["fxforge"] = first_call("fxforge", cm)
+            res["fxforge"] = first_call(cm)
             res["fxforge"]["backend_s"] = sum(c.stats["compile_seconds"] for c in backend.compiled)
             models["fxforge"] = cm
         except Exception as e:
@@ -195,7 +195,7 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
             with measure.fresh_inductor():
                 before = measure.inductor_metric("compile_fx_inner")
                 cm = torch.compile(m, backend="inductor")
-                res["inductor"] = first_call("inductor", cm)
+                res["inductor"] = first_call(cm)
                 after = measure.inductor_metric("compile_fx_inner")
             res["inductor"]["backend_s"] = None if before is None else after - before
             models["inductor"] = cm
@@ -283,27 +283,20 @@ def fxforge_figures(backend) -> dict:
     return total
 
 
-def _div(a, b):
-    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
-
-
 def ratios(case: dict) -> dict:
     r = case["contenders"]
 
     def get(n, *path):
-        v = r.get(n)
-        for k in path:
-            v = v.get(k) if isinstance(v, dict) else None
-        return v
+        return table._get(r, n, *path)
 
     out = {}
     for other in ("eager", "inductor"):
-        out[f"time_fxforge_over_{other}"] = _div(get("fxforge", "time", "median_s"), get(other, "time", "median_s"))
-        out[f"peak_fxforge_over_{other}"] = _div(get("fxforge", "memory", "peak_bytes"), get(other, "memory", "peak_bytes"))
-    out["time_inductor_over_eager"] = _div(get("inductor", "time", "median_s"), get("eager", "time", "median_s"))
-    out["first_call_fxforge_over_inductor"] = _div(get("fxforge", "first_call_s"), get("inductor", "first_call_s"))
-    out["first_call_fxforge_over_aot_eager"] = _div(get("fxforge", "first_call_s"), get("aot_eager", "first_call_s"))
-    out["backend_fxforge_over_inductor"] = _div(get("fxforge", "backend_s"), get("inductor", "backend_s"))
+        out[f"time_fxforge_over_{other}"] = table._ratio(get("fxforge", "time", "median_s"), get(other, "time", "median_s"))
+        out[f"peak_fxforge_over_{other}"] = table._ratio(get("fxforge", "memory", "peak_bytes"), get(other, "memory", "peak_bytes"))
+    out["time_inductor_over_eager"] = table._ratio(get("inductor", "time", "median_s"), get("eager", "time", "median_s"))
+    out["first_call_fxforge_over_inductor"] = table._ratio(get("fxforge", "first_call_s"), get("inductor", "first_call_s"))
+    out["first_call_fxforge_over_aot_eager"] = table._ratio(get("fxforge", "first_call_s"), get("aot_eager", "first_call_s"))
+    out["backend_fxforge_over_inductor"] = table._ratio(get("fxforge", "backend_s"), get("inductor", "backend_s"))
     return out
 
 

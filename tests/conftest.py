@@ -1,8 +1,18 @@
 """Test-session set-up shared by every test module."""
 
 import os
+import sys
+
+import pytest
 
 # No GPU on dev/CI machines: Triton kernels run under its interpreter.  Must be set before
 # anything imports triton (it decorates its own library functions at import time).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def fxforge_command() -> list[str]:
+    """The installed console script next to this interpreter, else ``python -m fxforge.cli``."""
+    script = os.path.join(os.path.dirname(sys.executable), "fxforge")
+    return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "fxforge.cli"]

@@ -288,11 +288,7 @@ def test_fallback_ops_config_runs_and_reports(caplog):
 
 def test_fallback_ops_off_means_no_fallback():
     """The control of the test above: without the knob the same graph has no fallback."""
-    model = MLP().eval()
-    b = fxforge.backend(fxforge.Config(debug=True))
-    with torch.no_grad():
-        torch.compile(model, backend=b, fullgraph=True)(torch.randn(5, 24))
-    assert b.compiled[0].stats["fallback_nodes"] == 0
+    assert _compiled_mlp().stats["fallback_nodes"] == 0
 
 
 def test_custom_op_runs_as_fallback(caplog):
@@ -458,17 +454,11 @@ def test_compiled_contract():
 # ---------------------------------------------------------------------------------------- (8)
 
 
-def fxforge_command() -> list[str]:
-    """The installed console script next to this interpreter, else ``python -m fxforge.cli``."""
-    script = os.path.join(os.path.dirname(sys.executable), "fxforge")
-    return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "fxforge.cli"]
-
-
-def test_demo_runs_and_matches_eager(tmp_path):
+def test_demo_runs_and_matches_eager(tmp_path, fxforge_command):
     """``fxforge demo`` (the console script, so the CLI test need not run the demo again):
     exit 0, the table printed, and run_demo's figures (written with --json) all sound."""
     out = tmp_path / "demo.json"
-    cmd = fxforge_command() + ["demo", "--calls", "3", "--budget", "1", "--json", str(out)]
+    cmd = fxforge_command + ["demo", "--calls", "3", "--budget", "1", "--json", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     table = p.stdout

@@ -12,13 +12,8 @@ import pytest
 from fxforge import cli, demo
 
 
-def fxforge_command() -> list[str]:
-    script = os.path.join(os.path.dirname(sys.executable), "fxforge")
-    return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "fxforge.cli"]
-
-
-def test_console_script_help():
-    p = subprocess.run(fxforge_command() + ["--help"], capture_output=True, text=True, timeout=120)
+def test_console_script_help(fxforge_command):
+    p = subprocess.run(fxforge_command + ["--help"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     for sub in ("demo", "report", "bench"):
         assert sub in p.stdout

@@ -1,15 +1,11 @@
 """compile_exported / apply_passes on torch.export programs."""
 
-import os
-
 import pytest
 import torch
 import torch.fx as fx
 
 import fxforge
 from fxforge.pipeline import PassResult
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 class Block(torch.nn.Module):

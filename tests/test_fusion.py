@@ -1,5 +1,6 @@
 """Fusion grouping (fxforge/passes/fusion.py): limits, reasons, cycles, peak guard, results."""
 
+import copy
 import os
 
 import pytest
@@ -34,6 +35,11 @@ def groups_of(gm):
 
 def chain3(x, y):
     return torch.relu(torch.sin(x) + y) * 2
+
+
+def chain3_gm():
+    """A fresh traced chain3 (passes change the graph in place)."""
+    return make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
 
 
 # --------------------------------------------------------------------------- property
@@ -74,7 +80,7 @@ def test_random_graphs_random_limits(example, cfg):
 
 
 def test_chain_fuses_into_one_group_and_matches_eager():
-    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    gm = chain3_gm()
     cfg = fxforge.Config(debug=True)
     c = compile_graph(gm, cfg)
     assert [k.node_count for k in c.kernels] == [4]
@@ -84,17 +90,17 @@ def test_chain_fuses_into_one_group_and_matches_eager():
 
 
 def test_size_limit_of_one_disables_fusion():
-    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    gm = chain3_gm()
     res = fused(gm, fxforge.Config(max_fusion_size=1))
     assert all(len(g) == 1 for g in groups_of(gm))
     assert res.stats["fused_groups"] == 0
 
 
 def test_size_limit_exactly_at_the_need_and_one_below():
-    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    gm = chain3_gm()
     fused(gm, fxforge.Config(max_fusion_size=4))
     assert sorted(map(len, groups_of(gm))) == [4]
-    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    gm = chain3_gm()
     res = fused(gm, fxforge.Config(max_fusion_size=3))
     assert max(map(len, groups_of(gm))) == 3
     assert res.stats["refused_fusions"]["max_fusion_size"] >= 1
@@ -211,7 +217,7 @@ def test_peak_memory_guard_refuses_a_fusion_that_raises_the_peak():
 
 
 def test_stats_and_kernel_introspection():
-    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    gm = chain3_gm()
     c = compile_graph(gm, fxforge.Config(max_fusion_size=2))
     assert c.stats["refused_fusions"]["max_fusion_size"] >= 1
     assert all(r["reason"] in ("max_fusion_size", "peak_memory") and r["into"] and r["group"] for r in c.stats["refused"])
@@ -241,7 +247,7 @@ def test_torch_cost_matches_the_compiled_kernel():
 
 def test_training_graphs_fuse_and_match():
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
-    ref = __import__("copy").deepcopy(m)
+    ref = copy.deepcopy(m)
     b = fxforge.backend(fxforge.Config(debug=True, decompose="core"))
     c = torch.compile(m, backend=b)
     x = torch.randn(5, 8)
@@ -255,7 +261,7 @@ def test_training_graphs_fuse_and_match():
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton runs on CPU only under TRITON_INTERPRET=1")
 def test_triton_pointwise_chain_is_one_kernel():
     pytest.importorskip("triton")
-    gm = make_fx(chain3, tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    gm = chain3_gm()
     c = compile_graph(gm, fxforge.Config(codegen="triton", debug=True))
     assert [(k.backend, k.node_count) for k in c.kernels] == [("triton", 4)]
     # only the output is a buffer: values inside the kernel never reach memory

@@ -1,5 +1,8 @@
 """Memory plan and schedule: reuse, verification, symbolic sizes, poisoned arenas, peak-aware order."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -128,9 +131,7 @@ def test_random_ops_keep_their_relative_order():
     gm = make_fx(f)(torch.randn(32, 32))
     prog = program_order(gm)
     mem = memory_order(gm, storage_sizes(gm, prog))
-    rand = [n for n in mem if n.target is torch.ops.aten.rand_like.default] if any(
-        n.target is torch.ops.aten.rand_like.default for n in mem
-    ) else [n for n in mem if "rand" in str(n.target)]
+    rand = [n for n in mem if "rand" in str(n.target)]
     assert rand == [n for n in prog if n in rand]
     x = torch.randn(32, 32)
     c = compile_graph(gm, fxforge.Config(debug=True))
@@ -197,23 +198,12 @@ def early_then_late(x):
 
 
 def measured_peak(fn) -> int:
-    """Peak of the running sum of allocator events during ``fn()`` (bench/measure.py's method)."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        if e.tag == _EventType.Allocation:
-            events.append((e.start_time_ns, int(e.extra_fields.alloc_size)))
-        stack.extend(e.children)
-    cur = peak = 0
-    for _, n in sorted(events):
-        cur += n
-        peak = max(peak, cur)
-    return peak
+    """Peak bytes allocated during ``fn()``, measured as the bench measures it (bench/measure.py)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "measure.py"
+    spec = importlib.util.spec_from_file_location("fxforge_bench_measure", path)
+    measure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measure)
+    return measure.peak_bytes(fn)["peak_bytes"]
 
 
 def test_arena_is_freed_once_its_buffers_are_dead():

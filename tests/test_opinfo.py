@@ -320,9 +320,9 @@ def backward(ins, out):
     return [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, leaves)]
 
 
-def samples(op, n: int, *, grad: bool = False) -> list:
+def samples(op, n: int, dtype=torch.float32, *, grad: bool = False) -> list:
     torch.manual_seed(0)  # OpInfo samples come from the global RNG
-    return list(itertools.islice(op.sample_inputs("cpu", torch.float32, requires_grad=grad), n))
+    return list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=grad), n))
 
 
 def ran_through_fxforge(b) -> bool:

@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from fxforge.codegen.registry import DEFAULT_REGISTRY
 from fxforge.compiler import build_groups, compile_graph, default_passes
 from fxforge.config import Config
-from fxforge.graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, node_kind
+from fxforge.graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, fake_mode_of, node_kind
 from fxforge.lowering.cleanup import DedupeGetitems, EliminateDeadCode, has_side_effects
 from fxforge.lowering.decompose import aot_table
 from fxforge.passes.assign import AssignBackends
@@ -80,7 +80,7 @@ def test_dedupe_getitems(example):
 # -- EliminateDeadCode ------------------------------------------------------------------------
 def with_dead_code(gm):
     """An unused neg (or bitwise_not for bool) after every tensor-valued compute node."""
-    mode = detect_fake_mode([n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"])
+    mode = fake_mode_of(gm)
     for n in _compute(gm):
         val = n.meta.get("val")
         if not isinstance(val, torch.Tensor):

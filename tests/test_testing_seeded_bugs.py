@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.fx as fx
 from hypothesis import Phase, find, given, settings
-from torch._guards import detect_fake_mode
 from torch.fx.passes.infra.pass_base import PassResult
 
+from fxforge.graph import fake_mode_of
 from fxforge.testing import GraphBuilder, PassCheckFailure, check_pass, graphs, profile
 
 aten = torch.ops.aten
@@ -129,7 +129,7 @@ def _call(gm, target, *args, **kwargs):
     """Append a node with its meta["val"], computed under the graph's own fake mode."""
     node = gm.graph.call_function(target, args, kwargs)
     fargs, fkwargs = fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-    mode = detect_fake_mode([n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"])
+    mode = fake_mode_of(gm)
     with mode:
         node.meta["val"] = target(*fargs, **fkwargs)
     return node

@@ -26,9 +26,8 @@ import fxforge
 pytest.importorskip("triton")
 
 from fxforge.codegen.triton import aot, backend as tb, cache, kernel as tk  # noqa: E402
-from fxforge.iteration import reduction_of  # noqa: E402
 from fxforge.codegen.triton.printer import TritonPrinter, floor_div, floor_mod  # noqa: E402
-from fxforge.codegen.triton.testing import fallbacks, run_compiled, triton_kernels, triton_nodes  # noqa: E402
+from fxforge.codegen.triton.testing import aot_check_new, fallbacks, run_compiled, triton_kernels, triton_nodes  # noqa: E402
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod  # noqa: E402
 
 for _knob in ("recompile_limit", "cache_size_limit"):
@@ -276,8 +275,6 @@ def test_dynamic_sizes_one_compile():
     assert triton_nodes(b) == 5 and not fallbacks(b)
     ems = list(tb.GENERATED)[start:]
     assert any(p.name.startswith("ks") for em in ems for p in em.params)  # sizes are kernel arguments
-    from fxforge.codegen.triton.testing import aot_check_new
-
     aot_check_new(start)
 
 
@@ -369,28 +366,10 @@ def test_int64_indexing_for_huge_tensors():
 # --------------------------------------------------------------------------- multi-node groups
 
 
-class _FusePointwise:
-    """Test pass: after backend assignment, put every Triton pointwise node of one output shape
-    into one group (what the fusion pass will do; here to exercise the multi-node emitter)."""
-
-    name = "test_fuse_pointwise"
-
-    def __call__(self, gm):
-        from fxforge.graph import BACKEND, GROUP, VAL
-        from fxforge.pipeline import PassResult
-
-        by_shape = {}
-        for n in gm.graph.nodes:
-            if n.meta.get(BACKEND) == "triton" and reduction_of(n) is None and isinstance(n.meta.get(VAL), torch.Tensor):
-                key = tuple(n.meta[VAL].shape)
-                n.meta[GROUP] = by_shape.setdefault(key, n.meta[GROUP])
-        return PassResult(gm, True, {})
-
-
 def test_fused_pointwise_group_rounds_like_eager():
-    from fxforge.codegen.registry import DEFAULT_REGISTRY
-    from fxforge.compiler import default_passes
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxforge.compiler import compile_graph
 
     def f(a, b):
         return ((a * b + 1.5).exp() - b).sigmoid() * 3
@@ -399,15 +378,11 @@ def test_fused_pointwise_group_rounds_like_eager():
         x, y = torch.randn(4, 6, dtype=dt), torch.randn(6, dtype=dt)
         gm = make_fx(f, tracing_mode="fake")(x, y)
         cfg = fxforge.Config(codegen="triton", debug=True)
-        from fxforge.compiler import compile_graph
-
         start = len(tb.GENERATED)
-        c = compile_graph(gm, cfg, passes=default_passes(cfg, DEFAULT_REGISTRY, gm) + [_FusePointwise()])
+        c = compile_graph(gm, cfg)  # the fusion pass puts all six pointwise nodes in one group
         assert c.stats["kernels"] == 1 and c.stats["fallback_nodes"] == 0
         assert c.kernels[0].node_count == 6
         out = c(x, y)
         out = out[0] if isinstance(out, (tuple, list)) else out
         torch.testing.assert_close(out, f(x, y), atol=0 if dt == torch.bfloat16 else 1e-6, rtol=0 if dt == torch.bfloat16 else 1e-5)
-        from fxforge.codegen.triton.testing import aot_check_new
-
         aot_check_new(start)

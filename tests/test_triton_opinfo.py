@@ -20,26 +20,19 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton import (see 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "0")
 
 import functools  # noqa: E402
-import itertools  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import fxforge  # noqa: E402
 
 pytest.importorskip("triton")
 cmi = pytest.importorskip("torch.testing._internal.common_methods_invocations", reason="OpInfo needs expecttest")
 
-from fxforge.codegen.triton.backend import GENERATED  # noqa: E402
-from fxforge.codegen.triton.testing import aot_check_new, triton_kernels  # noqa: E402
+from fxforge.codegen.triton.testing import run_compiled, triton_kernels  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_opinfo import Unsupported, build_fn, clone_inputs, flat_tensors, not_applicable, op_id  # noqa: E402
-
-for _knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
-    if hasattr(torch._dynamo.config, _knob):
-        setattr(torch._dynamo.config, _knob, 1_000_000)
+from test_opinfo import Unsupported, build_fn, clone_inputs, flat_tensors, not_applicable, op_id, samples  # noqa: E402
 
 
 # Pointwise and reduction-shaped entries of op_db outside the ufunc / reduction lists.
@@ -90,20 +83,11 @@ def run_triton(op, sample) -> str:
         _close(ref, exp)
     except Exception as e:
         raise Unsupported(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-    torch._dynamo.reset()
-    b = fxforge.backend(fxforge.Config(codegen="triton", debug=True))
-    start = len(GENERATED)
-    got = torch.compile(fn, backend=b, fullgraph=True)(*clone_inputs(tensors))
+    b, got = run_compiled(fn, *clone_inputs(tensors))
     _close(got, exp)
-    aot_check_new(start)
     if not triton_kernels(b):
         return "fallback"
     return "partial" if any(c.stats["fallback_nodes"] for c in b.compiled) else "lowered"
-
-
-def samples(op, n: int, dtype=torch.float32) -> list:
-    torch.manual_seed(0)
-    return list(itertools.islice(op.sample_inputs("cpu", dtype), n))
 
 
 def classify(op, n: int, dtype=torch.float32) -> str:
