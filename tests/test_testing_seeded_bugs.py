@@ -9,13 +9,19 @@ import operator
 import random
 import re
 
+import networkx as nx
 import pytest
 import torch
 import torch.fx as fx
 from hypothesis import Phase, find, given, settings
 from torch.fx.passes.infra.pass_base import PassResult
 
-from fxforge.graph import fake_mode_of
+import fxforge
+from fxforge.codegen.registry import DEFAULT_REGISTRY
+from fxforge.graph import GROUP, fake_mode_of, node_kind, output_nodes
+from fxforge.passes.assign import AssignBackends
+from fxforge.passes.fusion import FuseGroups, group_graph, iteration_of, verify_groups
+from fxforge.plan import group_outputs
 from fxforge.testing import GraphBuilder, PassCheckFailure, check_pass, graphs, profile
 
 aten = torch.ops.aten
@@ -165,6 +171,84 @@ def pad_as_cat(gm):
     _pad_as_cat(gm, dim_of=lambda i, rank: rank - 1 - i)
 
 
+# Tight limits, so that small graphs reach them: a group of two single-input nodes already has 3
+# io buffers in the torch backend's count (the input, and each node's planned output).
+FUSION_CONFIG = fxforge.Config(max_fusion_size=4, max_fusion_unique_io_buffers=3)
+TORCH = DEFAULT_REGISTRY.get("torch")
+
+
+def _fuse(gm, *, check_siblings):
+    """Greedy fusion on top of fxforge's AssignBackends (one group per compute node): a consumer
+    with each producer's group (vertical), then consumers of the same value (horizontal, as
+    FuseGroups' two sweeps), refusing a merge over max_fusion_size, with incompatible loop nests,
+    over the backend's io-buffer or argument count, or one that makes the groups cyclic. Only
+    meta[GROUP] changes: the graph computes what it did."""
+    cfg = FUSION_CONFIG
+    AssignBackends(TORCH, cfg)(gm)
+    fusible = FuseGroups(TORCH, cfg).fusible  # the real pass's candidates
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    outs = set(output_nodes(gm))
+    members = {}
+    for n in gm.graph.nodes:
+        if n.meta.get(GROUP) is not None:
+            members.setdefault(n.meta[GROUP], []).append(n)
+
+    def try_merge(a, b, sibling):
+        ga, gb = a.meta[GROUP], b.meta[GROUP]
+        if ga == gb:
+            return False
+        nodes = sorted(members[ga] + members[gb], key=order.get)
+        if sum(node_kind(n) == "compute" for n in nodes) > cfg.max_fusion_size:
+            return False
+        if isinstance(iteration_of(nodes), str):
+            return False
+        # Planted bug (check_siblings=False): "siblings share the value they read, so a horizontal
+        # merge adds no io buffer" -- but each sibling writes its own output and may read more.
+        if not sibling or check_siblings:
+            cost = TORCH.fusion_cost(nodes, group_outputs(nodes, outs), cfg)
+            if cost.unique_io_buffers > cfg.max_fusion_unique_io_buffers or cost.num_args > cfg.max_kernel_args:
+                return False
+        for n in members[gb]:
+            n.meta[GROUP] = ga
+        if not nx.is_directed_acyclic_graph(group_graph(gm)):
+            for n in members[gb]:
+                n.meta[GROUP] = gb
+            return False
+        members[ga] = nodes
+        del members[gb]
+        return True
+
+    merged = False
+    for c in list(gm.graph.nodes):
+        if fusible(c):
+            for p in c.all_input_nodes:
+                if fusible(p):
+                    merged |= try_merge(p, c, sibling=False)
+    for x in list(gm.graph.nodes):
+        users = sorted((u for u in x.users if fusible(u)), key=order.get)
+        for a, b in zip(users, users[1:]):
+            merged |= try_merge(a, b, sibling=True)
+    return PassResult(gm, merged)
+
+
+def fusion_ignoring_io_limit_on_siblings(gm):
+    return _fuse(gm, check_siblings=False)
+
+
+def fusion_within_limits(gm):
+    return _fuse(gm, check_siblings=True)
+
+
+def verify_fusion(before, after):
+    """fxforge's own group checker, with the limits the fusion ran under."""
+    problems = verify_groups(after, FUSION_CONFIG, TORCH)
+    assert not problems, "; ".join(problems)
+
+
+# hooks a pass is checked with (default: none)
+CHECKS = {p: dict(verify_fusion=verify_fusion) for p in (fusion_ignoring_io_limit_on_siblings, fusion_within_limits)}
+
+
 # -- correct passes -------------------------------------------------------------------------
 def identity(gm):
     return PassResult(gm, False)
@@ -204,7 +288,7 @@ def _shrunk_failure(pass_, stats=None):
 
     def fails(example):
         try:
-            check_pass(pass_, *example)
+            check_pass(pass_, *example, **CHECKS.get(pass_, {}))
         except AssertionError:
             outcomes.append(True)
             return True
@@ -227,6 +311,14 @@ def _shared(n):  # read by two consumers (the output node counts as one)
     return len(n.users) > 1
 
 
+def _failure(pass_, gm) -> str:
+    try:
+        check_pass(pass_, gm, **CHECKS.get(pass_, {}))
+    except AssertionError as e:
+        return str(e)
+    return ""
+
+
 # planted bug -> what its minimal graph must show
 PLANTED = {
     reinplace_ignoring_other_consumers: lambda gm: any(_shared(n) for n in _compute_nodes(gm)),
@@ -236,6 +328,9 @@ PLANTED = {
         n.target is aten.cat.default and any(_shared(p) and not _shared(q) for i, p in enumerate(n.args[0])
                                              for q in n.args[0][i + 1:]) for n in _compute_nodes(gm)),
     pad_as_cat_first_dim_first: lambda gm: any(n.target is aten.constant_pad_nd.default for n in _compute_nodes(gm)),
+    fusion_ignoring_io_limit_on_siblings: lambda gm: any(  # siblings (one value, two compute consumers)
+        sum(u.op == "call_function" for u in n.users) > 1 for n in gm.graph.nodes)  # over the io limit
+        and re.search(r"verify_fusion failed: .* io buffers > 3", _failure(fusion_ignoring_io_limit_on_siblings, gm)),
 }
 
 
@@ -244,7 +339,7 @@ def test_planted_bug_is_found_and_shrunk(pass_):
     gm = _shrunk_failure(pass_)
     print(f"{pass_.__name__}: shrunk to {len(_compute_nodes(gm))} call_function nodes\n{gm.code}")
     with pytest.raises(AssertionError, match="---- original graph ----"):  # the report prints the graph
-        check_pass(pass_, gm)
+        check_pass(pass_, gm, **CHECKS.get(pass_, {}))
     assert len(_compute_nodes(gm)) <= MAX_SHRUNK_NODES, gm.code
     assert PLANTED[pass_](gm), gm.code
 
@@ -253,8 +348,9 @@ def test_planted_bug_is_found_and_shrunk(pass_):
 @given(graphs())
 def test_correct_passes_pass(example):
     gm, inputs = example
-    for pass_ in (identity, dead_code_elimination, sub_as_add_neg, reinplace_correct, cat_copies_in_order, pad_as_cat):
-        check_pass(pass_, gm, inputs)
+    for pass_ in (identity, dead_code_elimination, sub_as_add_neg, reinplace_correct, cat_copies_in_order, pad_as_cat,
+                  fusion_within_limits):
+        check_pass(pass_, gm, inputs, **CHECKS.get(pass_, {}))
 
 
 def test_failure_message_shows_graph_and_difference():
