@@ -242,21 +242,103 @@ def test_reductions_looped(monkeypatch):
     assert {em.kind for em in list(tb.GENERATED)[start:]} - {"pointwise"} == {"looped_reduction"}
 
 
-def test_softmax_and_layer_norm_shaped_graphs():
-    # as the core-ATen decompositions write them: reductions + pointwise epilogues
-    def softmax(a):
+def _softmax(a):
+    m = a.amax(-1, keepdim=True)
+    e = (a - m).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def _layer_norm(a, w, b):
+    var, mean = torch.var_mean(a, -1, correction=0, keepdim=True)
+    return (a - mean) * torch.rsqrt(var + 1e-5) * w + b
+
+
+def _rms_norm(a, w):  # LLaMA's: mean of squares, rsqrt, scale
+    return a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _kinds(since: int) -> list[str]:
+    return [em.kind for em in list(tb.GENERATED)[since:]]
+
+
+@pytest.mark.parametrize("looped", [False, True])
+def test_reduction_and_epilogue_run_as_one_kernel(monkeypatch, looped):
+    # softmax / layer norm / RMS norm as the core-ATen decompositions write them: reductions over
+    # one row plus pointwise prologues and epilogues, each one fused Triton kernel
+    if looped:  # rows longer than a block: every reduction loops, the epilogue recomputes
+        monkeypatch.setattr(tk, "PERSISTENT_RBLOCK_MAX", 4)
+        monkeypatch.setattr(tk, "LOOP_RBLOCK", 4)
+    kind = "looped_reduction" if looped else "persistent_reduction"
+    x, w, bias = torch.randn(2, 3, 10), torch.randn(10), torch.randn(10)
+    for fn, args, tol in [(_softmax, (x,), 1e-5), (_layer_norm, (x, w, bias), 1e-4), (_rms_norm, (x, w), 1e-4),
+                          (_softmax, (x.to(torch.bfloat16),), 1e-2), (_layer_norm, (x.half(), w.half(), bias.half()), 1e-2)]:
+        start = len(tb.GENERATED)
+        b = check(fn, *args, atol=tol, rtol=tol)
+        assert triton_kernels(b) == 1, (fn.__name__, _kinds(start))
+        assert _kinds(start)[-1] == kind
+        assert triton_nodes(b) >= 5
+
+
+def test_fused_reduction_feeding_reduction_and_outputs():
+    # cross-entropy-like: max, sum of exp, log; a row output and a full output; a reduction over a
+    # leading dim (rows are columns) with its epilogue
+    def ce(a, t):
         m = a.amax(-1, keepdim=True)
-        e = (a - m).exp()
-        return e / e.sum(-1, keepdim=True)
+        lse = (a - m).exp().sum(-1, keepdim=True).log() + m
+        return (a - lse), lse.squeeze(-1) * t
 
-    def layer_norm(a, w, b):
-        var, mean = torch.var_mean(a, -1, correction=0, keepdim=True)
-        return (a - mean) * torch.rsqrt(var + 1e-5) * w + b
+    def columns(a):
+        mu = a.mean(0)
+        return (a - mu) / (a - mu).abs().amax(0)
 
-    x = torch.randn(4, 16)
-    check(softmax, x)
-    check(softmax, x.to(torch.bfloat16), atol=1e-2, rtol=1e-2)
-    check(layer_norm, x, torch.randn(16), torch.randn(16), atol=1e-5, rtol=1e-4)
+    x = torch.randn(6, 9)
+    b = check(ce, x, torch.randn(6), atol=1e-5, rtol=1e-5)
+    assert triton_kernels(b) == 1
+    b = check(columns, x, atol=1e-5, rtol=1e-5)
+    assert triton_kernels(b) == 1
+
+
+def test_views_inside_fused_kernels():
+    # reshapes of values the kernel computes, and strided views of its inputs, fuse; the
+    # coordinates of each value follow its own shape
+    def f(a, c):
+        y = (a.sin().reshape(4, 12) + 1).flatten() * c.t().reshape(-1)
+        return y.view(2, 24).cos()
+
+    def rows(a):  # a row value reshaped, then broadcast back over its row
+        s = a.sum(-1).view(3, 1, 1)
+        return a.view(3, 1, 8) / s
+
+    a, c = torch.randn(6, 8), torch.randn(8, 6)
+    b = check(f, a, c, atol=1e-5, rtol=1e-5)
+    assert triton_kernels(b) == 1
+    b = check(rows, torch.randn(3, 8) + 3.0)
+    assert triton_kernels(b) == 1
+
+
+def test_transposed_internal_value_is_refused_and_correct():
+    # a permute of a value computed inside the kernel cannot be indexed there: fusion is refused
+    # with the backend's reason and the two parts run as separate kernels
+    def f(a):
+        return a.exp().t().contiguous().sin() + 1
+
+    b = check(f, torch.randn(4, 6))
+    refused = [r for c in b.compiled for r in c.stats["refused"]]
+    assert any(r["reason"] == "backend" and "permute" in r["detail"] for r in refused), refused
+    assert triton_kernels(b) == 2
+
+
+def test_dynamic_row_length_layer_norm_loops():
+    torch._dynamo.reset()
+    b = fxforge.backend(fxforge.Config(codegen="triton", debug=True))
+    cf = torch.compile(_layer_norm, backend=b, fullgraph=True, dynamic=True)
+    start = len(tb.GENERATED)
+    for n in (5, 9, 33):
+        x, w, bias = torch.randn(3, n), torch.randn(n), torch.randn(n)
+        torch.testing.assert_close(cf(x, w, bias), _layer_norm(x, w, bias), atol=1e-5, rtol=1e-4)
+    assert len(b.compiled) == 1 and triton_kernels(b) == 1
+    assert _kinds(start) == ["looped_reduction"]
+    aot_check_new(start)
 
 
 def test_dynamic_sizes_one_compile():

@@ -17,6 +17,8 @@ count may exceed 2**31 - 1 (always for symbolic sizes).
 
 from __future__ import annotations
 
+import operator
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +28,8 @@ import torch.fx as fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwise_dtypes
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from ...graph import VAL, expr, node_kind
-from ...iteration import Reduction, reduction_of, schema_bind as _schema_bind
+from ...graph import VAL, aliased_input, expr, node_kind
+from ...iteration import reduction_of, schema_bind as _schema_bind, shape_of
 from ..pyexpr import PyExprPrinter
 from .ops import LOW_PRECISION, SIG_DTYPE, TL_DTYPE, V, cast, compute_dtype, const, lowering_of, round_to
 from .printer import TritonPrinter
@@ -251,6 +253,75 @@ def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def _numel(shape) -> sympy.Expr:
+    return sympy.Mul(*shape) if len(shape) else sympy.Integer(1)
+
+
+def _same(a, b) -> bool:
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def _trailing(shape: tuple, dims: list[int]) -> bool:
+    """The reduced dims are the last ones: row i holds the flat elements [i * rnumel, (i+1) * rnumel)."""
+    return list(dims) == list(range(len(shape) - len(dims), len(shape)))
+
+
+def _contiguous(shape: list, stride: list) -> bool:
+    """Row-major dense strides (size-1 dims may have any stride)."""
+    inner = sympy.Integer(1)
+    for s, st in zip(reversed(shape), reversed(stride)):
+        if s != 1 and sympy.expand(st - inner) != 0:
+            return False
+        inner = inner * s
+    return True
+
+
+def _tensors(v) -> list[torch.Tensor]:
+    return [t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)]
+
+
+aten = torch.ops.aten
+XINDEX, RINDEX = "xindex", "rindex"
+X = sympy.Symbol(XINDEX, integer=True, nonnegative=True)
+R = sympy.Symbol(RINDEX, integer=True, nonnegative=True)
+
+# Views that keep the row-major order of their input's elements (same element count): a value the
+# kernel computes at flat position i is the view's value at flat position i.
+ORDER_KEEPING_VIEWS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
+    aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
+    aten.flatten.using_ints, aten.expand.default,
+}
+
+
+@dataclass
+class Frame:
+    """A kernel's loop nest.  Pointwise: one flat index ``xindex`` over ``xnumel`` elements.
+    Reduction: rows ``xindex`` (``[XBLOCK, 1]``) over the kept dims of ``shape`` (the first
+    reduction's input) times ``rindex`` (``[1, RBLOCK]``) over its reduced dims; ``layouts`` maps
+    each reduction input shape to its reduced dims.  ``xnumel``/``rnumel`` are over kernel
+    parameters, ``xnumel_g``/``rnumel_g`` over the graph's symbols."""
+
+    reduction: bool
+    xnumel: sympy.Expr
+    rnumel: sympy.Expr
+    xnumel_g: sympy.Expr
+    rnumel_g: sympy.Expr
+    shape: tuple
+    layouts: dict
+
+    def indices(self, dom: str) -> tuple[str, ...]:
+        return (XINDEX,) if dom == "x" else (XINDEX, RINDEX)
+
+    def mask(self, dom: str) -> str:
+        return "xmask" if dom == "x" else "rmask & xmask"
+
+    def block(self, dom: str) -> str:
+        if not self.reduction:
+            return "[XBLOCK]"
+        return "[XBLOCK, 1]" if dom == "x" else "[XBLOCK, RBLOCK]"
+
+
 class Emitter:
     def __init__(self, name: str, ref, buffer, nodes: list[fx.Node], outputs: list[fx.Node] | None = None):
         self.name = name
@@ -270,6 +341,13 @@ class Emitter:
         self.int64 = False
         self.scalar_params: dict[fx.Node, str] = {}
         self.storages: set[str] = set()
+        self.scopes: list[dict] = [{}]  # the kernel's top level, then the open loop's body
+        self.n_locals = 0
+        self.deps: dict[str, set[str]] = {}  # index local -> the indices it varies with
+        self.flat_of: dict[tuple, tuple] = {}  # coordinates -> (shape, flat index) they decompose
+        self.launch_checks: list[str] = []
+        self.reductions: list[fx.Node] = []
+        self.out_set = set(self.outputs_of())
 
     # ---------------------------------------------------------------- arguments
 
@@ -334,52 +412,116 @@ class Emitter:
         return V(self.scalar_params[n], {"i1": torch.bool, "fp32": torch.float32, "i64": torch.int64}[
             next(p.sig for p in self.params if p.name == self.scalar_params[n])])
 
-    # ---------------------------------------------------------------- index math
+    # ---------------------------------------------------------------- scopes and index math
+    #
+    # Values and coordinates are computed once per scope: the kernel's top level, or the body of
+    # one ``for roffset`` loop of a looped reduction (whatever a loop computes is gone after it).
 
-    def coords(self, shape: list[sympy.Expr], index: str, prefix: str) -> list[sympy.Expr]:
-        """Coordinates of flat ``index`` over ``shape`` (row-major), emitted as locals."""
-        idx = sympy.Symbol(index, integer=True, nonnegative=True)
-        out: list[sympy.Expr] = []
+    def lookup(self, key):
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        return None
+
+    def remember(self, key, v):
+        self.scopes[-1][key] = v
+        return v
+
+    def fresh(self, prefix: str) -> str:
+        self.n_locals += 1
+        return f"{prefix}{self.n_locals}"
+
+    def deps_of(self, e: sympy.Expr) -> set[str]:
+        """Which of ``xindex`` / ``rindex`` an index expression varies with."""
+        out: set[str] = set()
+        for s in sympy.sympify(e).free_symbols:
+            out |= {s.name} if s.name in (XINDEX, RINDEX) else self.deps.get(s.name, set())
+        return out
+
+    def local(self, e: sympy.Expr) -> sympy.Expr:
+        """``e`` as an integer local of the kernel (named after the indices it varies with)."""
+        if e.is_Integer or e.is_Symbol:
+            return e
+        deps = self.deps_of(e)
+        name = self.fresh("x" if deps == {XINDEX} else "r" if deps == {RINDEX} else "f")
+        self.body.append(f"{name} = {TritonPrinter()(e)}")
+        self.deps[name] = deps
+        return sympy.Symbol(name, integer=True, nonnegative=True)
+
+    def coords(self, shape: list[sympy.Expr], index: sympy.Expr) -> list[sympy.Expr]:
+        """Row-major coordinates of the flat ``index`` over ``shape`` (kernel-parameter sizes)."""
+        key = ("coords", tuple(shape), index)
+        found = self.lookup(key)
+        if found is not None:
+            return found
+        exprs: list[sympy.Expr] = []
         inner = sympy.Integer(1)
-        exprs = []
         for d in reversed(range(len(shape))):
             s = shape[d]
             if s == 1:
                 exprs.append(sympy.Integer(0))
             elif d == 0 or all(x == 1 for x in shape[:d]):
-                exprs.append(FloorDiv(idx, inner) if inner != 1 else idx)
+                exprs.append(FloorDiv(index, inner) if inner != 1 else index)
             else:
-                exprs.append(ModularIndexing(idx, inner, s))
+                exprs.append(ModularIndexing(index, inner, s))
             inner = inner * s
-        exprs.reverse()
-        pr = TritonPrinter()
-        for d, e in enumerate(exprs):
-            if e.is_Integer or e.is_Symbol:
-                out.append(e)
-            else:
-                v = f"{prefix}{d}"
-                self.body.append(f"{v} = {pr(e)}")
-                out.append(sympy.Symbol(v, integer=True, nonnegative=True))
-        return out
+        out = [self.local(e) for e in reversed(exprs)]
+        self.flat_of[tuple(out)] = (tuple(shape), index)
+        return self.remember(key, out)
 
-    def offset(self, val: torch.Tensor, coords: dict[int, sympy.Expr], out_rank: int, need=("xindex",)) -> str:
-        """Element offset of ``val`` (right-aligned to ``out_rank`` dims) at ``coords``.
+    def coords_of(self, shape: tuple, dom: str) -> dict[int, sympy.Expr]:
+        """Coordinates of the element that a value of (graph) ``shape`` computes in domain ``dom``:
+        row values ("x") sit at the flat row index ``xindex``; full values ("xr") at the element
+        (xindex, rindex) of a reduction's input layout, or at the flat position of that element
+        in the frame's shape (values reshaped from it)."""
+        ks = [self.size(s) for s in shape]
+        layout = self.frame.layouts.get(shape)
+        if dom == "x":
+            return dict(enumerate(self.coords(ks, X)))
+        if layout is not None:
+            kept = [d for d in range(len(shape)) if d not in layout]
+            xc = self.coords([ks[d] for d in kept], X)
+            rc = self.coords([ks[d] for d in layout], R)
+            c = {**dict(zip(kept, xc)), **dict(zip(layout, rc))}
+            if _trailing(shape, layout):  # row-major: row xindex holds [xindex * rnumel, ...)
+                self.flat_of[tuple(c[d] for d in range(len(shape)))] = (tuple(ks), X * self.frame.rnumel + R)
+            return c
+        return dict(enumerate(self.coords(ks, self.flat_index())))
 
-        ``need``: index variables the offset's block shape must depend on (a broadcast read
-        still needs a pointer block of the full shape)."""
-        e = sympy.Integer(0)
+    def flat_index(self) -> sympy.Expr:
+        """Row-major position, in the frame's shape, of the element (xindex, rindex) computes."""
+        found = self.lookup(("flat",))
+        if found is None:
+            shape = self.frame.shape
+            c = self.coords_of(shape, "xr")
+            e, inner = sympy.Integer(0), sympy.Integer(1)
+            for d in reversed(range(len(shape))):
+                e, inner = e + c[d] * inner, inner * self.size(shape[d])
+            found = self.remember(("flat",), self.local(e))
+        return found
+
+    def offset(self, val: torch.Tensor, coords: dict[int, sympy.Expr], out_rank: int, dom: str,
+               base: sympy.Expr = sympy.Integer(0)) -> str:
+        """Element offset of ``val`` (right-aligned to ``out_rank`` dims, broadcast dims have no
+        stride) at ``coords``, plus ``base``.  The offset varies with every index of ``dom`` (a
+        broadcast read still needs a pointer block of the full shape)."""
+        e = base
         lead = out_rank - val.ndim
-        for j in range(val.ndim):
-            if expr(val.shape[j]) == 1:
-                continue  # broadcast (or trivially indexed) dim
-            c = coords.get(lead + j)
-            if c is None:
-                continue
-            e = e + c * self.size(val.stride()[j])
+        flat = self.flat_of.get(tuple(coords[d] for d in range(out_rank)) if len(coords) == out_rank else None)
+        shape = [self.size(s) for s in val.shape]
+        if lead == 0 and flat is not None and list(flat[0]) == shape and _contiguous(shape, [self.size(s) for s in val.stride()]):
+            e = e + flat[1]  # a contiguous tensor read at its own flat index
+        else:
+            for j in range(val.ndim):
+                if shape[j] == 1:
+                    continue
+                c = coords.get(lead + j)
+                if c is not None:
+                    e = e + c * self.size(val.stride()[j])
         out = TritonPrinter()(e)
-        names = {str(s) for s in e.free_symbols}
-        for ix in need:
-            if not any(n == ix or n.startswith(ix[0]) and n[1:].isdigit() for n in names):
+        have = self.deps_of(e)
+        for ix in self.frame.indices(dom):
+            if ix not in have:
                 out += f" + 0 * {ix}"
         return out
 
@@ -391,17 +533,136 @@ class Emitter:
                 if not e.is_Integer or int(e) > INT32_MAX // 2:
                     self.int64 = True
 
-    # ---------------------------------------------------------------- pointwise values
+    # ---------------------------------------------------------------- values
 
-    def load(self, n: fx.Node, coords: dict[int, sympy.Expr], rank: int, mask: str) -> V:
-        val = n.meta[VAL]
-        ptr = self.tensor(self.ref(n), val, "in")
-        off = self.offset(val, coords, rank)
-        v = f"tmp{len(self.body)}"
-        self.body.append(f"{v} = tl.load({ptr} + ({off}), mask={mask}, other=0)")
-        return cast(V(v, val.dtype), compute_dtype(val.dtype))
+    def internal(self, a: fx.Node) -> bool:
+        """``a``'s value is computed by this kernel (it is never read from memory)."""
+        if a in self.members:
+            k = node_kind(a)
+            return k == "compute" or (k == "view" and self.internal(aliased_input(a)))
+        return a.target is operator.getitem and isinstance(a.args[0], fx.Node) and a.args[0] in self.members
 
-    def lower_node(self, n: fx.Node, env: dict[fx.Node, V], operand) -> V:
+    def root(self, a: fx.Node) -> fx.Node:
+        """The tensor outside the kernel that a member view of one reads (``a`` itself otherwise)."""
+        while a in self.members and node_kind(a) == "view":
+            a = aliased_input(a)
+        return a
+
+    def dom(self, n: fx.Node) -> str:
+        """"x": one value per row; "xr": one per element of the rows (reduction kernels only)."""
+        if not self.frame.reduction:
+            return "x"
+        if n.target is operator.getitem:
+            return self.dom(n.args[0])
+        if n in self.reductions:
+            return "x"
+        numel = _numel(shape_of(n.meta[VAL]))
+        if _same(numel, self.frame.xnumel_g):
+            return "x"
+        if _same(numel, self.frame.xnumel_g * self.frame.rnumel_g):
+            return "xr"
+        raise Unsupported(f"{n.name} has {numel} elements; the kernel runs "
+                          f"{self.frame.xnumel_g} rows x {self.frame.rnumel_g}")
+
+    def load(self, a: fx.Node, shape: tuple, dom: str) -> V:
+        """Tensor ``a``, read from memory for a value of ``shape`` in ``dom`` (broadcast as eager)."""
+        key = ("load", a, shape, dom)
+        found = self.lookup(key)
+        if found is not None:
+            return found
+        val = a.meta[VAL]
+        root = self.root(a)
+        rval = root.meta[VAL]
+        if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
+            raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
+        ptr = self.tensor(self.ref(root), rval, "in")
+        base = sympy.Integer(0)
+        if root is not a:  # a view of it, with the view's own layout
+            base = self.size(val.storage_offset()) - self.size(rval.storage_offset())
+        off = self.offset(val, self.coords_of(shape, dom), len(shape), dom, base)
+        name = self.fresh("tmp")
+        self.body.append(f"{name} = tl.load({ptr} + ({off}), mask={self.frame.mask(dom)}, other=0)")
+        return self.remember(key, cast(V(name, val.dtype), compute_dtype(val.dtype)))
+
+    def check_rows(self, a: fx.Node, shape: tuple) -> None:
+        """A row value ``a`` broadcast into a full value of ``shape`` must give each element its
+        own row's value: ``shape`` is a reduction's input and ``a`` has its kept dims, in place."""
+        fr = self.frame
+        layout = fr.layouts.get(shape)
+        if layout is None and _trailing(fr.shape, fr.layouts[fr.shape]):
+            # rows are runs of rnumel consecutive elements: the dims of ``shape`` after the first
+            # k, whose sizes multiply to rnumel, run within a row
+            k = next((k for k in range(len(shape) + 1) if _same(_numel(shape[k:]), fr.rnumel_g)), None)
+            layout = None if k is None else list(range(k, len(shape)))
+        ashape = shape_of(a.meta[VAL])
+        lead = len(shape) - len(ashape)
+        if layout is None or lead < 0 or not all(
+                _same(ashape[j - lead] if j >= lead else 1, 1 if j in layout else shape[j]) for j in range(len(shape))):
+            raise Unsupported(f"{a.name} {list(ashape)} is not one value per row of {list(shape)}")
+
+    def operand(self, a: Any, shape: tuple, dom: str) -> V:
+        """Argument ``a`` of a member computing a value of ``shape`` in ``dom``."""
+        if not isinstance(a, fx.Node):
+            raise Unsupported(f"operand {a!r}")
+        if not isinstance(a.meta.get(VAL), torch.Tensor):
+            return self.scalar(a)
+        if not self.internal(a):
+            return self.load(a, shape, dom)
+        v = self.value(a)
+        have = self.dom(a)
+        if have == "x" and dom == "xr":
+            self.check_rows(a, shape)
+        elif have != dom:
+            raise Unsupported(f"{a.name}: a full value read per row")
+        return v
+
+    def value(self, n: fx.Node):
+        """The value of member ``n`` (a ``V``; a list for a multi-output reduction)."""
+        found = self.lookup(("v", n))
+        if found is not None:
+            return found
+        if n.target is operator.getitem:
+            return self.value(n.args[0])[n.args[1]]
+        if n in self.reductions:
+            raise Unsupported(f"{n.name} is read before its reduction ran")
+        if node_kind(n) == "view":
+            base = aliased_input(n)
+            v = self.value(base)
+            numel, bnumel = _numel(shape_of(n.meta[VAL])), _numel(shape_of(base.meta[VAL]))
+            if n.target in ORDER_KEEPING_VIEWS and _same(numel, bnumel):
+                return self.remember(("v", n), v)
+            if n.target == aten.expand.default and self.dom(base) == "x" and self.dom(n) == "xr":
+                self.check_rows(base, shape_of(n.meta[VAL]))
+                return self.remember(("v", n), v)
+            raise Unsupported(f"{n.target} of a value computed in the kernel")
+        shape, dom = shape_of(n.meta[VAL]), self.dom(n)
+        v = self.lower_node(n, lambda a: self.operand(a, shape, dom))
+        dt = n.meta[VAL].dtype
+        if dt in LOW_PRECISION:
+            v = cast(cast(v, dt), compute_dtype(dt))  # rounded like eager between ops
+        if not _is_literal(v.expr):
+            name = f"v_{n.name}"
+            self.body.append(f"{name} = {v.expr}")
+            v = V(name, v.dtype)
+        return self.remember(("v", n), v)
+
+    def block(self, v: V, dom: str) -> str:
+        """``v`` as a block of the domain's shape (literals become ``tl.full``)."""
+        shape = self.frame.block(dom)
+        if _is_literal(v.expr):
+            lit = v.expr
+            if lit.startswith("tl.full([], "):  # tl.full([], c, dtype): take c
+                lit = lit[len("tl.full([], "):].rsplit(",", 1)[0]
+            return f"tl.full({shape}, {lit}, {TL_DTYPE[v.dtype]})"
+        return f"tl.broadcast_to({v.expr}, {shape})"
+
+    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: V, dom: str) -> None:
+        ptr = self.tensor_params[(self.buffer(n, index), "out")]
+        shape = shape_of(val)
+        off = self.offset(val, self.coords_of(shape, dom), len(shape), dom)
+        self.body.append(f"tl.store({ptr} + ({off}), {self.block(cast(v, val.dtype), dom)}, mask={self.frame.mask(dom)})")
+
+    def lower_node(self, n: fx.Node, operand) -> V:
         b0 = _schema_bind(n)
         opname = n.target.name().split("::", 1)[1]
         if opname in ("full", "full_like", "scalar_tensor", "fill.Scalar", "zeros_like", "ones_like"):
@@ -467,139 +728,107 @@ class Emitter:
             raise Unsupported("a runtime value in a non-operand argument")
         return low.fn(*ops, kw)
 
-    def pointwise_operand(self, env, coords, rank, mask):
-        def operand(a) -> V:
-            if isinstance(a, fx.Node):
-                if a in env:
-                    return env[a]
-                if isinstance(a.meta.get(VAL), torch.Tensor):
-                    env[a] = self.load(a, coords, rank, mask)
-                else:
-                    env[a] = self.scalar(a)
-                return env[a]
-            raise Unsupported(f"operand {a!r}")
-
-        return operand
-
     # ---------------------------------------------------------------- kernels
-
-    def emit(self) -> Emitted:
-        reds = [n for n in self.nodes if reduction_of(n) is not None]
-        if reds:
-            if len(self.nodes) != 1:
-                raise Unsupported("only single-node reduction groups")
-            return self.emit_reduction(self.nodes[0], reduction_of(self.nodes[0]))
-        return self.emit_pointwise()
 
     def outputs_of(self) -> list[fx.Node]:
         if self.outputs:
             return [n for n in self.outputs if n in set(self.nodes)]
         return list(self.nodes)
 
-    def emit_pointwise(self) -> Emitted:
-        if any(not isinstance(n.meta.get(VAL), torch.Tensor) for n in self.nodes):
-            raise Unsupported("multi-output pointwise node")
+    def emit(self) -> Emitted:
+        """The group's kernel: one program per ``XBLOCK`` rows.  Members are lowered in schedule
+        order; in a looped reduction the full values are recomputed inside each loop that needs
+        them (each reduction's loop, then one loop storing the full outputs)."""
+        self.reductions = [n for n in self.nodes if reduction_of(n) is not None]
+        for n in self.nodes:
+            if n not in self.reductions and not isinstance(n.meta.get(VAL), torch.Tensor):
+                raise Unsupported("multi-output pointwise node")
         outs = self.outputs_of()
-        shape_vals = {tuple(expr(s) for s in n.meta[VAL].shape) for n in self.nodes}
-        if len(shape_vals) != 1:
-            raise Unsupported("pointwise group with different output shapes")
-        out0 = outs[0].meta[VAL]
-        rank = out0.ndim
-        out_vars = [self.buffer(n, None) for n in outs]
-        for n, var in zip(outs, out_vars):
-            self.tensor(var, n.meta[VAL], "out")
-        for n in self.nodes:
-            for a in n.all_input_nodes:
-                if isinstance(a.meta.get(VAL), torch.Tensor):
-                    self.reads += [(expr(s), f"{self.ref(a)}.size({d})") for d, s in enumerate(a.meta[VAL].shape)]
-                    self.reads += [(expr(s), f"{self.ref(a)}.stride({d})") for d, s in enumerate(a.meta[VAL].stride())]
-        shape = [self.size(s) for s in out0.shape]
-        numel = sympy.prod(shape) if shape else sympy.Integer(1)
-        self.check_int64([n.meta[VAL] for n in self.nodes] + [a.meta[VAL] for n in self.nodes for a in n.all_input_nodes if isinstance(a.meta.get(VAL), torch.Tensor)])
-        pr = TritonPrinter()
-        head = [
-            f"xoffset = tl.program_id(0){'.to(tl.int64)' if self.int64 else ''} * XBLOCK",
-            "xindex = xoffset + tl.arange(0, XBLOCK)",
-            f"xmask = xindex < {pr(numel)}",
-        ]
-        cs = self.coords(shape, "xindex", "x")
-        coords = dict(enumerate(cs))
-        env: dict[fx.Node, V] = {}
-        operand = self.pointwise_operand(env, coords, rank, "xmask")
-        for n in self.nodes:
-            v = self.lower_node(n, env, operand)
-            dt = n.meta[VAL].dtype
-            if dt in LOW_PRECISION and n not in outs:
-                v = cast(cast(v, dt), compute_dtype(dt))  # round like eager between nodes
-            if _is_literal(v.expr):
-                env[n] = v
-                continue
-            name = f"v_{n.name}"
-            self.body.append(f"{name} = {v.expr}")
-            env[n] = V(name, v.dtype)
         for n in outs:
             val = n.meta[VAL]
-            ptr = self.tensor_params[(self.buffer(n, None), "out")]
-            v = cast(env[n], val.dtype)
-            if _is_literal(env[n].expr):  # a constant: a block of it in the output dtype
-                lit = env[n].expr
-                if lit.startswith("tl.full([], "):  # tl.full([], c, dtype): take c
-                    lit = lit[len("tl.full([], "):].rsplit(",", 1)[0]
-                v = V(f"tl.full([XBLOCK], {lit}, {TL_DTYPE[val.dtype]})", val.dtype)
-            self.body.append(
-                f"tl.store({ptr} + ({self.offset(val, coords, rank)}), tl.broadcast_to({v.expr}, [XBLOCK]), mask=xmask)"
-            )
-        xblock = POINTWISE_XBLOCK
-        if _is_int(numel):
-            xblock = max(16, min(POINTWISE_XBLOCK, _next_pow2(int(numel))))
-        py = PyExprPrinter({s: s.name for s in self.all_symbols()})
-        launch_pre = [f"xnumel = {py(numel)}", "if xnumel <= 0:", "    return"]
-        grid = f"((xnumel + {xblock - 1}) // {xblock},)"
-        return self.finish(head, {"XBLOCK": xblock}, launch_pre, grid, num_warps=4 if xblock >= 512 else 1, kind="pointwise")
+            for i, t in enumerate(val if isinstance(val, (tuple, list)) else [val]):
+                self.tensor(self.buffer(n, i if isinstance(val, (tuple, list)) else None), t, "out")
+        ins = []
+        for n in self.members:
+            for a in n.all_input_nodes:
+                if a not in self.members and not self.internal(a) and isinstance(a.meta.get(VAL), torch.Tensor):
+                    ins.append(a.meta[VAL])
+                    self.reads += [(expr(s), f"{self.ref(a)}.size({d})") for d, s in enumerate(a.meta[VAL].shape)]
+                    self.reads += [(expr(s), f"{self.ref(a)}.stride({d})") for d, s in enumerate(a.meta[VAL].stride())]
+        self.frame = self.frame_of()
+        fr = self.frame
+        self.check_int64([t for n in self.members for t in _tensors(n.meta.get(VAL))] + ins)
+        persistent = fr.reduction and _is_int(fr.rnumel) and int(fr.rnumel) <= PERSISTENT_RBLOCK_MAX
+        if fr.reduction:  # the rows' coordinates, once at the top level
+            ks = [self.size(s) for s in fr.shape]
+            self.coords([ks[d] for d in range(len(ks)) if d not in fr.layouts[fr.shape]], X)
+        if fr.reduction and persistent:
+            self.body.append("rindex = tl.arange(0, RBLOCK)[None, :]")
+            self.body.append(f"rmask = rindex < {TritonPrinter()(fr.rnumel)}")
+        for n in self.nodes:
+            if n in self.reductions:
+                self.reduce(n, persistent)
+            elif persistent or self.dom(n) == "x":
+                self.value(n)
+        full = [n for n in outs if n not in self.reductions and self.dom(n) == "xr"]
+        for n in outs:
+            if n not in self.reductions and n not in full:
+                self.store(n, None, n.meta[VAL], self.value(n), "x")
+        if full:
+            def store_full():
+                for n in full:
+                    self.store(n, None, n.meta[VAL], self.value(n), "xr")
+            store_full() if persistent else self.loop(store_full)
+        return self.launch(persistent)
 
-    def all_symbols(self):
-        return list(self.sym_names.values()) + list(self.expr_syms.values())
+    def frame_of(self) -> "Frame":
+        if not self.reductions:
+            shapes = [shape_of(n.meta[VAL]) for n in self.members if isinstance(n.meta.get(VAL), torch.Tensor)]
+            numel = _numel(shapes[0])
+            if any(not _same(_numel(s), numel) for s in shapes):
+                raise Unsupported("pointwise group with different element counts")
+            return Frame(False, self.size_expr(numel), sympy.Integer(1), numel, sympy.Integer(1), shapes[0], {})
+        r0 = reduction_of(self.reductions[0])
+        shape = shape_of(r0.inp.meta[VAL])
+        layouts = {shape: r0.dims}
+        xg = _numel([s for d, s in enumerate(shape) if d not in r0.dims])
+        rg = _numel([s for d, s in enumerate(shape) if d in r0.dims])
+        for n in self.reductions[1:]:
+            r = reduction_of(n)
+            s = shape_of(r.inp.meta[VAL])
+            same_rows = _same(_numel([x for d, x in enumerate(s) if d in r.dims]), rg) and _same(_numel(s), xg * rg)
+            if layouts.get(s, r.dims) != r.dims or not (
+                    s in layouts or (same_rows and _trailing(s, r.dims) and _trailing(shape, r0.dims))):
+                raise Unsupported(f"reductions over different rows: {list(shape)} dims {r0.dims} "
+                                  f"and {list(s)} dims {r.dims}")
+            layouts[s] = r.dims
+        return Frame(True, self.size_expr(xg), self.size_expr(rg), xg, rg, shape, layouts)
 
-    def emit_reduction(self, n: fx.Node, r: Reduction) -> Emitted:
-        x = r.inp
-        xval = x.meta[VAL]
-        ndim = xval.ndim
+    def size_expr(self, e) -> sympy.Expr:
+        e = sympy.sympify(e)
+        return e if e.is_Integer else sympy.sympify(e).xreplace({s: self.size(s) for s in e.free_symbols})
+
+    def loop(self, body) -> None:
+        """Emit ``body()`` inside ``for roffset in range(0, rnumel, RBLOCK)``, in its own scope."""
+        rn = TritonPrinter()(self.frame.rnumel)
+        self.body.append(f"for roffset in range(0, {rn}, RBLOCK):")
+        start = len(self.body)
+        self.body.append("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+        self.body.append(f"rmask = rindex < {rn}")
+        self.scopes.append({})
+        body()
+        self.scopes.pop()
+        self.body[start:] = ["    " + l for l in self.body[start:]]
+
+    def reduce(self, n: fx.Node, persistent: bool) -> None:
+        """Emit reduction ``n`` (at the kernel's top level): its row results, stored if it is an
+        output, and remembered for the members after it."""
+        r = reduction_of(n)
         val = n.meta[VAL]
         multi = isinstance(val, (tuple, list))
         out_vals = list(val) if multi else [val]
-        out_vars = [self.buffer(n, i if multi else None) for i in range(len(out_vals))]
-        for var, ov in zip(out_vars, out_vals):
-            self.tensor(var, ov, "out")
-        self.reads += [(expr(s), f"{self.ref(x)}.size({d})") for d, s in enumerate(xval.shape)]
-        self.reads += [(expr(s), f"{self.ref(x)}.stride({d})") for d, s in enumerate(xval.stride())]
-        in_shape = [self.size(s) for s in xval.shape]
-        kept = [d for d in range(ndim) if d not in r.dims]
-        xshape = [in_shape[d] for d in kept]
-        rshape = [in_shape[d] for d in r.dims]
-        xnumel = sympy.prod(xshape) if xshape else sympy.Integer(1)
-        rnumel = sympy.prod(rshape) if rshape else sympy.Integer(1)
-        self.check_int64([xval] + out_vals)
-        pr = TritonPrinter()
-        persistent = _is_int(rnumel) and int(rnumel) <= PERSISTENT_RBLOCK_MAX
-        if persistent:
-            rblock = _next_pow2(int(rnumel))
-            xblock = max(1, min(64, PERSISTENT_RBLOCK_MAX // rblock))
-        else:
-            rblock = LOOP_RBLOCK
-            xblock = 1
-        if _is_int(xnumel):
-            xblock = max(1, min(xblock, _next_pow2(int(xnumel))))
-        i64 = ".to(tl.int64)" if self.int64 else ""
-        head = [
-            f"xoffset = tl.program_id(0){i64} * XBLOCK",
-            "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
-            f"xmask = xindex < {pr(xnumel)}",
-        ]
-        body = self.body
-        xc = self.coords(xshape, "xindex", "x")
-        coords_x = {d: c for d, c in zip(kept, xc)}
         kind = r.kind
-        in_dt = xval.dtype
+        in_dt = r.inp.meta[VAL].dtype
         out_dt = out_vals[0].dtype
         if kind in ("sum", "prod", "mean"):
             acc_dt = torch.float64 if out_dt == torch.float64 else (torch.float32 if out_dt.is_floating_point else torch.int64)
@@ -619,130 +848,146 @@ class Emitter:
             lowest, highest = str(ii.min), str(ii.max)
         identity = {"sum": "0", "mean": "0", "var": "0", "var_mean": "0", "prod": "1", "amax": lowest, "amin": highest,
                     "argmax": lowest, "argmin": highest, "max_dim": lowest, "min_dim": highest, "any": "0", "all": "1"}[kind]
-        ptr = self.tensor(self.ref(x), xval, "in")
-
-        def load_block(rprefix: str) -> None:
-            """Emit loads of one [XBLOCK, RBLOCK] block of the input into ``v``."""
-            rc = self.coords(rshape, "rindex", rprefix)
-            coords = dict(coords_x)
-            coords.update({d: c for d, c in zip(r.dims, rc)})
-            off = self.offset(xval, coords, ndim, need=("xindex", "rindex"))
-            raw = f"tl.load({ptr} + ({off}), mask=rmask & xmask, other=0)"
-            if kind in ("any", "all"):
-                v = f"({raw} != 0).to(tl.int32)"
-            else:
-                v = cast(V(raw, in_dt), acc_dt).expr
-            body.append(f"v = tl.where(rmask & xmask, {v}, {identity})")
-
         combine = {"sum": "_sum_combine", "mean": "_sum_combine", "prod": "_prod_combine", "amax": "_max_nan",
-                   "amin": "_min_nan", "any": "_max_nan", "all": "_min_nan"}
+                   "amin": "_min_nan", "any": "_max_nan", "all": "_min_nan"}.get(kind)
         argk = {"argmax": "_argmax_combine", "max_dim": "_argmax_combine", "argmin": "_argmin_combine",
-                "min_dim": "_argmin_combine"}
-        results: list[str] = []
-        rn = pr(rnumel)
+                "min_dim": "_argmin_combine"}.get(kind)
+        inp_shape = shape_of(r.inp.meta[VAL])
+        rn = TritonPrinter()(self.frame.rnumel)
+        body = self.body
+        acc, accv, acci, mean, m2 = (self.fresh(p) for p in ("acc", "accv", "acci", "mean", "m2"))
+
+        def block() -> str:
+            """The [XBLOCK, RBLOCK] block of the input, as the accumulator's type, masked to the identity."""
+            x = self.operand(r.inp, inp_shape, "xr")
+            x = V(self.block(x, "xr"), x.dtype) if _is_literal(x.expr) else x
+            v = f"({x.expr} != 0).to(tl.int32)" if kind in ("any", "all") else cast(x, acc_dt).expr
+            name = self.fresh("rv")
+            body.append(f"{name} = tl.where(rmask & xmask, {v}, {identity})")
+            return name
+
+        def ridx() -> str:
+            body.append("ridx = tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)")
+            return "ridx"
+
+        def m2_block(v: str) -> str:
+            d = self.fresh("d")
+            body.append(f"{d} = tl.where(rmask & xmask, {v} - {mean}, 0.0)")
+            return f"{d} * {d}"
+
         if persistent:
-            body.append("rindex = tl.arange(0, RBLOCK)[None, :]")
-            body.append(f"rmask = rindex < {rn}")
-            load_block("r")
-            if kind in combine:
-                body.append(f"acc = tl.reduce(v, 1, {combine[kind]})[:, None]")
-            elif kind in argk:
-                body.append("ridx = tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)")
-                body.append(f"accv, acci = tl.reduce((v, ridx), 1, {argk[kind]})")
-                body.append("accv = accv[:, None]")
-                body.append("acci = acci[:, None]")
+            v = block()
+            if combine:
+                body.append(f"{acc} = tl.reduce({v}, 1, {combine})[:, None]")
+            elif argk:
+                body.append(f"{accv}, {acci} = tl.reduce(({v}, {ridx()}), 1, {argk})")
+                body.append(f"{accv} = {accv}[:, None]")
+                body.append(f"{acci} = {acci}[:, None]")
             else:  # var / var_mean: two passes over the block in registers
-                body.append(f"mean = (tl.reduce(v, 1, _sum_combine) / {rn})[:, None]")
-                body.append("d = tl.where(rmask & xmask, v - mean, 0.0)")
-                body.append("m2 = tl.reduce(d * d, 1, _sum_combine)[:, None]")
+                body.append(f"{mean} = (tl.reduce({v}, 1, _sum_combine) / {rn})[:, None]")
+                body.append(f"{m2} = tl.reduce({m2_block(v)}, 1, _sum_combine)[:, None]")
         else:
-            if kind in combine:
-                body.append(f"acc = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
-            elif kind in argk:
-                body.append(f"accv = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
-                body.append(f"acci = tl.full([XBLOCK, RBLOCK], {INT32_MAX}, tl.int64)")
+            if combine:
+                body.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
+                self.loop(lambda: body.append(f"{acc} = {combine}({acc}, {block()})"))
+                body.append(f"{acc} = tl.reduce({acc}, 1, {combine})[:, None]")
+            elif argk:
+                body.append(f"{accv} = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
+                body.append(f"{acci} = tl.full([XBLOCK, RBLOCK], {INT32_MAX}, tl.int64)")
+                self.loop(lambda: body.append(f"{accv}, {acci} = {argk}({accv}, {acci}, {block()}, {ridx()})"))
+                body.append(f"{accv}, {acci} = tl.reduce(({accv}, {acci}), 1, {argk})")
+                body.append(f"{accv} = {accv}[:, None]")
+                body.append(f"{acci} = {acci}[:, None]")
             else:
-                body.append(f"accs = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
-            body.append(f"for roffset in range(0, {rn}, RBLOCK):")
-            start = len(body)
-            body.append("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
-            body.append(f"rmask = rindex < {rn}")
-            load_block("r")
-            if kind in combine:
-                body.append(f"acc = {combine[kind]}(acc, v)")
-            elif kind in argk:
-                body.append("ridx = tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)")
-                body.append(f"accv, acci = {argk[kind]}(accv, acci, v, ridx)")
-            else:
-                body.append("accs = accs + v")
-            body[start:] = ["    " + l for l in body[start:]]
-            if kind in combine:
-                body.append(f"acc = tl.reduce(acc, 1, {combine[kind]})[:, None]")
-            elif kind in argk:
-                body.append(f"accv, acci = tl.reduce((accv, acci), 1, {argk[kind]})")
-                body.append("accv = accv[:, None]")
-                body.append("acci = acci[:, None]")
-            else:
-                body.append(f"mean = (tl.reduce(accs, 1, _sum_combine) / {rn})[:, None]")
-                body.append(f"accm = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
-                body.append(f"for roffset in range(0, {rn}, RBLOCK):")
-                start = len(body)
-                body.append("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
-                body.append(f"rmask = rindex < {rn}")
-                load_block("q")
-                body.append("d = tl.where(rmask & xmask, v - mean, 0.0)")
-                body.append("accm = accm + d * d")
-                body[start:] = ["    " + l for l in body[start:]]
-                body.append("m2 = tl.reduce(accm, 1, _sum_combine)[:, None]")
+                body.append(f"{acc} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
+                self.loop(lambda: body.append(f"{acc} = {acc} + {block()}"))
+                body.append(f"{mean} = (tl.reduce({acc}, 1, _sum_combine) / {rn})[:, None]")
+                body.append(f"{m2} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
+                self.loop(lambda: body.append(f"{m2} = {m2} + {m2_block(block())}"))
+                body.append(f"{m2} = tl.reduce({m2}, 1, _sum_combine)[:, None]")
         if kind in ("sum", "prod", "amax", "amin"):
-            results = ["acc"]
+            results = [V(acc, acc_dt)]
         elif kind == "mean":
-            results = [f"(acc / {rn})"]
+            results = [V(f"({acc} / {rn})", acc_dt)]
         elif kind in ("any", "all"):
-            results = ["(acc != 0)"]
+            results = [V(f"({acc} != 0)", torch.bool)]
         elif kind in ("argmax", "argmin"):
-            results = ["acci"]
+            results = [V(acci, torch.int64)]
         elif kind in ("max_dim", "min_dim"):
-            results = ["accv", "acci"]
+            results = [V(accv, acc_dt), V(acci, torch.int64)]
         else:
-            corr = r.correction
-            if _is_int(rnumel):
-                denom = repr(float(max(int(rnumel) - corr, 0.0)))
+            if _is_int(self.frame.rnumel):
+                denom = repr(float(max(int(self.frame.rnumel) - r.correction, 0.0)))
             else:
-                denom = f"tl.maximum({rn}.to(tl.float32) - {corr!r}, 0.0)"
-            var = f"(m2 / {denom})"
-            results = [var] if kind == "var" else [var, "mean"]
+                denom = f"tl.maximum({rn}.to(tl.float32) - {r.correction!r}, 0.0)"
+            var = V(f"({m2} / {denom})", acc_dt)
+            results = [var] if kind == "var" else [var, V(mean, acc_dt)]
         if len(results) != len(out_vals):
             raise Unsupported(f"{kind}: {len(out_vals)} outputs")
-        # output coordinates: kept dims (and size-1 reduced dims when keepdim)
-        for var, ov, res in zip(out_vars, out_vals, results):
-            optr = self.tensor_params[(var, "out")]
-            ocoords = {}
-            if r.keepdim:
-                ocoords = {d: c for d, c in zip(kept, xc)}
-            else:
-                ocoords = {i: c for i, c in enumerate(xc)}
-            off = self.offset(ov, ocoords, ov.ndim)
-            vexpr = f"({res})"
-            resv = cast(V(vexpr, torch.int64 if res == "acci" else (torch.bool if kind in ("any", "all") else acc_dt)), ov.dtype)
-            body.append(f"tl.store({optr} + ({off}), tl.broadcast_to({resv.expr}, [XBLOCK, 1]), mask=xmask)")
-        py = PyExprPrinter({s: s.name for s in self.all_symbols()})
-        launch_pre = [f"xnumel = {py(xnumel)}", "if xnumel <= 0:", "    return"]
-        if not (_is_int(rnumel) and int(rnumel) > 0):
-            if _is_int(rnumel):
+        rounded = []
+        for i, (ov, res) in enumerate(zip(out_vals, results)):
+            res = cast(res, ov.dtype)
+            if not res.expr.isidentifier():
+                name = self.fresh("red")
+                body.append(f"{name} = {res.expr}")
+                res = V(name, res.dtype)
+            if n in self.out_set:
+                self.store(n, i if multi else None, ov, res, "x")
+            rounded.append(cast(res, compute_dtype(ov.dtype)))
+        self.remember(("v", n), rounded if multi else rounded[0])
+        if not (_is_int(self.frame.rnumel) and int(self.frame.rnumel) > 0):
+            if _is_int(self.frame.rnumel):
                 raise Unsupported("empty reduction")
             if kind in ("amax", "amin", "argmax", "argmin", "max_dim", "min_dim"):
                 # eager raises; sum/prod/mean/var/any/all of an empty row are the loop's identity
-                launch_pre += [f"if {py(rnumel)} <= 0:", f"    raise IndexError('{kind}(): cannot reduce over an empty dimension')"]
+                rp = PyExprPrinter({s: s.name for s in self.all_symbols()})(self.frame.rnumel)
+                self.launch_checks += [f"if {rp} <= 0:", f"    raise IndexError('{kind}(): cannot reduce over an empty dimension')"]
+
+    def all_symbols(self):
+        return list(self.sym_names.values()) + list(self.expr_syms.values())
+
+    def launch(self, persistent: bool) -> Emitted:
+        fr = self.frame
+        py = PyExprPrinter({s: s.name for s in self.all_symbols()})
+        launch_pre = [f"xnumel = {py(fr.xnumel)}", "if xnumel <= 0:", "    return"] + self.launch_checks
+        i64 = ".to(tl.int64)" if self.int64 else ""
+        xn = TritonPrinter()(fr.xnumel)
+        if not fr.reduction:
+            xblock = POINTWISE_XBLOCK
+            if _is_int(fr.xnumel):
+                xblock = max(16, min(POINTWISE_XBLOCK, _next_pow2(int(fr.xnumel))))
+            head = [f"xoffset = tl.program_id(0){i64} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)",
+                    f"xmask = xindex < {xn}"]
+            grid = f"((xnumel + {xblock - 1}) // {xblock},)"
+            return self.finish(head, {"XBLOCK": xblock}, launch_pre, grid, num_warps=4 if xblock >= 512 else 1,
+                               kind="pointwise")
+        if persistent:
+            rblock = _next_pow2(int(fr.rnumel))
+            xblock = max(1, min(64, PERSISTENT_RBLOCK_MAX // rblock))
+        else:
+            rblock, xblock = LOOP_RBLOCK, 1
+        if _is_int(fr.xnumel):
+            xblock = max(1, min(xblock, _next_pow2(int(fr.xnumel))))
+        head = [f"xoffset = tl.program_id(0){i64} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+                f"xmask = xindex < {xn}"]
         grid = f"((xnumel + {xblock - 1}) // {xblock},)"
         return self.finish(head, {"XBLOCK": xblock, "RBLOCK": rblock}, launch_pre, grid,
                            num_warps=8 if rblock >= 1024 else 4 if rblock >= 128 else 2,
                            kind="persistent_reduction" if persistent else "looped_reduction")
+    def used_body(self) -> list[str]:
+        """The body without index locals nothing reads (coordinates a contiguous access skipped)."""
+        body = list(self.body)
+        while True:
+            text = "\n".join(body)
+            dead = {n for n in self.deps if len(re.findall(rf"\b{n}\b", text)) == 1}
+            if not dead:
+                return body
+            body = [l for l in body if l.strip().split(" = ", 1)[0] not in dead]
 
     def finish(self, head, constexprs, launch_pre, grid, num_warps, kind) -> Emitted:
         params = [p.name for p in self.params] + [f"{k}: tl.constexpr" for k in constexprs]
         lines = [f"def {KERNEL_NAME}({', '.join(params)}):"]
-        lines += ["    " + l for l in head + self.body]
+        lines += ["    " + l for l in head + self.used_body()]
         module = "\n".join(lines) + "\n"
         jit = f"{self.name}_triton"
         launch = [f"def {self.name}({', '.join(self.args)}):"]
