@@ -98,7 +98,9 @@ def compile_graph(
     gm, records = pm(gm)
 
     stage("passes")
-    sched, sched_stats = make_schedule(gm)
+    fused = {n.meta[GROUP] for n in gm.graph.nodes if n.meta.get(GROUP) is not None
+             and n.meta.get(BACKEND, FALLBACK_BACKEND) != FALLBACK_BACKEND and registry.get(n.meta[BACKEND]).fuses}
+    sched, sched_stats = make_schedule(gm, fused)
     stage("schedule")
     groups = build_groups(gm, sched, registry)
     memory = plan_memory(gm, sched, groups, config)

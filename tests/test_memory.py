@@ -4,6 +4,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -116,7 +118,9 @@ def test_memory_aware_order_lowers_peak():
     assert all(pos[a] < pos[n] for n in mem for a in n.all_input_nodes)
     assert peak_bytes(gm, mem, sizes) < peak_bytes(gm, prog, sizes)
     c = compile_graph(gm, fxforge.Config(debug=True, poison_arena=True))
-    assert c.stats["schedule"] == "memory"
+    # after fusion, either order may win (groups run where their last node was: a reduction
+    # fused into neither group runs before the second branch); both must beat program order
+    assert c.stats["schedule"] in ("memory", "program")
     assert c.stats["schedule_peak_bytes"] < c.stats["eager_live_peak_bytes"]
     for got, want in zip(c(x, y), two_branches(x, y)):
         torch.testing.assert_close(got, want)
@@ -291,3 +295,96 @@ def test_training_step_peak_is_not_above_eager():
     for p, q in zip(windowed.parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
     assert peaks["windowed"] <= peaks["eager"] < peaks["held"], peaks
+
+
+def windows_peak(windows, spans, alignment=1):
+    """Most bytes of arenas live at once, each arena planned by the offset planners."""
+    from fxforge.graph import peak_live_bytes
+    from fxforge.passes.memory import place_windows
+
+    placed = place_windows(windows, {k: (v[0], v[1], v[2]) for k, v in spans.items()}, spans, alignment)
+    assert sorted(k for w, _ in placed for k in w) == sorted(spans)  # every block in one arena
+    return peak_live_bytes((min(spans[k][1] for k in w), max(spans[k][2] for k in w), int(p[1])) for w, p in placed)
+
+
+def test_long_lived_block_gets_its_own_arena():
+    import numpy as np
+
+    from fxforge.graph import peak_live_bytes
+    from fxforge.passes.memory import split_windows
+
+    # two "layers" of big short-lived temporaries, and a small value made in the first and read in
+    # the second (a residual, a rotary table): in the first layer's arena it would keep that
+    # whole arena alive under the second layer's
+    spans = {f"t{i}": (1000, i, i + 1) for i in range(10)}
+    spans.update({f"u{i}": (1000, 20 + i, 21 + i) for i in range(10)})
+    spans["long"] = (100, 3, 25)
+    bound = peak_live_bytes((s, e, n) for n, s, e in spans.values())
+    windows = split_windows(spans, np.zeros(32, dtype=np.int64))
+    assert ["long"] in windows
+    assert windows_peak(windows, spans) <= 1.01 * bound
+    # one arena would do as well on peak here, but lives over all 31 positions at 2100 bytes
+    assert len(windows) >= 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 40), st.integers(0, 12)), min_size=1, max_size=40))
+def test_windows_partition_the_blocks_and_stay_above_the_bound(spec):
+    import numpy as np
+
+    from fxforge.graph import peak_live_bytes
+    from fxforge.passes.memory import split_windows
+
+    spans = {f"b{i}": (n, s, s + d) for i, (n, s, d) in enumerate(spec)}
+    windows = split_windows(spans, np.zeros(60, dtype=np.int64))
+    bound = peak_live_bytes((s, e, n) for n, s, e in spans.values())
+    assert windows_peak(windows, spans) >= bound
+
+
+def three_negs(x, y):
+    return torch.neg(x), torch.neg(torch.neg(y)), torch.neg(x)
+
+
+def test_schedule_peak_uses_fused_positions(monkeypatch):
+    """With one kernel per group, the schedule's peak counts what reaches memory where memory
+    planning places it: neg(neg(y)) never writes its inner value, and the two neg(x) run as one
+    kernel.  Its figure equals the peak of the planned buffers' live ranges."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from fxforge.graph import peak_live_bytes
+
+    x, y = torch.randn(1), torch.randn(1)
+    for size in (1, 64):
+        gm = make_fx(three_negs, tracing_mode="fake")(x, y)
+        c = compile_graph(gm, fxforge.Config(codegen="triton", max_fusion_size=size, debug=True))
+        mem = c.plan.memory
+        planned = peak_live_bytes((b.start, b.end, mem.hint(b.nbytes)) for b in mem.buffers.values())
+        assert c.stats["schedule_peak_bytes"] == planned == 12, (size, c.stats["schedule_peak_bytes"], planned)
+        for got, want in zip(c(x, y), three_negs(x, y)):
+            torch.testing.assert_close(got, want)
+    assert c.stats["kernels"] == 2
+
+
+def tied_embedding_grad(g, h, idx, gh):
+    a = torch.mm(g.t(), h)  # the output layer's weight gradient (vocab x hidden)
+    e = torch.ops.aten.embedding_dense_backward(gh, idx, 512, -1, False)  # the embedding's
+    return (a + e,)
+
+
+def test_output_written_over_a_dying_buffer():
+    """A tied embedding's gradient: the output add writes over the mm it consumes (made fresh),
+    so its end holds two vocabulary-sized buffers, not three; calls still return distinct
+    tensors and match eager."""
+    args = (torch.randn(32, 512), torch.randn(32, 64), torch.randint(0, 512, (32,)), torch.randn(32, 64))
+    gm = make_fx(tied_embedding_grad, tracing_mode="fake")(*args)
+    c = compile_graph(gm, fxforge.Config(debug=True, poison_arena=True))
+    mem = c.plan.memory
+    add = next(b for b in mem.buffers.values() if b.producer.target is torch.ops.aten.add.Tensor)
+    assert add.kind == "fresh" and add.reuses is not None and mem.buffers[add.reuses].kind == "fresh"
+    first, second = c(*args)[0], c(*args)[0]
+    assert first.data_ptr() != second.data_ptr()
+    torch.testing.assert_close(first, tied_embedding_grad(*args)[0])
+    torch.testing.assert_close(second, tied_embedding_grad(*args)[0])
+    plain = compile_graph(make_fx(tied_embedding_grad, tracing_mode="fake")(*args), fxforge.Config(inplace=False))
+    c(*args), plain(*args)  # warm
+    nbytes = 512 * 64 * 4
+    assert measured_peak(lambda: c(*args)) < measured_peak(lambda: plain(*args)) - nbytes // 2

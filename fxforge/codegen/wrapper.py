@@ -164,6 +164,8 @@ class _Builder:
     def alloc(self, b: Buffer) -> str:
         shape = _tuple(self.size(s) for s in b.shape)
         stride = _tuple(self.size(s) for s in b.stride)
+        if b.kind == "fresh" and b.reuses is not None:
+            return b.reuses  # written in place over a fresh buffer that dies here (passes/memory.py)
         if b.kind == "fresh":
             return f"torch.empty_strided({shape}, {stride}, dtype={literal(b.dtype)}, device={literal(b.device)})"
         typed = self.typed_arena(b.arena, b.dtype)

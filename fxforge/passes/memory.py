@@ -22,6 +22,7 @@ results), each window planned on its own:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import operator
 
@@ -194,8 +195,24 @@ def place_symbolic(spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int
     return {k: offsets[s] for k, s in slot_of.items()}, at, "slots"
 
 
+def call_spans(groups: list[Group], pos: dict[fx.Node, int], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last): the positions of the kernel call each position belongs to.  A group a
+    backend runs as one function call (its ops one after another) holds each position on its own
+    in the plan, so its buffers can share bytes, but the wrapper binds every buffer the call
+    writes before it and drops every value that dies in it after it: what is allocated when
+    spans the whole call."""
+    first, last = np.arange(length), np.arange(length)
+    for g in groups:
+        at = [pos[n] for n in g.nodes if n in pos]
+        if len(at) > 1:
+            lo, hi = min(at), max(at)
+            first[lo:hi + 1] = np.minimum(first[lo:hi + 1], lo)
+            last[lo:hi + 1] = np.maximum(last[lo:hi + 1], hi)
+    return first, last
+
+
 def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.Node, Live],
-                     buffers: dict[str, Buffer], length: int) -> np.ndarray:
+                     buffers: dict[str, Buffer], length: int, first: np.ndarray, last: np.ndarray) -> np.ndarray:
     """Bytes (at the traced sizes) live at each position in storages that are not arena
     buffers: fresh buffers, storages of self-allocating kernels and fallbacks, and the inputs the
     call frees at their last use (the wrapper drops its references then).
@@ -216,16 +233,27 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.
         if r.name in skip or not isinstance(v, torch.Tensor) or node_kind(r) not in ("placeholder", "compute", "getitem"):
             continue
         nbytes = hint(storage_nbytes(v), env)
-        diff[l.start] += nbytes
-        diff[l.end + 1] -= nbytes
+        diff[first[l.start]] += nbytes
+        diff[last[l.end] + 1] -= nbytes
     return np.cumsum(diff[:length])
 
 
 def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max_cuts: int = 64,
-                  max_candidates: int = 1024, work_budget: float = 5e7) -> list[list[str]]:
-    """Group blocks (name -> (bytes, start, end), at the traced sizes) into arenas by start
-    position.  An arena of blocks ``B`` is estimated at the max live bytes of ``B`` and lives
-    from the first start to the last end in ``B``.  A split is judged by
+                  max_candidates: int = 1024, work_budget: float = 5e7, isolate: int = 4,
+                  calls: tuple[np.ndarray, np.ndarray] | None = None) -> list[list[str]]:
+    """Group blocks (name -> (bytes, start, end), at the traced sizes) into arenas.  An arena of
+    blocks ``B`` is estimated at the max live bytes of ``B`` and lives from the first start to the
+    last end in ``B`` (widened to whole kernel calls by ``calls``, ``call_spans``' arrays, when
+    given: the wrapper allocates and frees around calls).  Moves that split an arena:
+
+    * a *cut* at a start position: blocks starting before it stay, the rest form a new arena;
+    * a *clean cut*: the same, with the (at most ``isolate``) blocks of the first part that are
+      still live where the second starts each moved into an arena of their own, so the two
+      arenas do not overlap (a residual or a saved value crossing the cut would otherwise keep
+      the whole first arena alive under the second);
+    * *isolating* one of the ``isolate`` longest-lived blocks of an arena into an arena of its own.
+
+    A split is judged by
 
     * its peak: the max over positions of ``other`` plus the arenas live there, then
     * its excess: the max over positions of the arena bytes live there minus the bytes of
@@ -235,12 +263,15 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     ``other`` misses what the caller holds (weights, a forward's returned logits during the
     backward) and guesses which inputs die here, so its peak may sit at the wrong position.  The
     excess needs no such knowledge: wherever the true peak lies, the call holds at most the
-    excess more than if every buffer were allocated on its own, as eager does.  Greedy: add the
-    cut (at a block start) that gives the lowest (peak, excess, waste) while it lowers the peak,
-    or keeps it and lowers the excess by at least 1% of the largest window's bytes, or keeps both
-    and lowers the waste by at least 0.5% of the one-arena waste; at most ``max_cuts`` cuts and
-    about ``work_budget`` profile entries touched (deterministic, bounded time on huge graphs).
-    No cut: one arena, as before."""
+    excess more than if every buffer were allocated on its own, as eager does.
+
+    Greedy, in two phases.  First make the move with the lowest (peak, excess, waste) while it
+    lowers the peak, or keeps it and lowers the excess by at least 1% of the largest window's
+    bytes, or keeps both and lowers the waste by at least 0.5% of the one-arena waste.  Then,
+    while the most arena bytes live at once exceed the blocks' own peak of live bytes (the lower
+    bound) by more than 1%, make the move that lowers that figure most without raising the peak.
+    At most ``max_cuts`` moves and about ``work_budget`` profile entries touched (deterministic,
+    bounded time on huge graphs).  No move: one arena, as before."""
     if not spans:
         return []
     names = sorted(spans, key=lambda k: (spans[k][1], spans[k][2], k))
@@ -249,74 +280,205 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     start = np.array([spans[k][1] for k in names], dtype=np.int64)
     end = np.array([spans[k][2] for k in names], dtype=np.int64)
     length = max(len(other), int(end.max()) + 1)
-    prof = np.zeros(length, dtype=np.float64)
+    first, last = calls if calls is not None else (np.arange(length), np.arange(length))
+    prof = np.zeros(length, dtype=np.float64)  # other + the arenas live at each position
     prof[: len(other)] = other
-    # other + live bytes of the buffers: the profile minus this is the excess
-    floor = prof + np.cumsum(np.bincount(start, size, length + 1) - np.bincount(end + 1, size, length + 1))[:length]
-    cache: dict[tuple[int, int], tuple[float, int, int]] = {}
+    other = prof.copy()
+    own = np.cumsum(np.bincount(start, size, length + 1) - np.bincount(end + 1, size, length + 1))[:length]
+    bound = float(own.max())  # the blocks' own peak: no split of them goes below it
+    floor = other + own  # the profile minus this is the excess
+    alone = np.zeros(n, dtype=bool)  # blocks isolated into arenas of their own
+    cache: dict[tuple[int, int, tuple[int, ...]], tuple[float, int, int]] = {}
 
-    def window(i: int, j: int) -> tuple[float, int, int]:  # blocks names[i:j]: (bytes, first, last)
-        w = cache.get((i, j))
+    def window(i: int, j: int, drop: tuple[int, ...] = ()) -> tuple[float, int, int]:
+        """(bytes, first, last) of the arena of blocks names[i:j], less isolated ones and ``drop``."""
+        w = cache.get((i, j, drop))
         if w is None:
-            lo, hi = int(start[i]), int(end[i:j].max())
-            d = np.bincount(start[i:j] - lo, size[i:j], hi - lo + 2) - np.bincount(end[i:j] + 1 - lo, size[i:j], hi - lo + 2)
-            w = cache[(i, j)] = (float(np.cumsum(d).max()), lo, hi)
+            keep = ~alone[i:j]
+            for x in drop:
+                keep[x - i] = False
+            s, e, b = start[i:j][keep], end[i:j][keep], size[i:j][keep]
+            if not len(s):
+                w = (0.0, int(first[start[i]]), int(first[start[i]]))
+            else:
+                lo, hi = int(s[0]), int(e.max())
+                d = np.bincount(s - lo, b, hi - lo + 2) - np.bincount(e + 1 - lo, b, hi - lo + 2)
+                w = (float(np.cumsum(d).max()), int(first[lo]), int(last[hi]))
+            cache[(i, j, drop)] = w
         return w
+
+    def parts(i: int, j: int, c: int, xs: tuple[int, ...]) -> list[tuple[float, int, int]]:
+        """The arenas window names[i:j] becomes: cut at c (-1: none), blocks xs isolated."""
+        single = [(size[x], int(first[start[x]]), int(last[end[x]])) for x in xs]
+        if c < 0:
+            return [window(i, j, xs), *single]
+        return [window(i, c, xs), window(c, j), *single]
 
     # candidate cuts: indices where a new start position begins (a cut never splits one position)
     firsts = [i for i in range(1, n) if start[i] != start[i - 1]]
     if len(firsts) > max_candidates:
         firsts = [firsts[int(k * len(firsts) / max_candidates)] for k in range(max_candidates)]
-    bounds = [0, n]  # windows: names[bounds[k]:bounds[k + 1]]
+    bounds = [0, n]  # windows: names[bounds[k]:bounds[k + 1]], less isolated blocks
     nbytes, lo, hi = window(0, n)
     prof[lo:hi + 1] += nbytes
     peak, excess, area = float(prof.max()), float((prof - floor).max()), nbytes * (hi - lo + 1)
     min_gain = 0.005 * (area - float((size * (end - start + 1)).sum()))
     min_excess_gain = 0.01 * nbytes
     work = 0.0
-    for _ in range(max_cuts):
-        if min_gain <= 0 or work > work_budget:
-            break
-        # max of the profile left and right of every position, for peaks outside a window
-        left = np.maximum.accumulate(prof)
-        right = np.maximum.accumulate(prof[::-1])[::-1]
-        ex = prof - floor
-        ex_left = np.maximum.accumulate(ex)
-        ex_right = np.maximum.accumulate(ex[::-1])[::-1]
+
+    def best_move(phase: int):
+        """Phase 0: (peak, excess, waste, window, cut, isolated) of the move with the lowest
+        (peak, excess, waste); phase 1: (arena peak, *that) of the lowest arena peak."""
+        nonlocal work
+        # max of each profile left and right of every position, for peaks outside a window
+        curves = []
+        for curve in (prof, prof - floor, prof - other):
+            curves.append((np.maximum.accumulate(curve), np.maximum.accumulate(curve[::-1])[::-1]))
         best = None
         for k in range(len(bounds) - 1):
             i, j = bounds[k], bounds[k + 1]
             w_bytes, w_lo, w_hi = window(i, j)
-            outside = max(left[w_lo - 1] if w_lo > 0 else 0.0, right[w_hi + 1] if w_hi + 1 < length else 0.0)
-            ex_outside = max(ex_left[w_lo - 1] if w_lo > 0 else 0.0, ex_right[w_hi + 1] if w_hi + 1 < length else 0.0)
+            outside = [max(l[w_lo - 1] if w_lo > 0 else 0.0, r[w_hi + 1] if w_hi + 1 < length else 0.0) for l, r in curves]
             base = prof[w_lo:w_hi + 1] - w_bytes
-            base_floor = floor[w_lo:w_hi + 1]
-            for c in firsts:
-                if not i < c < j:
-                    continue
-                a, b = window(i, c), window(c, j)
+            base_floor, base_other = floor[w_lo:w_hi + 1], other[w_lo:w_hi + 1]
+            w_area = area - w_bytes * (w_hi - w_lo + 1)
+            members = np.flatnonzero(~alone[i:j]) + i
+            m_end = end[members]
+            ends_sorted = np.sort(m_end)
+            moves: list[tuple[int, tuple[int, ...]]] = []
+            for c in firsts[bisect.bisect_right(firsts, i):bisect.bisect_left(firsts, j)]:
+                moves.append((c, ()))
+                # blocks before the cut still live at its start: those of members[:before] not
+                # ending before it (every block ending before it starts before it)
+                before = int(np.searchsorted(members, c))
+                crossing = before - int(np.searchsorted(ends_sorted, start[c]))
+                if 0 < crossing <= isolate and crossing < before:
+                    xs = members[:before][m_end[:before] >= start[c]]
+                    moves.append((c, tuple(int(x) for x in xs)))
+            if len(members) > 1:
+                longest = members[np.argsort(start[members] - m_end, kind="stable")[:isolate]]
+                moves += [(-1, (int(x),)) for x in longest]
+            for c, xs in moves:
                 seg = base.copy()
-                seg[a[1] - w_lo:a[2] - w_lo + 1] += a[0]
-                seg[b[1] - w_lo:b[2] - w_lo + 1] += b[0]
+                new_area = w_area
+                for p_bytes, p_lo, p_hi in parts(i, j, c, xs):
+                    seg[p_lo - w_lo:p_hi - w_lo + 1] += p_bytes
+                    new_area += p_bytes * (p_hi - p_lo + 1)
                 work += len(seg)
-                trial = (max(outside, float(seg.max())), max(ex_outside, float((seg - base_floor).max())),
-                         area - w_bytes * (w_hi - w_lo + 1) + a[0] * (a[2] - a[1] + 1) + b[0] * (b[2] - b[1] + 1), c)
+                trial = (max(outside[0], float(seg.max())), max(outside[1], float((seg - base_floor).max())),
+                         new_area, k, c, xs)
+                if phase:
+                    trial = (max(outside[2], float((seg - base_other).max())), *trial)
                 if best is None or trial < best:
                     best = trial
-        if best is None:
-            break
-        c_peak, c_excess, c_area, c = best
-        if not (c_peak < peak * (1 - 1e-3) or (c_peak <= peak and c_excess <= excess - min_excess_gain)
-                or (c_peak <= peak and c_excess <= excess and c_area <= area - min_gain)):
-            break
-        k = next(k for k in range(len(bounds) - 1) if bounds[k] < c < bounds[k + 1])
+        return best
+
+    def apply(k: int, c: int, xs: tuple[int, ...]) -> None:
         i, j = bounds[k], bounds[k + 1]
-        for (wi, wj), sign in (((i, j), -1), ((i, c), 1), ((c, j), 1)):
-            w_bytes, w_lo, w_hi = window(wi, wj)
-            prof[w_lo:w_hi + 1] += sign * w_bytes
-        bounds.insert(k + 1, c)
-        peak, excess, area = c_peak, c_excess, c_area
-    return [names[i:j] for i, j in zip(bounds, bounds[1:])]
+        w_bytes, w_lo, w_hi = window(i, j)
+        prof[w_lo:w_hi + 1] -= w_bytes
+        new = parts(i, j, c, xs)
+        if c >= 0:
+            bounds.insert(k + 1, c)
+        if xs:
+            alone[list(xs)] = True
+            cache.clear()
+        for p_bytes, p_lo, p_hi in new:
+            prof[p_lo:p_hi + 1] += p_bytes
+
+    moves_made = 0
+    for phase in (0, 1):
+        while moves_made < max_cuts and work <= work_budget and min_gain > 0:
+            a_peak = float((prof - other).max())
+            if phase == 1 and a_peak <= 1.01 * bound:
+                break
+            move = best_move(phase)
+            if move is None:
+                break
+            if phase == 0:
+                c_peak, c_excess, c_area, k, c, xs = move
+                ok = (c_peak < peak * (1 - 1e-3) or (c_peak <= peak and c_excess <= excess - min_excess_gain)
+                      or (c_peak <= peak and c_excess <= excess and c_area <= area - min_gain))
+            else:
+                c_apeak, c_peak, c_excess, c_area, k, c, xs = move
+                ok = c_peak <= peak and (c_apeak < a_peak or (c_apeak == a_peak and c_area < area))
+            if not ok:
+                break
+            apply(k, c, xs)
+            peak, excess, area = c_peak, c_excess, c_area
+            moves_made += 1
+    out = [[names[x] for x in range(i, j) if not alone[x]] for i, j in zip(bounds, bounds[1:])]
+    out += [[names[x]] for x in np.flatnonzero(alone)]
+    return sorted((w for w in out if w), key=lambda w: spans[w[0]][1:])
+
+
+def place(window: dict[str, tuple[sympy.Expr, int, int]], alignment: int) -> tuple[dict[str, sympy.Expr], sympy.Expr, str]:
+    """Offsets of one arena's blocks: the offset planners for static sizes, slots otherwise."""
+    if all(sympy.sympify(n).is_Integer for n, _, _ in window.values()):
+        offsets, nbytes, planner = place_static(window, alignment)
+        return offsets, sympy.Integer(nbytes), planner
+    return place_symbolic(window, alignment)
+
+
+def place_windows(windows: list[list[str]], spans: dict[str, tuple[sympy.Expr, int, int]],
+                  hinted: dict[str, tuple[int, int, int]], alignment: int,
+                  calls: tuple[np.ndarray, np.ndarray] | None = None, rounds: int = 8,
+                  tries: int = 4) -> list[tuple[list[str], tuple[dict[str, sympy.Expr], sympy.Expr, str]]]:
+    """Place every window, then repair what ``split_windows`` could not see: it sizes a window at
+    its blocks' peak of live bytes, but the offset planners may need more (no packing reaches
+    that bound for some lifetime sets).  While the most arena bytes live at once (planned sizes,
+    at the traced sizes) exceed the blocks' own peak by more than 1%, take the window live there
+    that its planner packs worst and move the one of its ``tries`` longest-lived blocks whose
+    removal lowers that figure most into an arena of its own (an arena of one block wastes
+    nothing); stop when no such move lowers it."""
+    placed = {tuple(w): place({k: spans[k] for k in w}, alignment) for w in windows}
+    if not spans:
+        return []
+    length = max(e for _, _, e in hinted.values()) + 1
+    first, last = calls if calls is not None else (np.arange(length), np.arange(length))
+    length = max(length, len(last))
+    bound = peak_live_bytes((s, e, n) for n, s, e in hinted.values())
+
+    def size(w: tuple[str, ...]) -> int:
+        return hint(placed[w][1]) if sympy.sympify(placed[w][1]).is_Integer else 0
+
+    def span(w: tuple[str, ...]) -> tuple[int, int]:  # allocated .. freed
+        return int(first[min(hinted[k][1] for k in w)]), int(last[max(hinted[k][2] for k in w)])
+
+    def profile(ws) -> np.ndarray:
+        prof = np.zeros(length + 1, dtype=np.int64)
+        for w in ws:
+            lo, hi = span(w)
+            prof[lo] += size(w)
+            prof[hi + 1] -= size(w)
+        return np.cumsum(prof[:length])
+
+    current = list(placed)
+    for _ in range(rounds):
+        prof = profile(current)
+        at, top = int(prof.argmax()), int(prof.max())
+        if top <= 1.01 * bound:
+            break
+        fragmented = [w for w in current if len(w) > 1 and span(w)[0] <= at <= span(w)[1] and size(w) > 0
+                      and size(w) > peak_live_bytes((hinted[k][1], hinted[k][2], hinted[k][0]) for k in w)]
+        if not fragmented:
+            break
+        w = max(fragmented, key=lambda w: size(w) - peak_live_bytes((hinted[k][1], hinted[k][2], hinted[k][0]) for k in w))
+        best = None
+        for x in sorted(w, key=lambda k: (hinted[k][1] - hinted[k][2], -hinted[k][0], k))[:tries]:
+            rest = tuple(k for k in w if k != x)
+            for part in (rest, (x,)):
+                if part not in placed:
+                    placed[part] = place({k: spans[k] for k in part}, alignment)
+            trial = [v for v in current if v != w] + [rest, (x,)]
+            t = int(profile(trial).max())
+            if best is None or t < best[0]:
+                best = (t, trial)
+        if best is None or best[0] >= top:
+            break
+        current = best[1]
+    current.sort(key=lambda w: span(w))
+    return [(list(w), placed[w]) for w in current]
 
 
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config) -> MemoryPlan:
@@ -327,37 +489,41 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
         # one kernel reading and writing several values at different indices may not overwrite
         # its own inputs
         multi = {n for g in groups if g.fused and len(g.nodes) > 1 for n in g.nodes}
+        reused: set[str] = set()
         for b in sorted(buffers.values(), key=lambda b: b.start):
-            if b.kind == "arena" and b.index is None and b.producer not in multi:
+            if b.index is None and b.producer not in multi:
                 src = inplace_source(b.producer, b, buffers, pos)
-                if src is not None:
-                    b.reuses = src.name
+                if src is None or src.name in reused or (b.kind == "fresh" and src.reuses is not None):
+                    continue
+                if b.kind == "fresh":
+                    # an output written over an arena buffer that dies there: that buffer is
+                    # allocated fresh instead and handed to the caller as the output (a tied
+                    # embedding's gradient, ``mm + embedding_dense_backward``, then holds two
+                    # vocabulary-sized buffers at its end, not three)
+                    src.kind = "fresh"
+                b.reuses = src.name
+                reused.add(src.name)
     by_device: dict[str, list[Buffer]] = {}
     for b in buffers.values():
         if b.kind == "arena":
             by_device.setdefault(str(b.device), []).append(b)
     env = shape_env_of(gm)
     length = max(pos.values(), default=-1) + 1
-    other = other_live_bytes(gm, schedule, live, buffers, length) if by_device else None
+    first, last = call_spans(groups, pos, length)
+    other = other_live_bytes(gm, schedule, live, buffers, length, first, last) if by_device else None
     arenas = []
     for bufs in by_device.values():
         members = blocks(bufs)
         spans = block_intervals(bufs)
         hinted = {k: (hint(n, env), s, e) for k, (n, s, e) in spans.items()}
-        windows = split_windows(hinted, other) if config.arena_windows else [list(spans)]
-        for heads in windows:
+        windows = split_windows(hinted, other, calls=(first, last)) if config.arena_windows else [list(spans)]
+        for heads, (offsets, nbytes, planner) in place_windows(windows, spans, hinted, config.alignment, (first, last)):
             name = f"arena{len(arenas)}"
-            window = {k: spans[k] for k in heads}
-            if all(sympy.sympify(n).is_Integer for n, _, _ in window.values()):
-                offsets, nbytes, planner = place_static(window, config.alignment)
-                nbytes = sympy.Integer(nbytes)
-            else:
-                offsets, nbytes, planner = place_symbolic(window, config.alignment)
             for head in heads:
                 for b in members[head]:
                     b.arena, b.offset = name, offsets[head]
             arenas.append(Arena(name, bufs[0].device, nbytes, planner,
-                                start=min(s for _, s, _ in window.values()), end=max(e for _, _, e in window.values())))
+                                start=min(spans[k][1] for k in heads), end=max(spans[k][2] for k in heads)))
     return MemoryPlan(buffers, arenas, config.alignment, env)
 
 

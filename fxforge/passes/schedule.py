@@ -15,13 +15,14 @@ from __future__ import annotations
 import heapq
 import operator
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Collection, Iterable
 
 import torch
 import torch.fx as fx
 
 from ..graph import GROUP, VAL, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..lowering.cleanup import has_side_effects
+from ..plan import group_outputs
 
 
 def storage_sizes(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> dict[fx.Node, int]:
@@ -35,11 +36,44 @@ def storage_sizes(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> dict[fx.Node,
     return out
 
 
-def peak_bytes(gm: fx.GraphModule, order: list[fx.Node], sizes: dict[fx.Node, int] | None = None) -> int:
-    """Max bytes of graph-created storages live at once when the nodes run in ``order``."""
+def fused_layout(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int] = ()
+                 ) -> tuple[dict[fx.Node, int], set[fx.Node]]:
+    """Positions of ``order`` as memory planning sees them (``memory.positions``), and the
+    values that never reach memory.  Every node of a group in ``fused`` (group ids whose backend
+    emits one kernel per group) sits at the group's last position, with the getitems of its
+    nodes: one kernel reads all its inputs and writes all its outputs; a value computed and read
+    only inside such a kernel gets no buffer."""
+    pos = {n: i for i, n in enumerate(order)}
+    internal: set[fx.Node] = set()
+    if not fused:
+        return pos, internal
+    by_group: dict[int, list[fx.Node]] = {}
+    for n in order:
+        if n.meta.get(GROUP) in fused:
+            by_group.setdefault(n.meta[GROUP], []).append(n)
+    outputs = set(output_nodes(gm))
+    for ns in by_group.values():
+        if len(ns) < 2:
+            continue
+        at = max(pos[n] for n in ns)
+        for n in ns:
+            pos[n] = at
+            for u in n.users:
+                if u.target is operator.getitem and u in pos:
+                    pos[u] = at
+        written = set(group_outputs(ns, outputs))
+        internal |= {n for n in ns if node_kind(n) == "compute" and n not in written}
+    return pos, internal
+
+
+def peak_bytes(gm: fx.GraphModule, order: list[fx.Node], sizes: dict[fx.Node, int] | None = None,
+               fused: Collection[int] = ()) -> int:
+    """Max bytes of graph-created storages live at once when the nodes run in ``order``, kernel
+    groups in ``fused`` each as one kernel (``fused_layout``)."""
     sizes = storage_sizes(gm, order) if sizes is None else sizes
-    live = liveness(order, output_nodes(gm))
-    return peak_live_bytes((l.start, l.end, sizes[r]) for r, l in live.items() if r in sizes)
+    pos, internal = fused_layout(gm, order, fused)
+    live = liveness(order, output_nodes(gm), pos)
+    return peak_live_bytes((l.start, l.end, sizes[r]) for r, l in live.items() if r in sizes and r not in internal)
 
 
 def program_order(gm: fx.GraphModule) -> list[fx.Node]:
@@ -93,12 +127,15 @@ def units(gm: fx.GraphModule) -> Units:
 
 
 def unit_program_order(gm: fx.GraphModule, u: Units | None = None) -> list[fx.Node]:
-    """Program order with every group's nodes together: ready units in order of their first node."""
+    """Program order with every group's nodes together: ready units in order of their last node,
+    so a group runs where its last node was, as fusion's peak guard (``fusion._PeakModel``)
+    assumes: a group's inputs are then all computed before it, and its early members' outputs
+    do not wait, written, for its last member's inputs."""
     u = u or units(gm)
     if all(u.index[ms[-1]] - u.index[ms[0]] == len(ms) - 1 for ms in u.members.values()):
         return u.nodes  # every unit is already contiguous
     waiting = {h: len(ds) for h, ds in u.deps.items()}
-    heap = [(u.index[h], h) for h, w in waiting.items() if w == 0]
+    heap = [(u.index[u.members[h][-1]], h) for h, w in waiting.items() if w == 0]
     heapq.heapify(heap)
     order: list[fx.Node] = []
     while heap:
@@ -107,7 +144,7 @@ def unit_program_order(gm: fx.GraphModule, u: Units | None = None) -> list[fx.No
         for x in u.users[h]:
             waiting[x] -= 1
             if waiting[x] == 0:
-                heapq.heappush(heap, (u.index[x], x))
+                heapq.heappush(heap, (u.index[u.members[x][-1]], x))
     if len(order) != len(u.nodes):
         raise AssertionError("kernel groups form a cycle: no order runs each group as one unit")
     return order
@@ -169,14 +206,17 @@ def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int], un: Units | None
     return order
 
 
-def schedule(gm: fx.GraphModule) -> tuple[list[fx.Node], dict]:
-    """The schedule with the lower peak of live bytes, and figures on the choice."""
+def schedule(gm: fx.GraphModule, fused: Collection[int] = ()) -> tuple[list[fx.Node], dict]:
+    """The schedule with the lower peak of live bytes, and figures on the choice.  ``fused``: the
+    kernel groups run as one kernel each (their values inside never reach memory); peaks are
+    computed as memory planning lays the schedule out (``fused_layout``)."""
     un = units(gm)
     prog = unit_program_order(gm, un)
     sizes = storage_sizes(gm, prog)
-    prog_peak = peak_bytes(gm, prog, sizes)
-    mem = memory_order(gm, sizes, un)
-    mem_peak = peak_bytes(gm, mem, sizes)
+    prog_peak = peak_bytes(gm, prog, sizes, fused)
+    _, internal = fused_layout(gm, prog, fused)
+    mem = memory_order(gm, {r: b for r, b in sizes.items() if r not in internal}, un)
+    mem_peak = peak_bytes(gm, mem, sizes, fused)
     if mem_peak < prog_peak:
         return mem, {"schedule": "memory", "schedule_peak_bytes": mem_peak}
     return prog, {"schedule": "program", "schedule_peak_bytes": prog_peak}
