@@ -29,6 +29,9 @@ class Config:
     # Fusion refuses a merge that would raise the estimated peak of live bytes more than this
     # fraction above the unfused graph's (0.0: fusion may never raise it).
     max_fusion_peak_growth: float = 0.05
+    # Triton: on each kernel's first call per size, time a few launch configurations (block sizes,
+    # warps) and keep the fastest, cached on disk (codegen/triton/autotune.py). Meant for GPUs.
+    autotune: bool = False
     # Byte alignment of every buffer placed in an arena.
     alignment: int = 64
     # Op names (e.g. "aten.add.Tensor") always run as eager fallback calls, never by a backend.

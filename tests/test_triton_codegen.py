@@ -468,3 +468,56 @@ def test_fused_pointwise_group_rounds_like_eager():
         out = out[0] if isinstance(out, (tuple, list)) else out
         torch.testing.assert_close(out, f(x, y), atol=0 if dt == torch.bfloat16 else 1e-6, rtol=0 if dt == torch.bfloat16 else 1e-5)
         aot_check_new(start)
+
+
+# --------------------------------------------------------------------------- autotune
+
+
+def _tuners(b) -> list:
+    return [t for c in b.compiled for n, t in c._fn.__globals__.items() if n.endswith("_tuner")]
+
+
+def test_autotune_times_candidates_once_and_reuses_the_choice_from_disk(monkeypatch, tmp_path):
+    from fxforge.codegen.triton import autotune
+
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path))
+    cfg = fxforge.Config(codegen="triton", debug=True, autotune=True)
+    x = torch.randn(4, 40)
+    b, out = run_compiled(_softmax, x, config=cfg)
+    torch.testing.assert_close(out, _softmax(x))
+    (tuner,) = _tuners(b)
+    assert tuner.timed == 1 and len(tuner.configs) > 1
+    (choice,) = tuner.best.values()
+    assert choice in tuner.configs
+    files = list((tmp_path / "triton").glob("tune_*.json"))
+    assert len(files) == 1 and choice in __import__("json").loads(files[0].read_text()).values()
+
+    # a new process (fresh tuner) reads the choice instead of timing again
+    monkeypatch.setattr(autotune, "_time", lambda *a: (_ for _ in ()).throw(AssertionError("timed again")))
+    x = torch.randn(4, 40)
+    b, out = run_compiled(_softmax, x, config=cfg)
+    torch.testing.assert_close(out, _softmax(x))
+    assert _tuners(b)[0].timed == 0 and list(_tuners(b)[0].best.values()) == [choice]
+
+    # a corrupt file is tuned again and rewritten, not a crash
+    files[0].write_text("{not json")
+    monkeypatch.undo()
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path))
+    b, out = run_compiled(_softmax, x, config=cfg)
+    torch.testing.assert_close(out, _softmax(x))
+    assert _tuners(b)[0].timed == 1
+
+
+def test_autotune_writes_only_scratch_memory():
+    from fxforge.codegen.triton.autotune import scratch_args
+
+    arena = torch.randn(64)
+    out, inp_overlapping, other = arena[:16], arena[8:24], torch.randn(16)
+    before = arena.clone()
+    args = scratch_args((out, inp_overlapping, other, 7), n_out=1)
+    assert args[0].data_ptr() != out.data_ptr() and args[0].stride() == out.stride()
+    assert args[1].data_ptr() != inp_overlapping.data_ptr() and torch.equal(args[1], inp_overlapping)
+    assert args[2] is other and args[3] == 7
+    args[0].fill_(1.0)
+    args[1].fill_(2.0)
+    assert torch.equal(arena, before)

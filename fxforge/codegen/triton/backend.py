@@ -20,6 +20,7 @@ from ...graph import VAL, free_symbols, is_mutating
 from ...plan import Group
 from ..registry import CodegenBackend, GroupCost, Kernel, KernelContext
 from . import cache
+from .autotune import Tuner
 from .kernel import KERNEL_NAME, Emitted, Emitter, Unsupported, helper_names, module_text
 from .ops import SIG_DTYPE, interp_missing
 
@@ -96,14 +97,17 @@ def load_kernel(em: Emitted, mode: str | None = None):
 
 
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:
-    em = Emitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None).emit()
+    em = Emitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, autotune=ctx.config.autotune).emit()
     fn = load_kernel(em)
     GENERATED.append(em)
+    scope = {f"{em.name}_triton": fn}
+    if ctx.config.autotune:
+        scope[f"{em.name}_tuner"] = Tuner(cache.source_key(em.kernel_source), em.configs, em.n_out)
     return Kernel(
         name=em.name,
         source=em.launch_source,
         args=list(em.args),
-        globals={f"{em.name}_triton": fn},
+        globals=scope,
         node_count=em.node_count,
         unique_io_buffers=em.unique_io_buffers,
         launch_args=len(em.params),

@@ -230,6 +230,8 @@ class Emitted:
     kind: str  # "pointwise" | "persistent_reduction" | "looped_reduction"
     node_count: int = 1
     unique_io_buffers: int = 0
+    configs: list = None  # launch configurations: the default (``constexprs``, ``num_warps``) first
+    n_out: int = 0  # the first n_out parameters are the output pointers
 
 
 # --------------------------------------------------------------------------- emitter
@@ -323,8 +325,10 @@ class Frame:
 
 
 class Emitter:
-    def __init__(self, name: str, ref, buffer, nodes: list[fx.Node], outputs: list[fx.Node] | None = None):
+    def __init__(self, name: str, ref, buffer, nodes: list[fx.Node], outputs: list[fx.Node] | None = None,
+                 autotune: bool = False):
         self.name = name
+        self.autotune = autotune  # the launch asks ``<name>_tuner`` for its configuration
         self.ref, self.buffer = ref, buffer
         self.nodes = [n for n in nodes if node_kind(n) == "compute"]
         self.members = set(nodes)
@@ -947,33 +951,41 @@ class Emitter:
         return list(self.sym_names.values()) + list(self.expr_syms.values())
 
     def launch(self, persistent: bool) -> Emitted:
+        """Head, launch function and launch configurations (the default first, then the
+        alternatives an autotuner may time: block sizes and warps)."""
         fr = self.frame
         py = PyExprPrinter({s: s.name for s in self.all_symbols()})
         launch_pre = [f"xnumel = {py(fr.xnumel)}", "if xnumel <= 0:", "    return"] + self.launch_checks
         i64 = ".to(tl.int64)" if self.int64 else ""
         xn = TritonPrinter()(fr.xnumel)
+        xmax = _next_pow2(int(fr.xnumel)) if _is_int(fr.xnumel) else None  # no block beyond the rows
         if not fr.reduction:
-            xblock = POINTWISE_XBLOCK
-            if _is_int(fr.xnumel):
-                xblock = max(16, min(POINTWISE_XBLOCK, _next_pow2(int(fr.xnumel))))
+            xmax = max(16, xmax) if xmax is not None else None
+            pairs = [(min(POINTWISE_XBLOCK, xmax or POINTWISE_XBLOCK), None), (256, 2), (512, 4), (1024, 4), (2048, 8)]
+            configs = [{"XBLOCK": x, "num_warps": w or (4 if x >= 512 else 1)} for x, w in pairs if xmax is None or x <= xmax]
             head = [f"xoffset = tl.program_id(0){i64} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)",
                     f"xmask = xindex < {xn}"]
-            grid = f"((xnumel + {xblock - 1}) // {xblock},)"
-            return self.finish(head, {"XBLOCK": xblock}, launch_pre, grid, num_warps=4 if xblock >= 512 else 1,
-                               kind="pointwise")
-        if persistent:
-            rblock = _next_pow2(int(fr.rnumel))
-            xblock = max(1, min(64, PERSISTENT_RBLOCK_MAX // rblock))
+            kind = "pointwise"
         else:
-            rblock, xblock = LOOP_RBLOCK, 1
-        if _is_int(fr.xnumel):
-            xblock = max(1, min(xblock, _next_pow2(int(fr.xnumel))))
-        head = [f"xoffset = tl.program_id(0){i64} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
-                f"xmask = xindex < {xn}"]
-        grid = f"((xnumel + {xblock - 1}) // {xblock},)"
-        return self.finish(head, {"XBLOCK": xblock, "RBLOCK": rblock}, launch_pre, grid,
-                           num_warps=8 if rblock >= 1024 else 4 if rblock >= 128 else 2,
-                           kind="persistent_reduction" if persistent else "looped_reduction")
+            if persistent:
+                rblock = _next_pow2(int(fr.rnumel))
+                xs = [max(1, min(64, PERSISTENT_RBLOCK_MAX // rblock))] + [x for x in (1, 2, 4, 8, 16, 32)
+                                                                           if x * rblock <= 8 * PERSISTENT_RBLOCK_MAX]
+                pairs = [(x, rblock) for x in xs]
+            else:
+                pairs = [(1, LOOP_RBLOCK), (1, 2 * LOOP_RBLOCK), (2, LOOP_RBLOCK // 2), (4, LOOP_RBLOCK // 4),
+                         (8, LOOP_RBLOCK // 8)]
+            configs = [{"XBLOCK": max(1, min(x, xmax or x)), "RBLOCK": r,
+                        "num_warps": 8 if r >= 1024 else 4 if r >= 128 else 2} for x, r in pairs if r >= 1]
+            head = [f"xoffset = tl.program_id(0){i64} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+                    f"xmask = xindex < {xn}"]
+            kind = "persistent_reduction" if persistent else "looped_reduction"
+        unique = []
+        for c in configs:
+            if c not in unique:
+                unique.append(c)
+        return self.finish(head, launch_pre, unique, kind)
+
     def used_body(self) -> list[str]:
         """The body without index locals nothing reads (coordinates a contiguous access skipped)."""
         body = list(self.body)
@@ -984,7 +996,9 @@ class Emitter:
                 return body
             body = [l for l in body if l.strip().split(" = ", 1)[0] not in dead]
 
-    def finish(self, head, constexprs, launch_pre, grid, num_warps, kind) -> Emitted:
+    def finish(self, head, launch_pre, configs: list[dict], kind: str) -> Emitted:
+        default = configs[0]
+        constexprs = {k: v for k, v in default.items() if k != "num_warps"}
         params = [p.name for p in self.params] + [f"{k}: tl.constexpr" for k in constexprs]
         lines = [f"def {KERNEL_NAME}({', '.join(params)}):"]
         lines += ["    " + l for l in head + self.used_body()]
@@ -992,9 +1006,16 @@ class Emitter:
         jit = f"{self.name}_triton"
         launch = [f"def {self.name}({', '.join(self.args)}):"]
         body = list(self.launch_lines) + launch_pre
-        call_args = [p.launch for p in self.params] + [f"{k}={v}" for k, v in constexprs.items()]
+        args = ", ".join(p.launch for p in self.params)
         # no FMA contraction: eager rounds a*b and + c separately (separate ops / kernels)
-        body.append(f"{jit}[{grid}]({', '.join(call_args)}, num_warps={num_warps}, enable_fp_fusion=False)")
+        if self.autotune:
+            key = ", ".join(["xnumel"] + [p.name for p in self.params if p.name.startswith("ks")])
+            body.append(f"{self.name}_tuner(({key},), lambda c, a: {jit}[((xnumel + c['XBLOCK'] - 1) // c['XBLOCK'],)]"
+                        f"(*a, **c, enable_fp_fusion=False), ({args},))")
+        else:
+            x = default["XBLOCK"]
+            cfg = ", ".join(f"{k}={v}" for k, v in default.items())
+            body.append(f"{jit}[((xnumel + {x - 1}) // {x},)]({args}, {cfg}, enable_fp_fusion=False)")
         launch += ["    " + l for l in body]
         commented = "\n".join("# " + l for l in lines)
         src = f"# Triton kernel {jit} ({kind}; helpers: PRELUDE in fxforge/codegen/triton/kernel.py)\n{commented}\n"
@@ -1005,9 +1026,11 @@ class Emitter:
             name=self.name,
             args=self.args,
             params=self.params,
-            constexprs=dict(constexprs),
-            num_warps=num_warps,
+            constexprs=constexprs,
+            num_warps=default["num_warps"],
             kind=kind,
             node_count=len(self.nodes),
             unique_io_buffers=len(self.storages),
+            configs=configs,
+            n_out=sum(1 for p in self.params if p.name.startswith("out_ptr")),
         )
