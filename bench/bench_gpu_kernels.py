@@ -1,11 +1,12 @@
 """GPU benchmark of the Triton codegen backend: fxforge (codegen="triton") vs Inductor vs eager.
 
-    python bench/bench_gpu_kernels.py [--sizes 4096x4096] [--reps 50] [--json out.json]
+    python bench/bench_gpu_kernels.py [--sizes 4096x4096] [--reps 50] [--json out.json] [--autotune]
 
 Workloads: a pointwise chain, softmax, layer norm (as graphs of pointwise + reduction nodes),
 and fxforge's demo GPT model.  Times are medians of CUDA-event timings after warm-up; achieved
 bandwidth (bytes read + written by eager's kernels, counted from the inputs and outputs) is
-compared with a measured device-to-device copy of the same size.  Needs a CUDA device; on a
+compared with a measured device-to-device copy of the same size.  ``--autotune`` adds a column
+timing fxforge with ``Config(autotune=True)`` (launch configurations timed on the first call).  Needs a CUDA device; on a
 machine without one it says so and exits 0.
 """
 
@@ -78,6 +79,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-demo", action="store_true", help="skip the demo GPT model")
+    ap.add_argument("--autotune", action="store_true", help="also time fxforge with Config(autotune=True)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gpu_kernels: no CUDA device here; nothing to measure")
@@ -99,16 +101,23 @@ def main() -> int:
             b = fxforge.backend(fxforge.Config(codegen="triton"))
             fx = torch.compile(fn, backend=b)
             torch.testing.assert_close(fx(*inputs), out, atol=1e-4, rtol=1e-4)
+            t_tuned = None
+            if args.autotune:
+                torch._dynamo.reset()
+                tuned = torch.compile(fn, backend=fxforge.backend(fxforge.Config(codegen="triton", autotune=True)))
+                torch.testing.assert_close(tuned(*inputs), out, atol=1e-4, rtol=1e-4)
+                t_tuned = timed(lambda: tuned(*inputs), args.reps)
             t_eager = timed(lambda: fn(*inputs), args.reps)
             t_ind = timed(lambda: ind(*inputs), args.reps)
             t_fx = timed(lambda: fx(*inputs), args.reps)
             bw = nbytes / t_fx / 1e6
             cbw = copy_bandwidth(nbytes, args.reps)
             row = dict(workload=name, size=size, eager_ms=t_eager, inductor_ms=t_ind, fxforge_ms=t_fx,
-                       fxforge_gbps=bw, copy_gbps=cbw, kernels=sum(c.stats["kernels"] for c in b.compiled),
+                       fxforge_gbps=bw, copy_gbps=cbw, fxforge_autotuned_ms=t_tuned, kernels=sum(c.stats["kernels"] for c in b.compiled),
                        fallbacks=sum(c.stats["fallback_nodes"] for c in b.compiled))
             results.append(row)
-            print(f"{name:18s} {size:>12s} {t_eager:9.3f} {t_ind:9.3f} {t_fx:9.3f} {bw:8.0f} {cbw:9.0f} {bw / cbw:7.2f}")
+            tuned_col = f" tuned {t_tuned:.3f}" if t_tuned is not None else ""
+            print(f"{name:18s} {size:>12s} {t_eager:9.3f} {t_ind:9.3f} {t_fx:9.3f} {bw:8.0f} {cbw:9.0f} {bw / cbw:7.2f}{tuned_col}")
     if not args.no_demo:
         from fxforge.demo import GPT, GPTConfig
 
