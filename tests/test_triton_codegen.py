@@ -22,6 +22,9 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 import fxforge
+from fxforge.compiler import compile_graph
+from fxforge.testing import check_pass, graphs, profile
+from hypothesis import given, settings
 
 pytest.importorskip("triton")
 
@@ -468,6 +471,19 @@ def test_fused_pointwise_group_rounds_like_eager():
         out = out[0] if isinstance(out, (tuple, list)) else out
         torch.testing.assert_close(out, f(x, y), atol=0 if dt == torch.bfloat16 else 1e-6, rtol=0 if dt == torch.bfloat16 else 1e-5)
         aot_check_new(start)
+
+
+@settings(profile(), max_examples=30, deadline=None)
+@given(graphs(ops=("unary", "binary", "reduction", "view", "var_mean", "native_layer_norm"),
+              exclude=("remainder", "sign"), dtypes=(torch.float32, torch.int64), max_ops=6, max_dim=5))
+def test_random_graphs_fuse_into_triton_kernels_that_match_eager(example):
+    """Random pointwise/reduction/view graphs: fusion forms groups, the emitter lowers each as one
+    kernel or fusion is refused with the emitter's reason; results match eager either way."""
+    gm, inputs = example
+    cfg = fxforge.Config(codegen="triton", debug=True)
+    start = len(tb.GENERATED)
+    check_pass(lambda g: None, gm, inputs, runner=lambda g, xs: compile_graph(g, cfg)(*xs))
+    aot_check_new(start)
 
 
 # --------------------------------------------------------------------------- autotune

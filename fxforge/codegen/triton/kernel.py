@@ -792,20 +792,21 @@ class Emitter:
             if any(not _same(_numel(s), numel) for s in shapes):
                 raise Unsupported("pointwise group with different element counts")
             return Frame(False, self.size_expr(numel), sympy.Integer(1), numel, sympy.Integer(1), shapes[0], {})
-        r0 = reduction_of(self.reductions[0])
-        shape = shape_of(r0.inp.meta[VAL])
-        layouts = {shape: r0.dims}
-        xg = _numel([s for d, s in enumerate(shape) if d not in r0.dims])
-        rg = _numel([s for d, s in enumerate(shape) if d in r0.dims])
-        for n in self.reductions[1:]:
+        def layout(n):  # input shape, reduced dims (size-1 dims count as kept: one coordinate, 0)
             r = reduction_of(n)
             s = shape_of(r.inp.meta[VAL])
-            same_rows = _same(_numel([x for d, x in enumerate(s) if d in r.dims]), rg) and _same(_numel(s), xg * rg)
-            if layouts.get(s, r.dims) != r.dims or not (
-                    s in layouts or (same_rows and _trailing(s, r.dims) and _trailing(shape, r0.dims))):
-                raise Unsupported(f"reductions over different rows: {list(shape)} dims {r0.dims} "
-                                  f"and {list(s)} dims {r.dims}")
-            layouts[s] = r.dims
+            return s, [d for d in r.dims if s[d] != 1]
+
+        shape, dims = layout(self.reductions[0])
+        layouts = {shape: dims}
+        xg = _numel([s for d, s in enumerate(shape) if d not in dims])
+        rg = _numel([s for d, s in enumerate(shape) if d in dims])
+        for n in self.reductions[1:]:
+            s, ds = layout(n)
+            same_rows = _same(_numel([x for d, x in enumerate(s) if d in ds]), rg) and _same(_numel(s), xg * rg)
+            if layouts.get(s, ds) != ds or not (s in layouts or (same_rows and _trailing(s, ds) and _trailing(shape, dims))):
+                raise Unsupported(f"reductions over different rows: {list(shape)} dims {dims} and {list(s)} dims {ds}")
+            layouts[s] = ds
         return Frame(True, self.size_expr(xg), self.size_expr(rg), xg, rg, shape, layouts)
 
     def size_expr(self, e) -> sympy.Expr:
