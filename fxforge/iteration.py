@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 import torch.fx as fx
 
@@ -47,6 +48,16 @@ def kind_of(node: fx.Node) -> str:
 
 def shape_of(v: torch.Tensor) -> tuple:
     return tuple(expr(s) for s in v.shape)
+
+
+def numel(shape) -> sympy.Expr:
+    """Element count of a shape of sympy sizes."""
+    return sympy.Mul(*shape) if len(shape) else sympy.Integer(1)
+
+
+def same_size(a, b) -> bool:
+    """Two size expressions are equal for every value of their symbols."""
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
 @dataclass

@@ -47,7 +47,7 @@ import torch.fx as fx
 from ..codegen.registry import CodegenBackend
 from ..config import Config
 from ..graph import BACKEND, GROUP, VAL, aliased_input, node_kind, output_nodes, storage_root
-from ..iteration import kind_of, reduction_of, shape_of
+from ..iteration import kind_of, numel as _numel, reduction_of, same_size as _same, shape_of
 from ..lowering.cleanup import has_side_effects
 from ..pipeline import PassResult
 from ..plan import group_outputs
@@ -76,14 +76,6 @@ class Iteration:
     def fits(self, n) -> bool:
         """A pointwise value of ``n`` elements runs in this loop nest: one per element, or one per row."""
         return _same(n, self.numel * self.rnumel) or (self.rnumel != 1 and _same(n, self.numel))
-
-
-def _same(a, b) -> bool:
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
-
-
-def _numel(shape) -> object:
-    return sympy.Mul(*shape) if shape else sympy.Integer(1)
 
 
 def iteration_of(nodes: list[fx.Node]) -> Iteration | str:

@@ -21,7 +21,7 @@ from ...plan import Group
 from ..registry import CodegenBackend, GroupCost, Kernel, KernelContext
 from . import cache
 from .autotune import Tuner
-from .kernel import KERNEL_NAME, Emitted, Emitter, Unsupported, helper_names, module_text
+from .kernel import KERNEL_NAME, Emitted, Emitter, Unsupported, helper_names, module_text, tensors
 from .ops import SIG_DTYPE, interp_missing
 
 # Every kernel emitted in this process (newest last): what tests and `aot.check_kernel` sweep.
@@ -32,11 +32,6 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _tensors(v) -> list[torch.Tensor]:
-    vals = v if isinstance(v, (list, tuple)) else [v]
-    return [t for t in vals if isinstance(t, torch.Tensor)]
-
-
 def accepts(node: fx.Node, config: Config) -> str | None:
     op = node.target
     if not isinstance(op, torch._ops.OpOverload):
@@ -44,10 +39,10 @@ def accepts(node: fx.Node, config: Config) -> str | None:
     if is_mutating(node):
         return "mutates its inputs"
     val = node.meta.get(VAL)
-    outs = _tensors(val)
+    outs = tensors(val)
     if not outs or (isinstance(val, (list, tuple)) and len(outs) != len(val)):
         return "returns non-tensor values"
-    ins = [t for a in node.all_input_nodes for t in _tensors(a.meta.get(VAL))]
+    ins = [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
     for t in outs + ins:
         if t.dtype not in SIG_DTYPE:
             return f"dtype {t.dtype} has no Triton lowering"

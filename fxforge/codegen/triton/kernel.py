@@ -29,7 +29,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwis
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ...graph import VAL, aliased_input, expr, node_kind
-from ...iteration import reduction_of, schema_bind as _schema_bind, shape_of
+from ...iteration import numel as _numel, reduction_of, same_size as _same, schema_bind as _schema_bind, shape_of
 from ..pyexpr import PyExprPrinter
 from .ops import LOW_PRECISION, SIG_DTYPE, TL_DTYPE, V, cast, compute_dtype, const, lowering_of, round_to
 from .printer import TritonPrinter
@@ -255,14 +255,6 @@ def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def _numel(shape) -> sympy.Expr:
-    return sympy.Mul(*shape) if len(shape) else sympy.Integer(1)
-
-
-def _same(a, b) -> bool:
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
-
-
 def _trailing(shape: tuple, dims: list[int]) -> bool:
     """The reduced dims are the last ones: row i holds the flat elements [i * rnumel, (i+1) * rnumel)."""
     return list(dims) == list(range(len(shape) - len(dims), len(shape)))
@@ -278,7 +270,8 @@ def _contiguous(shape: list, stride: list) -> bool:
     return True
 
 
-def _tensors(v) -> list[torch.Tensor]:
+def tensors(v) -> list[torch.Tensor]:
+    """The tensors of a value (a tensor, or a tuple/list with tensors among other things)."""
     return [t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)]
 
 
@@ -370,11 +363,14 @@ class Emitter:
             self.params.append(Param(pname, "*" + SIG_DTYPE[val.dtype], self.launch_arg(var)))
             self.tensor_params[key] = pname
             self.storages.add(var)
-            # sizes/strides that are plain symbols can be read off this tensor
-            for d, (s, st) in enumerate(zip(val.shape, val.stride())):
-                self.reads.append((expr(s), f"{var}.size({d})"))
-                self.reads.append((expr(st), f"{var}.stride({d})"))
+            self.readable(var, val)
         return self.tensor_params[key]
+
+    def readable(self, var: str, val: torch.Tensor) -> None:
+        """Sizes/strides of ``val`` that are plain symbols can be read off ``var`` at launch."""
+        for d, (s, st) in enumerate(zip(val.shape, val.stride())):
+            self.reads.append((expr(s), f"{var}.size({d})"))
+            self.reads.append((expr(st), f"{var}.stride({d})"))
 
     def size(self, e: Any) -> sympy.Expr:
         """A fake size/stride as an expression over kernel parameter symbols."""
@@ -757,11 +753,10 @@ class Emitter:
             for a in n.all_input_nodes:
                 if a not in self.members and not self.internal(a) and isinstance(a.meta.get(VAL), torch.Tensor):
                     ins.append(a.meta[VAL])
-                    self.reads += [(expr(s), f"{self.ref(a)}.size({d})") for d, s in enumerate(a.meta[VAL].shape)]
-                    self.reads += [(expr(s), f"{self.ref(a)}.stride({d})") for d, s in enumerate(a.meta[VAL].stride())]
+                    self.readable(self.ref(a), a.meta[VAL])
         self.frame = self.frame_of()
         fr = self.frame
-        self.check_int64([t for n in self.members for t in _tensors(n.meta.get(VAL))] + ins)
+        self.check_int64([t for n in self.members for t in tensors(n.meta.get(VAL))] + ins)
         persistent = fr.reduction and _is_int(fr.rnumel) and int(fr.rnumel) <= PERSISTENT_RBLOCK_MAX
         if fr.reduction:  # the rows' coordinates, once at the top level
             ks = [self.size(s) for s in fr.shape]
