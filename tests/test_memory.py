@@ -365,7 +365,8 @@ def test_schedule_peak_uses_fused_positions(monkeypatch):
 
 
 def tied_embedding_grad(g, h, idx, gh):
-    a = torch.mm(g.t(), h)  # the output layer's weight gradient (vocab x hidden)
+    a = torch.mm(g.t(), h).t().t()  # the output layer's weight gradient (vocab x hidden), as
+    # AOTAutograd leaves it for a tied weight: through a pair of transposes
     e = torch.ops.aten.embedding_dense_backward(gh, idx, 512, -1, False)  # the embedding's
     return (a + e,)
 

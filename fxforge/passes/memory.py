@@ -128,7 +128,8 @@ _ROWWISE_INPLACE = {
 def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: dict[fx.Node, int]) -> Buffer | None:
     """An arena buffer a pointwise node (or a row-wise kernel of ``_ROWWISE_INPLACE``, over its
     one allowed input) may overwrite with its output: read only here, by this node, through
-    exactly one reference to its root, with the output's dtype, shape and stride."""
+    exactly one reference to its root (the root itself, or a view of the whole of it with the
+    same layout), with the output's dtype, shape and stride."""
     tensor_inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get(VAL), torch.Tensor)]
     if torch.Tag.pointwise in getattr(node.target, "tags", ()):
         candidates = tensor_inputs
@@ -137,18 +138,24 @@ def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: 
     else:
         return None
     for a in candidates:
-        src = buffers.get(a.name)
+        root = storage_root(a)
+        src = buffers.get(root.name)
         if (
             src is not None
             and src.kind == "arena"
             and src.index is None
             and src.end == pos[node]
-            and sum(storage_root(b) is storage_root(a) for b in tensor_inputs) == 1
-            and storage_root(a) is a
+            and sum(storage_root(b) is root for b in tensor_inputs) == 1
+            and (root is a or _same_layout(a.meta[VAL], src))  # e.g. t(t(mm)): the whole buffer as is
             and (src.dtype, src.shape, src.stride, src.nbytes) == (out.dtype, out.shape, out.stride, out.nbytes)
         ):
             return src
     return None
+
+
+def _same_layout(val: torch.Tensor, b: Buffer) -> bool:
+    return (isinstance(val, torch.Tensor) and expr(val.storage_offset()) == 0
+            and tuple(expr(s) for s in val.shape) == b.shape and tuple(expr(s) for s in val.stride()) == b.stride)
 
 
 def blocks(bufs: list[Buffer]) -> dict[str, list[Buffer]]:

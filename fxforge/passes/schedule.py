@@ -151,9 +151,11 @@ def unit_program_order(gm: fx.GraphModule, u: Units | None = None) -> list[fx.No
 
 
 def memory_order(gm: fx.GraphModule, sizes: dict[fx.Node, int], un: Units | None = None) -> list[fx.Node]:
-    """Greedy: run the ready unit that raises live bytes least (ties: program order)."""
+    """Greedy: run the ready unit that raises live bytes least (ties: program order, a group
+    where its last node was, as in ``unit_program_order``)."""
     un = un or units(gm)
-    nodes, index, unit_of, members, deps, users = un.nodes, un.index, un.unit_of, un.members, un.deps, un.users
+    nodes, unit_of, members, deps, users = un.nodes, un.unit_of, un.members, un.deps, un.users
+    index = {h: un.index[ms[-1]] for h, ms in members.items()}
     outputs = {storage_root(o) for o in output_nodes(gm)}
 
     # Storage bookkeeping: a storage is freed once every unit touching any alias of it has run.
