@@ -8,10 +8,13 @@ An arena lives only over a window of the schedule: the wrapper allocates it just
 kernel writing its first buffer and drops it with its last buffer (``Arena.start``/``end``).  One
 arena held for the whole call would coexist with everything else the call holds at its ends: in
 a backward graph, every saved activation still alive at the start; in a forward graph, every
-activation saved by the end.  So the buffers of each device are split by start position into
-windows, chosen (``split_windows``) to lower the peak of arenas live at any position plus every
-other storage live there (inputs until their last use, fresh outputs, self-allocating kernels'
-results), each window planned on its own:
+activation saved by the end.  So the buffers of each device are split into windows (by start
+position, with long-lived buffers in arenas of their own), chosen (``split_windows``) to lower
+the peak of arenas live at any position plus every other storage live there (inputs until their
+last use, fresh outputs, self-allocating kernels' results), then to bring the most arena bytes
+live at once down to the buffers' own peak of live bytes; each window is planned on its own
+(``place_windows``, which also moves a long-lived buffer out of a window the planners cannot
+pack to its bound):
 
 * static sizes: the offset planners of ``passes/offsets.py`` run (all of them, smallest arena
   wins), so buffers whose lifetimes do not overlap share bytes;
@@ -294,11 +297,13 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     own = np.cumsum(np.bincount(start, size, length + 1) - np.bincount(end + 1, size, length + 1))[:length]
     bound = float(own.max())  # the blocks' own peak: no split of them goes below it
     floor = other + own  # the profile minus this is the excess
+    fine = np.zeros(length, dtype=np.float64)  # the arenas over their blocks' own positions
     alone = np.zeros(n, dtype=bool)  # blocks isolated into arenas of their own
-    cache: dict[tuple[int, int, tuple[int, ...]], tuple[float, int, int]] = {}
+    cache: dict[tuple[int, int, tuple[int, ...]], tuple[float, int, int, int, int]] = {}
 
-    def window(i: int, j: int, drop: tuple[int, ...] = ()) -> tuple[float, int, int]:
-        """(bytes, first, last) of the arena of blocks names[i:j], less isolated ones and ``drop``."""
+    def window(i: int, j: int, drop: tuple[int, ...] = ()) -> tuple[float, int, int, int, int]:
+        """(bytes, allocated, freed, first start, last end) of the arena of blocks names[i:j],
+        less isolated ones and ``drop``."""
         w = cache.get((i, j, drop))
         if w is None:
             keep = ~alone[i:j]
@@ -306,17 +311,17 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
                 keep[x - i] = False
             s, e, b = start[i:j][keep], end[i:j][keep], size[i:j][keep]
             if not len(s):
-                w = (0.0, int(first[start[i]]), int(first[start[i]]))
+                w = (0.0, int(first[start[i]]), int(first[start[i]]), int(start[i]), int(start[i]))
             else:
                 lo, hi = int(s[0]), int(e.max())
                 d = np.bincount(s - lo, b, hi - lo + 2) - np.bincount(e + 1 - lo, b, hi - lo + 2)
-                w = (float(np.cumsum(d).max()), int(first[lo]), int(last[hi]))
+                w = (float(np.cumsum(d).max()), int(first[lo]), int(last[hi]), lo, hi)
             cache[(i, j, drop)] = w
         return w
 
-    def parts(i: int, j: int, c: int, xs: tuple[int, ...]) -> list[tuple[float, int, int]]:
+    def parts(i: int, j: int, c: int, xs: tuple[int, ...]) -> list[tuple[float, int, int, int, int]]:
         """The arenas window names[i:j] becomes: cut at c (-1: none), blocks xs isolated."""
-        single = [(size[x], int(first[start[x]]), int(last[end[x]])) for x in xs]
+        single = [(size[x], int(first[start[x]]), int(last[end[x]]), int(start[x]), int(end[x])) for x in xs]
         if c < 0:
             return [window(i, j, xs), *single]
         return [window(i, c, xs), window(c, j), *single]
@@ -326,8 +331,9 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     if len(firsts) > max_candidates:
         firsts = [firsts[int(k * len(firsts) / max_candidates)] for k in range(max_candidates)]
     bounds = [0, n]  # windows: names[bounds[k]:bounds[k + 1]], less isolated blocks
-    nbytes, lo, hi = window(0, n)
+    nbytes, lo, hi, f_lo, f_hi = window(0, n)
     prof[lo:hi + 1] += nbytes
+    fine[f_lo:f_hi + 1] += nbytes
     peak, excess, area = float(prof.max()), float((prof - floor).max()), nbytes * (hi - lo + 1)
     min_gain = 0.005 * (area - float((size * (end - start + 1)).sum()))
     min_excess_gain = 0.01 * nbytes
@@ -335,19 +341,22 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
 
     def best_move(phase: int):
         """Phase 0: (peak, excess, waste, window, cut, isolated) of the move with the lowest
-        (peak, excess, waste); phase 1: (arena peak, *that) of the lowest arena peak."""
+        (peak, excess, waste); phase 1: (arena peak, *that) of the lowest arena peak (arenas over
+        their blocks' own positions: the plan's figure)."""
         nonlocal work
         # max of each profile left and right of every position, for peaks outside a window
         curves = []
-        for curve in (prof, prof - floor, prof - other):
+        for curve in (prof, prof - floor, fine):
             curves.append((np.maximum.accumulate(curve), np.maximum.accumulate(curve[::-1])[::-1]))
         best = None
         for k in range(len(bounds) - 1):
             i, j = bounds[k], bounds[k + 1]
-            w_bytes, w_lo, w_hi = window(i, j)
-            outside = [max(l[w_lo - 1] if w_lo > 0 else 0.0, r[w_hi + 1] if w_hi + 1 < length else 0.0) for l, r in curves]
+            w_bytes, w_lo, w_hi, wf_lo, wf_hi = window(i, j)
+            outside = [max(l[lo - 1] if lo > 0 else 0.0, r[hi + 1] if hi + 1 < length else 0.0)
+                       for (l, r), (lo, hi) in zip(curves, ((w_lo, w_hi), (w_lo, w_hi), (wf_lo, wf_hi)))]
             base = prof[w_lo:w_hi + 1] - w_bytes
-            base_floor, base_other = floor[w_lo:w_hi + 1], other[w_lo:w_hi + 1]
+            base_floor = floor[w_lo:w_hi + 1]
+            base_fine = fine[wf_lo:wf_hi + 1] - w_bytes
             w_area = area - w_bytes * (w_hi - w_lo + 1)
             members = np.flatnonzero(~alone[i:j]) + i
             m_end = end[members]
@@ -367,36 +376,41 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
                 moves += [(-1, (int(x),)) for x in longest]
             for c, xs in moves:
                 seg = base.copy()
+                seg_fine = base_fine.copy() if phase else None
                 new_area = w_area
-                for p_bytes, p_lo, p_hi in parts(i, j, c, xs):
+                for p_bytes, p_lo, p_hi, pf_lo, pf_hi in parts(i, j, c, xs):
                     seg[p_lo - w_lo:p_hi - w_lo + 1] += p_bytes
                     new_area += p_bytes * (p_hi - p_lo + 1)
+                    if phase:
+                        seg_fine[pf_lo - wf_lo:pf_hi - wf_lo + 1] += p_bytes
                 work += len(seg)
                 trial = (max(outside[0], float(seg.max())), max(outside[1], float((seg - base_floor).max())),
                          new_area, k, c, xs)
                 if phase:
-                    trial = (max(outside[2], float((seg - base_other).max())), *trial)
+                    trial = (max(outside[2], float(seg_fine.max())), *trial)
                 if best is None or trial < best:
                     best = trial
         return best
 
     def apply(k: int, c: int, xs: tuple[int, ...]) -> None:
         i, j = bounds[k], bounds[k + 1]
-        w_bytes, w_lo, w_hi = window(i, j)
+        w_bytes, w_lo, w_hi, wf_lo, wf_hi = window(i, j)
         prof[w_lo:w_hi + 1] -= w_bytes
+        fine[wf_lo:wf_hi + 1] -= w_bytes
         new = parts(i, j, c, xs)
         if c >= 0:
             bounds.insert(k + 1, c)
         if xs:
             alone[list(xs)] = True
             cache.clear()
-        for p_bytes, p_lo, p_hi in new:
+        for p_bytes, p_lo, p_hi, pf_lo, pf_hi in new:
             prof[p_lo:p_hi + 1] += p_bytes
+            fine[pf_lo:pf_hi + 1] += p_bytes
 
     moves_made = 0
     for phase in (0, 1):
         while moves_made < max_cuts and work <= work_budget and min_gain > 0:
-            a_peak = float((prof - other).max())
+            a_peak = float(fine.max())
             if phase == 1 and a_peak <= 1.01 * bound:
                 break
             move = best_move(phase)
@@ -430,14 +444,15 @@ def place(window: dict[str, tuple[sympy.Expr, int, int]], alignment: int) -> tup
 def place_windows(windows: list[list[str]], spans: dict[str, tuple[sympy.Expr, int, int]],
                   hinted: dict[str, tuple[int, int, int]], alignment: int,
                   calls: tuple[np.ndarray, np.ndarray] | None = None, rounds: int = 8,
-                  tries: int = 4) -> list[tuple[list[str], tuple[dict[str, sympy.Expr], sympy.Expr, str]]]:
+                  tries: int = 4, max_blocks: int = 4096) -> list[tuple[list[str], tuple[dict[str, sympy.Expr], sympy.Expr, str]]]:
     """Place every window, then repair what ``split_windows`` could not see: it sizes a window at
     its blocks' peak of live bytes, but the offset planners may need more (no packing reaches
     that bound for some lifetime sets).  While the most arena bytes live at once (planned sizes,
     at the traced sizes) exceed the blocks' own peak by more than 1%, take the window live there
     that its planner packs worst and move the one of its ``tries`` longest-lived blocks whose
     removal lowers that figure most into an arena of its own (an arena of one block wastes
-    nothing); stop when no such move lowers it."""
+    nothing); stop when no such move lowers it.  Windows of more than ``max_blocks`` blocks are
+    left as they are (each try re-plans the window: bounded time on huge graphs)."""
     placed = {tuple(w): place({k: spans[k] for k in w}, alignment) for w in windows}
     if not spans:
         return []
@@ -449,13 +464,14 @@ def place_windows(windows: list[list[str]], spans: dict[str, tuple[sympy.Expr, i
     def size(w: tuple[str, ...]) -> int:
         return hint(placed[w][1]) if sympy.sympify(placed[w][1]).is_Integer else 0
 
-    def span(w: tuple[str, ...]) -> tuple[int, int]:  # allocated .. freed
-        return int(first[min(hinted[k][1] for k in w)]), int(last[max(hinted[k][2] for k in w)])
+    def span(w: tuple[str, ...], calls: bool = False) -> tuple[int, int]:  # first start .. last end
+        lo, hi = min(hinted[k][1] for k in w), max(hinted[k][2] for k in w)
+        return (int(first[lo]), int(last[hi])) if calls else (lo, hi)
 
-    def profile(ws) -> np.ndarray:
+    def profile(ws, calls: bool = False) -> np.ndarray:
         prof = np.zeros(length + 1, dtype=np.int64)
         for w in ws:
-            lo, hi = span(w)
+            lo, hi = span(w, calls)
             prof[lo] += size(w)
             prof[hi + 1] -= size(w)
         return np.cumsum(prof[:length])
@@ -464,9 +480,10 @@ def place_windows(windows: list[list[str]], spans: dict[str, tuple[sympy.Expr, i
     for _ in range(rounds):
         prof = profile(current)
         at, top = int(prof.argmax()), int(prof.max())
+        allocated = int(profile(current, True).max())  # around whole calls: must not grow
         if top <= 1.01 * bound:
             break
-        fragmented = [w for w in current if len(w) > 1 and span(w)[0] <= at <= span(w)[1] and size(w) > 0
+        fragmented = [w for w in current if 1 < len(w) <= max_blocks and span(w)[0] <= at <= span(w)[1] and size(w) > 0
                       and size(w) > peak_live_bytes((hinted[k][1], hinted[k][2], hinted[k][0]) for k in w)]
         if not fragmented:
             break
@@ -479,6 +496,8 @@ def place_windows(windows: list[list[str]], spans: dict[str, tuple[sympy.Expr, i
                     placed[part] = place({k: spans[k] for k in part}, alignment)
             trial = [v for v in current if v != w] + [rest, (x,)]
             t = int(profile(trial).max())
+            if int(profile(trial, True).max()) > allocated:
+                continue
             if best is None or t < best[0]:
                 best = (t, trial)
         if best is None or best[0] >= top:
