@@ -299,3 +299,18 @@ def test_peak_model_positions_stay_inside_the_graph():
     torch.min(ref).backward()
     torch.testing.assert_close(x.grad, ref.grad)
     assert any(c.stats["fused_nodes"] for c in b.compiled)
+
+
+def test_copied_view_is_in_the_code_when_the_pass_runs_by_hand():
+    # found by the random-limits property: a view shared with a graph output is copied for the
+    # group, and the GraphModule's code must show the copy without the pipeline's recompile
+    def f(x):
+        v = torch.neg(x).view(1, -1)
+        return torch.neg(v), v
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(3))
+    x = torch.randn(3)
+    fused(gm, fxforge.Config())
+    assert str(gm.code).count("aten.view.default") == 2, gm.code
+    for got, want in zip(gm(x), f(x)):
+        torch.testing.assert_close(got, want)

@@ -142,6 +142,7 @@ class FuseGroups:
         self.refused: dict[str, int] = {}
         self.refused_list: list[dict] = []
         self.merges = 0
+        self.copied_views = 0
         self.graph_outputs = set(output_nodes(gm))
         self.memory = _PeakModel(gm, nodes, self)
         self.order = _Order(self)
@@ -164,6 +165,8 @@ class FuseGroups:
             for n in g.nodes:
                 n.meta[GROUP] = g.id
                 n.meta.setdefault(BACKEND, self.backend.name)  # views pulled in
+        if self.copied_views:
+            gm.recompile()  # the graph gained view copies: its code must say so even when run by hand
         return PassResult(gm, self.merges > 0, {
             "fused_groups": sum(1 for g in self.groups.values() if g.compute > 1),
             "merges": self.merges,
@@ -267,6 +270,7 @@ class FuseGroups:
         """A private copy of view ``v`` for its users inside the group (``v`` stays for the rest)."""
         with self.gm.graph.inserting_after(v):
             c = self.gm.graph.node_copy(v)
+        self.copied_views += 1
         self.index[c] = self.index[v]
         for u in list(v.users):
             if u in members:
