@@ -337,6 +337,7 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     peak, excess, area = float(prof.max()), float((prof - floor).max()), nbytes * (hi - lo + 1)
     min_gain = 0.005 * (area - float((size * (end - start + 1)).sum()))
     min_excess_gain = 0.01 * nbytes
+    fine_area = nbytes * (f_hi - f_lo + 1)  # the arenas' bytes summed over their own positions
     work = 0.0
 
     def best_move(phase: int):
@@ -349,9 +350,12 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
         for curve in (prof, prof - floor, fine):
             curves.append((np.maximum.accumulate(curve), np.maximum.accumulate(curve[::-1])[::-1]))
         best = None
+        hot = fine >= fine.max() if phase else None  # phase 1: only arenas live at its peak can lower it
         for k in range(len(bounds) - 1):
             i, j = bounds[k], bounds[k + 1]
             w_bytes, w_lo, w_hi, wf_lo, wf_hi = window(i, j)
+            if phase and not hot[wf_lo:wf_hi + 1].any():
+                continue
             outside = [max(l[lo - 1] if lo > 0 else 0.0, r[hi + 1] if hi + 1 < length else 0.0)
                        for (l, r), (lo, hi) in zip(curves, ((w_lo, w_hi), (w_lo, w_hi), (wf_lo, wf_hi)))]
             base = prof[w_lo:w_hi + 1] - w_bytes
@@ -377,26 +381,29 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
             for c, xs in moves:
                 seg = base.copy()
                 seg_fine = base_fine.copy() if phase else None
-                new_area = w_area
+                new_area, new_fine_area = w_area, fine_area - w_bytes * (wf_hi - wf_lo + 1)
                 for p_bytes, p_lo, p_hi, pf_lo, pf_hi in parts(i, j, c, xs):
                     seg[p_lo - w_lo:p_hi - w_lo + 1] += p_bytes
                     new_area += p_bytes * (p_hi - p_lo + 1)
+                    new_fine_area += p_bytes * (pf_hi - pf_lo + 1)
                     if phase:
                         seg_fine[pf_lo - wf_lo:pf_hi - wf_lo + 1] += p_bytes
                 work += len(seg)
                 trial = (max(outside[0], float(seg.max())), max(outside[1], float((seg - base_floor).max())),
                          new_area, k, c, xs)
                 if phase:
-                    trial = (max(outside[2], float(seg_fine.max())), *trial)
+                    trial = (max(outside[2], float(seg_fine.max())), new_fine_area, *trial)
                 if best is None or trial < best:
                     best = trial
         return best
 
     def apply(k: int, c: int, xs: tuple[int, ...]) -> None:
+        nonlocal fine_area
         i, j = bounds[k], bounds[k + 1]
         w_bytes, w_lo, w_hi, wf_lo, wf_hi = window(i, j)
         prof[w_lo:w_hi + 1] -= w_bytes
         fine[wf_lo:wf_hi + 1] -= w_bytes
+        fine_area -= w_bytes * (wf_hi - wf_lo + 1)
         new = parts(i, j, c, xs)
         if c >= 0:
             bounds.insert(k + 1, c)
@@ -406,6 +413,7 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
         for p_bytes, p_lo, p_hi, pf_lo, pf_hi in new:
             prof[p_lo:p_hi + 1] += p_bytes
             fine[pf_lo:pf_hi + 1] += p_bytes
+            fine_area += p_bytes * (pf_hi - pf_lo + 1)
 
     moves_made = 0
     for phase in (0, 1):
@@ -421,8 +429,8 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
                 ok = (c_peak < peak * (1 - 1e-3) or (c_peak <= peak and c_excess <= excess - min_excess_gain)
                       or (c_peak <= peak and c_excess <= excess and c_area <= area - min_gain))
             else:
-                c_apeak, c_peak, c_excess, c_area, k, c, xs = move
-                ok = c_peak <= peak and (c_apeak < a_peak or (c_apeak == a_peak and c_area < area))
+                c_apeak, c_fine_area, c_peak, c_excess, c_area, k, c, xs = move
+                ok = c_peak <= peak and (c_apeak < a_peak or (c_apeak == a_peak and c_fine_area < fine_area))
             if not ok:
                 break
             apply(k, c, xs)
