@@ -250,7 +250,7 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.
 
 def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max_cuts: int = 64,
                   max_candidates: int = 1024, work_budget: float = 5e7, isolate: int = 4,
-                  calls: tuple[np.ndarray, np.ndarray] | None = None) -> list[list[str]]:
+                  calls: tuple[np.ndarray, np.ndarray] | None = None, hold_arena_peak: bool = True) -> list[list[str]]:
     """Group blocks (name -> (bytes, start, end), at the traced sizes) into arenas.  An arena of
     blocks ``B`` is estimated at the max live bytes of ``B`` and lives from the first start to the
     last end in ``B`` (widened to whole kernel calls by ``calls``, ``call_spans``' arrays, when
@@ -275,7 +275,9 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     excess needs no such knowledge: wherever the true peak lies, the call holds at most the
     excess more than if every buffer were allocated on its own, as eager does.
 
-    Greedy, in two phases.  First make the move with the lowest (peak, excess, waste) while it
+    Greedy, in two phases.  First make the move with the lowest (peak, excess, waste), among those
+    that do not push the most arena bytes live at once above both its current value and 1% over
+    the blocks' own peak of live bytes (the lower bound) (unless ``hold_arena_peak`` is false), while it
     lowers the peak, or keeps it and lowers the excess by at least 1% of the largest window's
     bytes, or keeps both and lowers the waste by at least 0.5% of the one-arena waste.  Then,
     while the most arena bytes live at once exceed the blocks' own peak of live bytes (the lower
@@ -342,9 +344,11 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
 
     def best_move(phase: int):
         """Phase 0: (peak, excess, waste, window, cut, isolated) of the move with the lowest
-        (peak, excess, waste); phase 1: (arena peak, *that) of the lowest arena peak (arenas over
-        their blocks' own positions: the plan's figure)."""
+        (peak, excess, waste) among those that keep the arena peak (arenas over their blocks' own
+        positions: the plan's figure) within 1% of the bound or below its current value; phase
+        1: (arena peak, *that) of the lowest arena peak."""
         nonlocal work
+        a_limit = max(float(fine.max()), 1.01 * bound)
         # max of each profile left and right of every position, for peaks outside a window
         curves = []
         for curve in (prof, prof - floor, fine):
@@ -380,19 +384,21 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
                 moves += [(-1, (int(x),)) for x in longest]
             for c, xs in moves:
                 seg = base.copy()
-                seg_fine = base_fine.copy() if phase else None
+                seg_fine = base_fine.copy()
                 new_area, new_fine_area = w_area, fine_area - w_bytes * (wf_hi - wf_lo + 1)
                 for p_bytes, p_lo, p_hi, pf_lo, pf_hi in parts(i, j, c, xs):
                     seg[p_lo - w_lo:p_hi - w_lo + 1] += p_bytes
                     new_area += p_bytes * (p_hi - p_lo + 1)
                     new_fine_area += p_bytes * (pf_hi - pf_lo + 1)
-                    if phase:
-                        seg_fine[pf_lo - wf_lo:pf_hi - wf_lo + 1] += p_bytes
-                work += len(seg)
+                    seg_fine[pf_lo - wf_lo:pf_hi - wf_lo + 1] += p_bytes
+                work += len(seg) + len(seg_fine)
+                a_peak = max(outside[2], float(seg_fine.max()))
+                if not phase and hold_arena_peak and a_peak > a_limit:
+                    continue  # phase 0 may not push the arena peak above the bound's tolerance
                 trial = (max(outside[0], float(seg.max())), max(outside[1], float((seg - base_floor).max())),
                          new_area, k, c, xs)
                 if phase:
-                    trial = (max(outside[2], float(seg_fine.max())), new_fine_area, *trial)
+                    trial = (a_peak, new_fine_area, *trial)
                 if best is None or trial < best:
                     best = trial
         return best
@@ -515,6 +521,21 @@ def place_windows(windows: list[list[str]], spans: dict[str, tuple[sympy.Expr, i
     return [(list(w), placed[w]) for w in current]
 
 
+def placed_peaks(placed, hinted: dict[str, tuple[int, int, int]], other: np.ndarray, first: np.ndarray,
+                 last: np.ndarray, env) -> tuple[int, int, int]:
+    """(most of ``other`` + arenas allocated at once around kernel calls, most arena bytes live at
+    once over their buffers' own positions, number of arenas) of placed windows."""
+    length = len(first)
+    calls, own = np.zeros(length + 1), np.zeros(length + 1)
+    calls[:len(other)] += other
+    for heads, (_, nbytes, _) in placed:
+        lo, hi = min(hinted[k][1] for k in heads), max(hinted[k][2] for k in heads)
+        b = hint(nbytes, env)
+        calls[first[lo]:last[hi] + 1] += b
+        own[lo:hi + 1] += b
+    return int(calls.max()), int(own.max()), len(placed)
+
+
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config) -> MemoryPlan:
     pos = positions(schedule, groups)
     live = liveness(schedule, output_nodes(gm), pos)
@@ -550,8 +571,16 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
         members = blocks(bufs)
         spans = block_intervals(bufs)
         hinted = {k: (hint(n, env), s, e) for k, (n, s, e) in spans.items()}
-        windows = split_windows(hinted, other, calls=(first, last)) if config.arena_windows else [list(spans)]
-        for heads, (offsets, nbytes, planner) in place_windows(windows, spans, hinted, config.alignment, (first, last)):
+        if config.arena_windows:
+            # the first phase's greedy may reach the bound either holding the arena peak at every
+            # step or not (then the second phase brings it down); the estimate cannot tell which
+            # packs better, so place both and keep the lower (peak around calls, arena peak)
+            options = [place_windows(split_windows(hinted, other, calls=(first, last), hold_arena_peak=hold),
+                                     spans, hinted, config.alignment, (first, last)) for hold in (True, False)]
+            placed = min(options, key=lambda o: placed_peaks(o, hinted, other, first, last, env))
+        else:
+            placed = place_windows([list(spans)], spans, hinted, config.alignment)
+        for heads, (offsets, nbytes, planner) in placed:
             name = f"arena{len(arenas)}"
             for head in heads:
                 for b in members[head]:
