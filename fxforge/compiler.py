@@ -45,6 +45,11 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> li
     return [DedupeGetitems(), EliminateDeadCode(), AssignBackends(backend, config), FuseGroups(backend, config)]
 
 
+def _fuses(backend: str, registry: Registry) -> bool:
+    """Groups of this backend run as one kernel each (values inside never reach memory)."""
+    return backend != FALLBACK_BACKEND and registry.get(backend).fuses
+
+
 def build_groups(gm: fx.GraphModule, sched: list[fx.Node], registry: Registry) -> list[Group]:
     """Groups from the ``GROUP``/``BACKEND`` metadata the passes wrote, in schedule order."""
     by_id: dict[int, Group] = {}
@@ -54,8 +59,7 @@ def build_groups(gm: fx.GraphModule, sched: list[fx.Node], registry: Registry) -
             continue
         if gid not in by_id:
             backend = n.meta[BACKEND]
-            fused = backend != FALLBACK_BACKEND and registry.get(backend).fuses
-            by_id[gid] = Group(gid, backend, [], fused=fused)
+            by_id[gid] = Group(gid, backend, [], fused=_fuses(backend, registry))
         g = by_id[gid]
         g.nodes.append(n)
         if FALLBACK in n.meta:
@@ -98,8 +102,8 @@ def compile_graph(
     gm, records = pm(gm)
 
     stage("passes")
-    fused = {n.meta[GROUP] for n in gm.graph.nodes if n.meta.get(GROUP) is not None
-             and n.meta.get(BACKEND, FALLBACK_BACKEND) != FALLBACK_BACKEND and registry.get(n.meta[BACKEND]).fuses}
+    fused = {n.meta[GROUP] for n in gm.graph.nodes
+             if n.meta.get(GROUP) is not None and _fuses(n.meta.get(BACKEND, FALLBACK_BACKEND), registry)}
     sched, sched_stats = make_schedule(gm, fused)
     stage("schedule")
     groups = build_groups(gm, sched, registry)

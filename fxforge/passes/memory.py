@@ -39,6 +39,7 @@ from ..config import Config
 from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, plan_offsets, verify_plan
+from .schedule import fused_positions
 
 
 def align_up(e: sympy.Expr, alignment: int) -> sympy.Expr:
@@ -65,19 +66,8 @@ _STORAGE_OFFSET_OPS = {
 
 
 def positions(schedule: list[fx.Node], groups: list[Group]) -> dict[fx.Node, int]:
-    """Schedule positions for liveness: every node of a fused group (and every getitem of one)
-    sits at the group's position, since one kernel reads all its inputs and writes all its
-    outputs; nodes of other groups run one after another at their own positions."""
-    pos = {n: i for i, n in enumerate(schedule)}
-    for g in groups:
-        if g.fused and len(g.nodes) > 1:
-            at = max(pos[n] for n in g.nodes)
-            for n in g.nodes:
-                pos[n] = at
-                for u in n.users:
-                    if u.target is operator.getitem and u in pos:
-                        pos[u] = at
-    return pos
+    """Schedule positions for liveness, fused groups each at one position (``fused_positions``)."""
+    return fused_positions(schedule, [g.nodes for g in groups if g.fused])
 
 
 def collect_buffers(gm: fx.GraphModule, groups: list[Group], pos: dict[fx.Node, int],
@@ -483,12 +473,7 @@ def place_windows(windows: list[list[str]], spans: dict[str, tuple[sympy.Expr, i
         return (int(first[lo]), int(last[hi])) if calls else (lo, hi)
 
     def profile(ws, calls: bool = False) -> np.ndarray:
-        prof = np.zeros(length + 1, dtype=np.int64)
-        for w in ws:
-            lo, hi = span(w, calls)
-            prof[lo] += size(w)
-            prof[hi + 1] -= size(w)
-        return np.cumsum(prof[:length])
+        return live_profile(((*span(w, calls), size(w)) for w in ws), length)
 
     current = list(placed)
     for _ in range(rounds):
@@ -497,11 +482,12 @@ def place_windows(windows: list[list[str]], spans: dict[str, tuple[sympy.Expr, i
         allocated = int(profile(current, True).max())  # around whole calls: must not grow
         if top <= 1.01 * bound:
             break
-        fragmented = [w for w in current if 1 < len(w) <= max_blocks and span(w)[0] <= at <= span(w)[1] and size(w) > 0
-                      and size(w) > peak_live_bytes((hinted[k][1], hinted[k][2], hinted[k][0]) for k in w)]
+        waste = {w: size(w) - peak_live_bytes((hinted[k][1], hinted[k][2], hinted[k][0]) for k in w)
+                 for w in current if 1 < len(w) <= max_blocks and span(w)[0] <= at <= span(w)[1] and size(w) > 0}
+        fragmented = [w for w, wasted in waste.items() if wasted > 0]
         if not fragmented:
             break
-        w = max(fragmented, key=lambda w: size(w) - peak_live_bytes((hinted[k][1], hinted[k][2], hinted[k][0]) for k in w))
+        w = max(fragmented, key=waste.get)
         best = None
         for x in sorted(w, key=lambda k: (hinted[k][1] - hinted[k][2], -hinted[k][0], k))[:tries]:
             rest = tuple(k for k in w if k != x)
@@ -526,14 +512,21 @@ def placed_peaks(placed, hinted: dict[str, tuple[int, int, int]], other: np.ndar
     """(most of ``other`` + arenas allocated at once around kernel calls, most arena bytes live at
     once over their buffers' own positions, number of arenas) of placed windows."""
     length = len(first)
-    calls, own = np.zeros(length + 1), np.zeros(length + 1)
-    calls[:len(other)] += other
-    for heads, (_, nbytes, _) in placed:
-        lo, hi = min(hinted[k][1] for k in heads), max(hinted[k][2] for k in heads)
-        b = hint(nbytes, env)
-        calls[first[lo]:last[hi] + 1] += b
-        own[lo:hi + 1] += b
+    spans = [(min(hinted[k][1] for k in heads), max(hinted[k][2] for k in heads), hint(nbytes, env))
+             for heads, (_, nbytes, _) in placed]
+    calls = live_profile(((first[lo], last[hi], b) for lo, hi, b in spans), length)
+    calls[:len(other)] += other.astype(calls.dtype)
+    own = live_profile(spans, length)
     return int(calls.max()), int(own.max()), len(placed)
+
+
+def live_profile(ranges, length: int) -> np.ndarray:
+    """Bytes live at each of ``length`` positions, for (first, last, nbytes) ranges."""
+    prof = np.zeros(length + 1, dtype=np.int64)
+    for lo, hi, b in ranges:
+        prof[lo] += b
+        prof[hi + 1] -= b
+    return np.cumsum(prof[:length])
 
 
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config) -> MemoryPlan:

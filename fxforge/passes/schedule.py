@@ -43,27 +43,34 @@ def fused_layout(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int
     emits one kernel per group) sits at the group's last position, with the getitems of its
     nodes: one kernel reads all its inputs and writes all its outputs; a value computed and read
     only inside such a kernel gets no buffer."""
-    pos = {n: i for i, n in enumerate(order)}
-    internal: set[fx.Node] = set()
-    if not fused:
-        return pos, internal
     by_group: dict[int, list[fx.Node]] = {}
     for n in order:
         if n.meta.get(GROUP) in fused:
             by_group.setdefault(n.meta[GROUP], []).append(n)
+    pos = fused_positions(order, by_group.values())
     outputs = set(output_nodes(gm))
+    internal: set[fx.Node] = set()
     for ns in by_group.values():
-        if len(ns) < 2:
-            continue
-        at = max(pos[n] for n in ns)
-        for n in ns:
-            pos[n] = at
-            for u in n.users:
-                if u.target is operator.getitem and u in pos:
-                    pos[u] = at
-        written = set(group_outputs(ns, outputs))
-        internal |= {n for n in ns if node_kind(n) == "compute" and n not in written}
+        if len(ns) > 1:
+            written = set(group_outputs(ns, outputs))
+            internal |= {n for n in ns if node_kind(n) == "compute" and n not in written}
     return pos, internal
+
+
+def fused_positions(order: list[fx.Node], fused_groups: Iterable[list[fx.Node]]) -> dict[fx.Node, int]:
+    """Positions of ``order`` for liveness: every node of a fused group of several nodes (and
+    every getitem of one) sits at the group's last position, since one kernel reads all its
+    inputs and writes all its outputs there; other nodes keep their own positions."""
+    pos = {n: i for i, n in enumerate(order)}
+    for ns in fused_groups:
+        if len(ns) > 1:
+            at = max(pos[n] for n in ns)
+            for n in ns:
+                pos[n] = at
+                for u in n.users:
+                    if u.target is operator.getitem and u in pos:
+                        pos[u] = at
+    return pos
 
 
 def peak_bytes(gm: fx.GraphModule, order: list[fx.Node], sizes: dict[fx.Node, int] | None = None,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -129,15 +128,4 @@ class Tuner:
             return {}  # missing or corrupt: tune again and rewrite
 
     def write(self, data: dict) -> None:
-        path = self.path()
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        cache.atomic_write(self.path(), json.dumps(data, indent=1, sort_keys=True))

@@ -58,6 +58,23 @@ def _header(key: str) -> str:
     return f"# fxforge triton kernel {key}\n"
 
 
+def atomic_write(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file in the same directory and ``os.replace``:
+    readers see the old content or the new, never a partial file."""
+    suffix = os.path.splitext(path)[1]
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=suffix)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def module_path(source: str) -> str:
     """The cache file holding ``source`` (written or repaired if missing or corrupt)."""
     key = source_key(source)
@@ -70,17 +87,7 @@ def module_path(source: str) -> str:
         except (OSError, UnicodeDecodeError):
             ok = False
         if not ok:
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".py")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(text)
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            atomic_write(path, text)
             # a stale import of the old content must not be reused
             for mod in [m for m in sys.modules if m.startswith(f"fxk_{key}")]:
                 sys.modules.pop(mod, None)

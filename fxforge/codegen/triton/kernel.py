@@ -324,6 +324,7 @@ class Emitter:
         self.autotune = autotune  # the launch asks ``<name>_tuner`` for its configuration
         self.ref, self.buffer = ref, buffer
         self.nodes = [n for n in nodes if node_kind(n) == "compute"]
+        self.order = list(nodes)  # members in schedule order (what reaches the source follows it)
         self.members = set(nodes)
         self.outputs = outputs
         self.params: list[Param] = []
@@ -749,7 +750,7 @@ class Emitter:
             for i, t in enumerate(val if isinstance(val, (tuple, list)) else [val]):
                 self.tensor(self.buffer(n, i if isinstance(val, (tuple, list)) else None), t, "out")
         ins = []
-        for n in self.members:
+        for n in self.order:
             for a in n.all_input_nodes:
                 if a not in self.members and not self.internal(a) and isinstance(a.meta.get(VAL), torch.Tensor):
                     ins.append(a.meta[VAL])
@@ -782,7 +783,7 @@ class Emitter:
 
     def frame_of(self) -> "Frame":
         if not self.reductions:
-            shapes = [shape_of(n.meta[VAL]) for n in self.members if isinstance(n.meta.get(VAL), torch.Tensor)]
+            shapes = [shape_of(n.meta[VAL]) for n in self.order if isinstance(n.meta.get(VAL), torch.Tensor)]
             numel = _numel(shapes[0])
             if any(not _same(_numel(s), numel) for s in shapes):
                 raise Unsupported("pointwise group with different element counts")
