@@ -16,6 +16,7 @@ Vocabulary used across fxforge:
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -171,9 +172,24 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     if node.target is operator.getitem:
         base = node.args[0]
         return aliased_input(base) if isinstance(base, fx.Node) else None
-    if node.target in _UNANNOTATED_VIEWS:
-        return node.args[0] if isinstance(node.args[0], fx.Node) else None
-    schema = op_schema(node)
+    try:
+        arg = _aliased_argument(node.target)
+    except TypeError:  # an unhashable callable target: ask its schema directly
+        arg = _aliased_argument.__wrapped__(node.target)
+    if arg is None:
+        return None
+    i, name = arg
+    v = node.args[i] if i < len(node.args) else node.kwargs.get(name)
+    return v if isinstance(v, fx.Node) else None
+
+
+@functools.cache
+def _aliased_argument(op) -> tuple[int, str] | None:
+    """(position, name) of the argument an op's output aliases, read off its schema once per op
+    (schemas never change, and passes ask this of every node many times)."""
+    if op in _UNANNOTATED_VIEWS:
+        return 0, "self"
+    schema = getattr(op, "_schema", None)
     if schema is None:
         return None
     rets = [r.alias_info for r in schema.returns if r.alias_info is not None]
@@ -183,8 +199,7 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     for i, arg in enumerate(schema.arguments):
         # a list of views (``Tensor(a)[]``) carries its alias set on the elements, not the list
         if arg.alias_info is not None and (arg.alias_info.before_set & sets or not sets):
-            v = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            return v if isinstance(v, fx.Node) else None
+            return i, arg.name
     return None
 
 

@@ -57,7 +57,12 @@ def numel(shape) -> sympy.Expr:
 
 def same_size(a, b) -> bool:
     """Two size expressions are equal for every value of their symbols."""
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+    if a == b:
+        return True
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if a.is_Number and b.is_Number:
+        return False
+    return sympy.expand(a - b) == 0
 
 
 @dataclass

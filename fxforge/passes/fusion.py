@@ -62,6 +62,8 @@ class _Group:
     nodes: list[fx.Node]  # members (compute nodes and the views pulled in)
     hi: int  # largest program index of a member: where the group runs
     compute: int  # compute nodes
+    it: "Iteration"  # the loop nest its compute nodes share
+    reduces: bool  # it holds a reduction (``it`` is then that reduction's rows x reduced elements)
 
 
 @dataclass
@@ -103,6 +105,21 @@ def iteration_of(nodes: list[fx.Node]) -> Iteration | str:
     return it if it is not None else Iteration(sympy.Integer(1))
 
 
+def joined_iteration(a: _Group, b: _Group) -> Iteration | None:
+    """``iteration_of`` the union of two groups, from their own loop nests (None: none shared).
+    Within a group every reduction has its ``it`` and every pointwise value fits it; without a
+    reduction every pointwise value has ``it.numel`` elements.  So the union shares a loop nest
+    exactly when the nests agree, or one group's pointwise values fit the other's reduction."""
+    if a.reduces and b.reduces:
+        ok = _same(a.it.numel, b.it.numel) and _same(a.it.rnumel, b.it.rnumel)
+    elif a.reduces or b.reduces:
+        red, pw = (a, b) if a.reduces else (b, a)
+        a, ok = red, red.it.fits(pw.it.numel)
+    else:
+        ok = _same(a.it.numel, b.it.numel)
+    return a.it if ok else None
+
+
 def view_input(v: fx.Node) -> fx.Node | None:
     """The node a view (or getitem) reads its tensor from."""
     if v.target is operator.getitem:
@@ -120,16 +137,19 @@ class FuseGroups:
     # ------------------------------------------------------------------ setup
 
     def fusible(self, n: fx.Node) -> bool:
-        return (
-            n.meta.get(BACKEND) == self.backend.name
-            and not has_side_effects(n)
-            and kind_of(n) in ("pointwise", "reduction")
-        )
+        if n not in self._fusible:
+            self._fusible[n] = (
+                n.meta.get(BACKEND) == self.backend.name
+                and not has_side_effects(n)
+                and kind_of(n) in ("pointwise", "reduction")
+            )
+        return self._fusible[n]
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         if self.backend.fusion_cost is None or self.config.max_fusion_size < 2:
             return PassResult(gm, False, {"fused_groups": 0, "refused_fusions": {}, "refused": []})
         self.gm = gm
+        self._fusible: dict[fx.Node, bool] = {}
         nodes = program_order(gm)
         self.index = {n: i for i, n in enumerate(nodes)}
         self.gid: dict[fx.Node, int] = {}
@@ -138,7 +158,8 @@ class FuseGroups:
             if n.meta.get(GROUP) is not None:
                 g = n.meta[GROUP]
                 self.gid[n] = g
-                self.groups[g] = _Group(g, [n], self.index[n], 1)
+                it = iteration_of([n]) if self.fusible(n) else Iteration(sympy.Integer(1))
+                self.groups[g] = _Group(g, [n], self.index[n], 1, it, kind_of(n) == "reduction")
         self.refused: dict[str, int] = {}
         self.refused_list: list[dict] = []
         self.merges = 0
@@ -205,10 +226,12 @@ class FuseGroups:
             self.refuse("cycle", a, b)
             return False
         nodes = sorted(members | {v for v, _ in views}, key=self.index.get)
-        it = iteration_of(nodes)
-        if isinstance(it, str):
-            self.refuse("incompatible_iteration", a, b, it)
-            return False
+        it = joined_iteration(a, b)
+        if it is None:
+            it = iteration_of(nodes)  # the whole scan, for the refusal's detail
+            if isinstance(it, str):
+                self.refuse("incompatible_iteration", a, b, it)
+                return False
         outputs = group_outputs(nodes, self.graph_outputs)
         try:
             cost = self.backend.fusion_cost(nodes, outputs, cfg)
@@ -237,6 +260,7 @@ class FuseGroups:
         a.nodes = sorted(members, key=self.index.get)
         a.hi = max(a.hi, b.hi)
         a.compute += b.compute
+        a.it, a.reduces = it, a.reduces or b.reduces
         for n in b.nodes:
             self.gid[n] = a.id
         del self.groups[b.id]
