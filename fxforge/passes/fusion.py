@@ -436,7 +436,11 @@ class _PeakModel:
         """Apply the merge to the profile; None if within the limit, else undo and say why."""
         at = max(a.hi, b.hi)
         moved = self.positions(members, at)
-        roots = {storage_root(n) for n in members} | {storage_root(x) for n in members for x in n.all_input_nodes}
+        # a storage's span moves only with the position of its producer or of a reader, or (one
+        # fused kernel) with which group its producer and readers belong to
+        changed = members if self.fused else [n for n in members if self.pos(n, {}) != moved[n]]
+        roots = {storage_root(x) for n in changed
+                 for x in (n, *n.all_input_nodes, *(u for u in n.users if u.target is operator.getitem))}
         roots = [r for r in roots if r in self.size]
         changes = []
         for r in roots:

@@ -291,39 +291,20 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     floor = other + own  # the profile minus this is the excess
     fine = np.zeros(length, dtype=np.float64)  # the arenas over their blocks' own positions
     alone = np.zeros(n, dtype=bool)  # blocks isolated into arenas of their own
-    cache: dict[tuple[int, int, tuple[int, ...]], tuple[float, int, int, int, int]] = {}
-
-    def window(i: int, j: int, drop: tuple[int, ...] = ()) -> tuple[float, int, int, int, int]:
-        """(bytes, allocated, freed, first start, last end) of the arena of blocks names[i:j],
-        less isolated ones and ``drop``."""
-        w = cache.get((i, j, drop))
-        if w is None:
-            keep = ~alone[i:j]
-            for x in drop:
-                keep[x - i] = False
-            s, e, b = start[i:j][keep], end[i:j][keep], size[i:j][keep]
-            if not len(s):
-                w = (0.0, int(first[start[i]]), int(first[start[i]]), int(start[i]), int(start[i]))
-            else:
-                lo, hi = int(s[0]), int(e.max())
-                d = np.bincount(s - lo, b, hi - lo + 2) - np.bincount(e + 1 - lo, b, hi - lo + 2)
-                w = (float(np.cumsum(d).max()), int(first[lo]), int(last[hi]), lo, hi)
-            cache[(i, j, drop)] = w
-        return w
-
-    def parts(i: int, j: int, c: int, xs: tuple[int, ...]) -> list[tuple[float, int, int, int, int]]:
-        """The arenas window names[i:j] becomes: cut at c (-1: none), blocks xs isolated."""
-        single = [(size[x], int(first[start[x]]), int(last[end[x]]), int(start[x]), int(end[x])) for x in xs]
-        if c < 0:
-            return [window(i, j, xs), *single]
-        return [window(i, c, xs), window(c, j), *single]
-
     # candidate cuts: indices where a new start position begins (a cut never splits one position)
     firsts = [i for i in range(1, n) if start[i] != start[i - 1]]
     if len(firsts) > max_candidates:
         firsts = [firsts[int(k * len(firsts) / max_candidates)] for k in range(max_candidates)]
+    tables: dict[tuple[int, int], _Moves] = {}  # the current windows' moves
+
+    def moves_of(i: int, j: int) -> _Moves:
+        if (i, j) not in tables:
+            cuts = firsts[bisect.bisect_right(firsts, i):bisect.bisect_left(firsts, j)]
+            tables[(i, j)] = _Moves(i, np.flatnonzero(~alone[i:j]) + i, cuts, start, end, size, first, last, isolate)
+        return tables[(i, j)]
+
     bounds = [0, n]  # windows: names[bounds[k]:bounds[k + 1]], less isolated blocks
-    nbytes, lo, hi, f_lo, f_hi = window(0, n)
+    nbytes, lo, hi, f_lo, f_hi = moves_of(0, n).window
     prof[lo:hi + 1] += nbytes
     fine[f_lo:f_hi + 1] += nbytes
     peak, excess, area = float(prof.max()), float((prof - floor).max()), nbytes * (hi - lo + 1)
@@ -336,77 +317,64 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
         """Phase 0: (peak, excess, waste, window, cut, isolated) of the move with the lowest
         (peak, excess, waste) among those that keep the arena peak (arenas over their blocks' own
         positions: the plan's figure) within 1% of the bound or below its current value; phase
-        1: (arena peak, *that) of the lowest arena peak."""
+        1: (arena peak, *that) of the lowest arena peak.  Every move of every window is judged
+        at once: a move changes the profiles only inside its window's range, by a few ranges of
+        constant bytes, so each figure is a handful of range maxima of the current profiles."""
         nonlocal work
         a_limit = max(float(fine.max()), 1.01 * bound)
-        # max of each profile left and right of every position, for peaks outside a window
-        curves = []
-        for curve in (prof, prof - floor, fine):
-            curves.append((np.maximum.accumulate(curve), np.maximum.accumulate(curve[::-1])[::-1]))
-        best = None
+        curves = (prof, prof - floor, fine)
         hot = fine >= fine.max() if phase else None  # phase 1: only arenas live at its peak can lower it
-        for k in range(len(bounds) - 1):
-            i, j = bounds[k], bounds[k + 1]
-            w_bytes, w_lo, w_hi, wf_lo, wf_hi = window(i, j)
-            if phase and not hot[wf_lo:wf_hi + 1].any():
-                continue
-            outside = [max(l[lo - 1] if lo > 0 else 0.0, r[hi + 1] if hi + 1 < length else 0.0)
-                       for (l, r), (lo, hi) in zip(curves, ((w_lo, w_hi), (w_lo, w_hi), (wf_lo, wf_hi)))]
-            base = prof[w_lo:w_hi + 1] - w_bytes
-            base_floor = floor[w_lo:w_hi + 1]
-            base_fine = fine[wf_lo:wf_hi + 1] - w_bytes
-            w_area = area - w_bytes * (w_hi - w_lo + 1)
-            members = np.flatnonzero(~alone[i:j]) + i
-            m_end = end[members]
-            ends_sorted = np.sort(m_end)
-            moves: list[tuple[int, tuple[int, ...]]] = []
-            for c in firsts[bisect.bisect_right(firsts, i):bisect.bisect_left(firsts, j)]:
-                moves.append((c, ()))
-                # blocks before the cut still live at its start: those of members[:before] not
-                # ending before it (every block ending before it starts before it)
-                before = int(np.searchsorted(members, c))
-                crossing = before - int(np.searchsorted(ends_sorted, start[c]))
-                if 0 < crossing <= isolate and crossing < before:
-                    xs = members[:before][m_end[:before] >= start[c]]
-                    moves.append((c, tuple(int(x) for x in xs)))
-            if len(members) > 1:
-                longest = members[np.argsort(start[members] - m_end, kind="stable")[:isolate]]
-                moves += [(-1, (int(x),)) for x in longest]
-            for c, xs in moves:
-                seg = base.copy()
-                seg_fine = base_fine.copy()
-                new_area, new_fine_area = w_area, fine_area - w_bytes * (wf_hi - wf_lo + 1)
-                for p_bytes, p_lo, p_hi, pf_lo, pf_hi in parts(i, j, c, xs):
-                    seg[p_lo - w_lo:p_hi - w_lo + 1] += p_bytes
-                    new_area += p_bytes * (p_hi - p_lo + 1)
-                    new_fine_area += p_bytes * (pf_hi - pf_lo + 1)
-                    seg_fine[pf_lo - wf_lo:pf_hi - wf_lo + 1] += p_bytes
-                work += len(seg) + len(seg_fine)
-                a_peak = max(outside[2], float(seg_fine.max()))
-                if not phase and hold_arena_peak and a_peak > a_limit:
-                    continue  # phase 0 may not push the arena peak above the bound's tolerance
-                trial = (max(outside[0], float(seg.max())), max(outside[1], float((seg - base_floor).max())),
-                         new_area, k, c, xs)
-                if phase:
-                    trial = (a_peak, new_fine_area, *trial)
-                if best is None or trial < best:
-                    best = trial
-        return best
+        ks = [k for k in range(len(bounds) - 1) if len(moves_of(bounds[k], bounds[k + 1]).moves)]
+        tabs = [tables[(bounds[k], bounds[k + 1])] for k in ks]
+        if phase:
+            keep = [hot[t.window[3]:t.window[4] + 1].any() for t in tabs]
+            ks, tabs = [k for k, h in zip(ks, keep) if h], [t for t, h in zip(tabs, keep) if h]
+        if not tabs:
+            return None
+        count = [len(t.moves) for t in tabs]
+        w = np.repeat(np.array([t.window for t in tabs]), count, axis=0)  # each move's window
+        w_bytes, (w_lo, w_hi, wf_lo, wf_hi) = w[:, 0], w[:, 1:].astype(np.int64).T
+        work += float(((w_hi - w_lo + 1) + (wf_hi - wf_lo + 1)).sum())  # profile entries a scan would touch
+        pb = np.concatenate([t.bytes for t in tabs])
+        plo, phi, pflo, pfhi = (np.concatenate([getattr(t, f) for t in tabs]) for f in ("lo", "hi", "flo", "fhi"))
+        figures = []
+        for curve, (lo, hi, p_lo, p_hi) in zip(curves, ((w_lo, w_hi, plo, phi), (w_lo, w_hi, plo, phi),
+                                                        (wf_lo, wf_hi, pflo, pfhi))):
+            left, right = np.maximum.accumulate(curve), np.maximum.accumulate(curve[::-1])[::-1]
+            outside = np.maximum(np.where(lo > 0, left[np.maximum(lo - 1, 0)], 0.0),
+                                 np.where(hi + 1 < length, right[np.minimum(hi + 1, length - 1)], 0.0))
+            figures.append(np.maximum(outside, _covered_max(_RangeMax(curve), lo, hi, pb, p_lo, p_hi) - w_bytes))
+        t_peak, t_excess, a_peak = figures
+        t_area = area - w_bytes * (w_hi - w_lo + 1) + (pb * (phi - plo + 1)).sum(axis=1)
+        t_fine_area = fine_area - w_bytes * (wf_hi - wf_lo + 1) + (pb * (pfhi - pflo + 1)).sum(axis=1)
+        k_of = np.repeat(np.array(ks), count)
+        rank = np.concatenate([t.rank for t in tabs])
+        keys = [t_peak, t_excess, t_area, k_of, rank]
+        if phase:
+            keys = [a_peak, t_fine_area, *keys]
+        allowed = np.flatnonzero(a_peak <= a_limit) if not phase and hold_arena_peak else np.arange(len(rank))
+        if not len(allowed):
+            return None  # phase 0 may not push the arena peak above the bound's tolerance
+        x = int(allowed[np.lexsort([key[allowed] for key in reversed(keys)])[0]])
+        row = ks.index(int(k_of[x]))
+        c, xs = tabs[row].moves[x - sum(count[:row])]
+        trial = (float(t_peak[x]), float(t_excess[x]), float(t_area[x]), int(k_of[x]), c, xs)
+        return (float(a_peak[x]), float(t_fine_area[x]), *trial) if phase else trial
 
     def apply(k: int, c: int, xs: tuple[int, ...]) -> None:
         nonlocal fine_area
         i, j = bounds[k], bounds[k + 1]
-        w_bytes, w_lo, w_hi, wf_lo, wf_hi = window(i, j)
+        t = tables.pop((i, j))
+        w_bytes, w_lo, w_hi, wf_lo, wf_hi = t.window
         prof[w_lo:w_hi + 1] -= w_bytes
         fine[wf_lo:wf_hi + 1] -= w_bytes
         fine_area -= w_bytes * (wf_hi - wf_lo + 1)
-        new = parts(i, j, c, xs)
+        r = t.moves.index((c, xs))
         if c >= 0:
             bounds.insert(k + 1, c)
         if xs:
             alone[list(xs)] = True
-            cache.clear()
-        for p_bytes, p_lo, p_hi, pf_lo, pf_hi in new:
+        for p_bytes, p_lo, p_hi, pf_lo, pf_hi in zip(t.bytes[r], t.lo[r], t.hi[r], t.flo[r], t.fhi[r]):
             prof[p_lo:p_hi + 1] += p_bytes
             fine[pf_lo:pf_hi + 1] += p_bytes
             fine_area += p_bytes * (pf_hi - pf_lo + 1)
@@ -435,6 +403,161 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     out = [[names[x] for x in range(i, j) if not alone[x]] for i, j in zip(bounds, bounds[1:])]
     out += [[names[x]] for x in np.flatnonzero(alone)]
     return sorted((w for w in out if w), key=lambda w: spans[w[0]][1:])
+
+
+class _Moves:
+    """The moves that split one window (blocks ``members``, indices into start order, less the
+    isolated ones) and, per move, the arenas it leaves, one row each padded to one width:
+    ``bytes``, ``lo``/``hi`` (allocated .. freed, whole calls) and ``flo``/``fhi`` (first start ..
+    last end of their blocks).  ``moves[r]`` is row r's (cut index or -1, isolated blocks)."""
+
+    def __init__(self, i: int, members: np.ndarray, cuts: list[int], start: np.ndarray, end: np.ndarray,
+                 size: np.ndarray, first: np.ndarray, last: np.ndarray, isolate: int):
+        def arenas(nbytes, lo, hi) -> np.ndarray:
+            """Rows of (bytes, allocated, freed, first start, last end); no bytes: empty (padding)."""
+            lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+            cols = np.broadcast_arrays(np.asarray(nbytes, dtype=np.float64), first[lo], last[hi], lo, hi)
+            return np.stack(cols, axis=-1).astype(np.float64)
+
+        width = 2 + isolate  # a clean cut: both sides and up to ``isolate`` blocks alone
+        self.moves: list[tuple[int, tuple[int, ...]]] = []
+        if not len(members):  # every block isolated: an empty arena at the range's first start
+            at = int(start[i])
+            self.window = (0.0, int(first[at]), int(first[at]), at, at)
+            self._table(np.zeros((0, width, 5)))
+            return
+        s, e, b = start[members], end[members], size[members]
+        f_lo, f_hi = int(s[0]), int(e.max())
+        L = f_hi - f_lo + 1
+        own = np.cumsum(np.bincount(s - f_lo, b, L + 1) - np.bincount(e + 1 - f_lo, b, L + 1))[:L]
+        self.window = (float(own.max()), int(first[f_lo]), int(last[f_hi]), f_lo, f_hi)
+        own_max = _RangeMax(own)
+        empty = arenas(0.0, int(start[i]), int(start[i]))
+        empty[2] = empty[1]  # nothing allocated: freed where allocated
+        rows: list[np.ndarray] = []  # (moves, parts, 5) per kind of move
+        cuts = np.asarray(cuts, dtype=np.int64)
+        if len(cuts):
+            # a cut: the blocks starting before it, and the rest (each side's peak of live bytes)
+            before = np.searchsorted(members, cuts)
+            at = start[cuts] - f_lo  # where the right side starts, locally
+            has_left, has_right = before > 0, before < len(members)
+            nxt = np.minimum(before, len(members) - 1)
+            # left of a cut only its blocks have started, and after the cut they only end
+            left_peak = np.maximum.accumulate(own)[np.clip(at - 1, 0, L - 1)]
+            left = arenas(left_peak, f_lo, np.maximum.accumulate(e)[np.maximum(before - 1, 0)])
+            right = arenas(_right_peaks(s - f_lo, e - f_lo, b, before, L), s[nxt], np.maximum.accumulate(e[::-1])[::-1][nxt])
+            none_right = arenas(0.0, start[cuts], start[cuts])
+            none_right[:, 2] = none_right[:, 1]
+            left = np.where(has_left[:, None], left, empty)
+            right = np.where(has_right[:, None], right, none_right)
+            rows.append(np.stack([left, right], axis=1))
+            self.moves += [(int(c), ()) for c in cuts]
+            # a clean cut: the few blocks still live where the right side starts each in an arena
+            # of its own, so the left arena ends before the right one begins
+            clean, crossing = _crossing(members, e, before, at + f_lo, isolate)
+            if clean:
+                q = np.array(clean)
+                xs = np.array([x + [-1] * (isolate - len(x)) for x in crossing])  # padded with -1
+                real = xs >= 0
+                x_bytes = np.where(real, size[xs], 0.0)
+                x_start = np.where(real, start[xs] - f_lo, 0)
+                hi = at[q] - 1
+                kept_peak = _covered_max(own_max, np.zeros_like(hi), hi, -x_bytes, x_start, np.broadcast_to(hi[:, None], xs.shape))
+                ends = np.sort(e)
+                kept_hi = ends[np.searchsorted(ends, at[q] + f_lo) - 1]
+                kept_lo = s[np.searchsorted(-np.minimum.accumulate(e), -(at[q] + f_lo), side="right")]
+                singles = arenas(x_bytes, np.where(real, start[xs], f_lo), np.where(real, end[xs], f_lo))
+                rows.append(np.concatenate([arenas(kept_peak, kept_lo, kept_hi)[:, None], right[q][:, None], singles], axis=1))
+                self.moves += [(int(cuts[k]), tuple(int(x) for x in xx)) for k, xx in zip(q, crossing)]
+        if len(members) > 1:
+            # isolating one of the longest-lived blocks
+            xs = members[np.argsort(s - e, kind="stable")[:isolate]]
+            zero = np.zeros(len(xs), dtype=np.int64)
+            peaks = _covered_max(own_max, zero, zero + L - 1, -size[xs][:, None], (start[xs] - f_lo)[:, None],
+                                 (end[xs] - f_lo)[:, None])
+            for x, peak in zip(xs, peaks):
+                keep = members != x
+                rows.append(np.stack([arenas(peak, s[keep][0], e[keep].max()), arenas(size[x], start[x], end[x])])[None])
+                self.moves.append((-1, (int(x),)))
+        self._table(np.concatenate([np.concatenate([r, np.zeros((len(r), width - r.shape[1], 5))], axis=1)
+                                    if r.shape[1] < width else r for r in rows]) if rows else np.zeros((0, width, 5)))
+
+    def _table(self, table: np.ndarray) -> None:
+        # padding parts hold no bytes at positions 0..0 (within every range, adds nothing)
+        self.bytes = table[:, :, 0]
+        self.lo, self.hi, self.flo, self.fhi = (table[:, :, q].astype(np.int64) for q in range(1, 5))
+        # ties go to the lower (cut, isolated blocks), as in a scan of the moves in that order
+        self.rank = np.empty(len(self.moves), dtype=np.int64)
+        self.rank[sorted(range(len(self.moves)), key=self.moves.__getitem__)] = np.arange(len(self.moves))
+
+
+def _crossing(members: np.ndarray, e: np.ndarray, before: np.ndarray, at: np.ndarray,
+              isolate: int) -> tuple[list[int], list[list[int]]]:
+    """The cuts q with a few (1..``isolate``) blocks left of them still live at ``at[q]``, not all
+    of the left ones, and those blocks (in index order): one sweep with a heap by end."""
+    live: list[tuple[int, int]] = []  # (end, member) of left blocks
+    clean, crossing = [], []
+    k = 0
+    for q in range(len(before)):
+        while k < before[q]:
+            heapq.heappush(live, (int(e[k]), int(members[k])))
+            k += 1
+        while live and live[0][0] < at[q]:
+            heapq.heappop(live)
+        if 0 < len(live) <= isolate and len(live) < before[q]:
+            clean.append(q)
+            crossing.append(sorted(m for _, m in live))
+    return clean, crossing
+
+
+def _right_peaks(s: np.ndarray, e: np.ndarray, b: np.ndarray, before: np.ndarray, length: int) -> np.ndarray:
+    """Most bytes live at once among the blocks right of each cut (the window's blocks in start
+    order, live over local positions ``s``..``e``; ``before[q]`` of them left of cut q): adding
+    the blocks from the last one back, the profile only grows, so its max is the old max or the
+    max over the range the new blocks cover (time: the blocks' lifetimes, not cuts x positions)."""
+    out = np.full(len(before), -np.inf)
+    prof = np.zeros(length)
+    peak, k = -np.inf, len(s)
+    for q in range(len(before) - 1, -1, -1):
+        if k > before[q]:
+            lo, hi = int(s[before[q]]), int(e[before[q]:k].max())
+            while k > before[q]:
+                k -= 1
+                prof[s[k]:e[k] + 1] += b[k]
+            peak = max(peak, float(prof[lo:hi + 1].max()))
+        out[q] = peak
+    return out
+
+
+class _RangeMax:
+    """Max of a fixed array over any index range in O(1), for many ranges at once (sparse table:
+    row k holds the max of each run of 2**k entries)."""
+
+    def __init__(self, a: np.ndarray):
+        rows = [a]
+        while 2 ** len(rows) <= len(a):
+            prev, half = rows[-1], 2 ** (len(rows) - 1)
+            rows.append(np.concatenate([np.maximum(prev[:-half], prev[half:]), np.full(half, -np.inf)]))
+        self.table = np.stack(rows)
+
+    def __call__(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """max(a[lo:hi]) elementwise; -inf where the range is empty."""
+        ok = hi > lo
+        lo = np.where(ok, lo, 0)
+        k = np.frexp(np.where(ok, hi - lo, 1))[1] - 1  # floor(log2(length)), exactly
+        out = np.maximum(self.table[k, lo], self.table[k, np.where(ok, hi - (1 << k), 0)])
+        return np.where(ok, out, -np.inf)
+
+
+def _covered_max(curve: _RangeMax, lo: np.ndarray, hi: np.ndarray, p_bytes: np.ndarray, p_lo: np.ndarray,
+                 p_hi: np.ndarray) -> np.ndarray:
+    """For each row r: max over positions lo[r]..hi[r] of the curve plus ``p_bytes[r, q]`` over
+    every part q with ``p_lo[r, q] <= position <= p_hi[r, q]`` (parts lie within the range)."""
+    cuts = np.concatenate([lo[:, None], hi[:, None] + 1, p_lo, p_hi + 1], axis=1)
+    cuts = np.sort(np.clip(cuts, lo[:, None], hi[:, None] + 1), axis=1)
+    a, b = cuts[:, :-1], cuts[:, 1:]  # elementary ranges a..b-1, each under a constant set of parts
+    cover = ((p_lo[:, None, :] <= a[:, :, None]) & (a[:, :, None] <= p_hi[:, None, :])) * p_bytes[:, None, :]
+    return (curve(a, b) + cover.sum(axis=2)).max(axis=1)
 
 
 def place(window: dict[str, tuple[sympy.Expr, int, int]], alignment: int) -> tuple[dict[str, sympy.Expr], sympy.Expr, str]:
