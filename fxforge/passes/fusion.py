@@ -133,6 +133,7 @@ class FuseGroups:
     def __init__(self, backend: CodegenBackend, config: Config):
         self.backend = backend
         self.config = config
+        self._fusible: dict[fx.Node, bool] = {}  # memo of fusible(), per run
 
     # ------------------------------------------------------------------ setup
 
@@ -149,7 +150,7 @@ class FuseGroups:
         if self.backend.fusion_cost is None or self.config.max_fusion_size < 2:
             return PassResult(gm, False, {"fused_groups": 0, "refused_fusions": {}, "refused": []})
         self.gm = gm
-        self._fusible: dict[fx.Node, bool] = {}
+        self._fusible.clear()
         nodes = program_order(gm)
         self.index = {n: i for i, n in enumerate(nodes)}
         self.gid: dict[fx.Node, int] = {}
@@ -188,6 +189,10 @@ class FuseGroups:
                 n.meta.setdefault(BACKEND, self.backend.name)  # views pulled in
         if self.copied_views:
             gm.recompile()  # the graph gained view copies: its code must say so even when run by hand
+        if self.config.debug:
+            problems = verify_groups(gm, self.config, self.backend)
+            if problems:
+                raise AssertionError("; ".join(problems))
         return PassResult(gm, self.merges > 0, {
             "fused_groups": sum(1 for g in self.groups.values() if g.compute > 1),
             "merges": self.merges,
@@ -251,7 +256,6 @@ class FuseGroups:
             self.refuse("peak_memory", a, b, grown)
             return False
         # commit
-        self.order.merged(a, b, later)
         for v, clone in views:
             if clone:
                 v = self.copy_view_for(v, members)
@@ -264,6 +268,7 @@ class FuseGroups:
         for n in b.nodes:
             self.gid[n] = a.id
         del self.groups[b.id]
+        self.order.merged(a, b, later)
         self.merges += 1
         return True
 
@@ -358,18 +363,26 @@ class _Order:
                         continue  # this edge moves to the view's private copy
                     return None
                 stack.append(w)
+        # a view's private copy reads what the view reads (a copied view it reads: that one's
+        # copy): reached from the group through one of those inputs, the copy would close a cycle
+        if any(self.vertex(x) in seen for v in copied if v in seen for x in v.all_input_nodes if x not in copied):
+            return None
         return sorted(seen, key=self.time_of)
 
     def merged(self, a: _Group, b: _Group, later: list) -> None:
-        T = max(self.time_of(("g", a.id)), self.time_of(("g", b.id)))
-        self.time[("g", a.id)] = T
-        self.time.pop(("g", b.id), None)
+        """Times once ``b``'s members (and the views that joined, and the copies) are in ``a``:
+        the merged group keeps the later time T; ``later`` (``must_follow``) moves just after it."""
+        va, vb = ("g", a.id), ("g", b.id)
+        T = max(self.time[va], self.time[vb])  # both timed by must_follow
+        self.time[va] = T
+        del self.time[vb]
         if later:
             # strictly between T and the next time any successor of theirs has
             moving = set(later)
             bound = min((self.time_of(w) for v in later for w in self.successors(v) if w not in moving), default=T + 1)
-            bound = min(bound, T + 1)
-            step = Fraction(bound - T) / (len(later) + 1)
+            if bound <= T:
+                raise AssertionError(f"fusion order broken: a vertex after group {a.id} runs at {bound} <= {T}")
+            step = Fraction(min(bound, T + 1) - T) / (len(later) + 1)
             for i, v in enumerate(later):
                 self.time[v] = T + step * (i + 1)
 
