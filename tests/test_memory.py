@@ -389,3 +389,33 @@ def test_output_written_over_a_dying_buffer():
     c(*args), plain(*args)  # warm
     nbytes = 512 * 64 * 4
     assert measured_peak(lambda: c(*args)) < measured_peak(lambda: plain(*args)) - nbytes // 2
+
+
+def test_pointwise_op_writes_over_a_reshaped_dying_buffer():
+    """The loss gradient shape: a row-wise kernel's (256, V) result, reshaped to (2, 128, V) and
+    added to an incoming gradient, dies there: the add writes over it (same element order), so
+    the backward holds one vocabulary-sized buffer there, not two."""
+    def f(g, ls, t):
+        d = torch.ops.aten._log_softmax_backward_data(g, ls, 1, torch.float32)
+        return torch.mm((d.view(2, 8, 40) + t).view(16, 40), torch.ones(40, 3))
+
+    args = (torch.randn(16, 40), torch.log_softmax(torch.randn(16, 40), 1), torch.randn(2, 8, 40))
+    c = compile_graph(make_fx(f, tracing_mode="fake")(*args), fxforge.Config(debug=True, poison_arena=True))
+    add = next(b for b in c.plan.memory.buffers.values() if b.producer.target is torch.ops.aten.add.Tensor)
+    assert add.reuses is not None and add.shape != c.plan.memory.buffers[add.reuses].shape
+    assert c.stats["arena_bytes"] == 16 * 40 * 4
+    torch.testing.assert_close(c(*args), f(*args))
+
+
+def test_no_inplace_through_a_view_of_another_element_size():
+    """A float16 view of a float32 buffer laid out like the float32 output still places element i
+    at other bytes (2i vs 4i): writing the output over it would clobber inputs not yet read."""
+    def f(x, z):
+        y = torch.exp(x)  # float32, 16 elements
+        h = y.view(torch.float16)[:16]  # the first 16 halves: half the bytes, same shape as y
+        return torch.mm((h + z).view(4, 4), torch.ones(4, 4))  # float32 (16,): y's size
+
+    x, z = torch.randn(16), torch.randn(16)
+    c = compile_graph(make_fx(f, tracing_mode="fake")(x, z), fxforge.Config(debug=True, poison_arena=True))
+    assert not any(b.reuses for b in c.plan.memory.buffers.values()), c.plan.memory.dump()
+    torch.testing.assert_close(c(x, z), f(x, z), equal_nan=True)

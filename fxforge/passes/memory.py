@@ -121,8 +121,10 @@ _ROWWISE_INPLACE = {
 def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: dict[fx.Node, int]) -> Buffer | None:
     """An arena buffer a pointwise node (or a row-wise kernel of ``_ROWWISE_INPLACE``, over its
     one allowed input) may overwrite with its output: read only here, by this node, through
-    exactly one reference to its root (the root itself, or a view of the whole of it with the
-    same layout), with the output's dtype, shape and stride."""
+    exactly one reference to its root (the root itself, or a view of it, e.g. a reshape), that
+    reference laid out as the output (same shape and strides, from the buffer's first byte, so
+    each output element lands on the bytes of the input element it is computed from), and the
+    buffer of the output's dtype and size."""
     tensor_inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get(VAL), torch.Tensor)]
     if torch.Tag.pointwise in getattr(node.target, "tags", ()):
         candidates = tensor_inputs
@@ -139,15 +141,18 @@ def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: 
             and src.index is None
             and src.end == pos[node]
             and sum(storage_root(b) is root for b in tensor_inputs) == 1
-            and (root is a or _same_layout(a.meta[VAL], src))  # e.g. t(t(mm)): the whole buffer as is
-            and (src.dtype, src.shape, src.stride, src.nbytes) == (out.dtype, out.shape, out.stride, out.nbytes)
+            and _same_layout(a.meta[VAL], out)  # e.g. t(t(mm)), or a reshape of the loss's gradient
+            and (src.dtype, src.nbytes) == (out.dtype, out.nbytes)
         ):
             return src
     return None
 
 
 def _same_layout(val: torch.Tensor, b: Buffer) -> bool:
+    """``val`` (a value in some storage) sits in it from its first byte exactly as ``b`` is laid
+    out in its own: same element size, shape and strides."""
     return (isinstance(val, torch.Tensor) and expr(val.storage_offset()) == 0
+            and val.element_size() == b.dtype.itemsize
             and tuple(expr(s) for s in val.shape) == b.shape and tuple(expr(s) for s in val.stride()) == b.stride)
 
 
