@@ -337,21 +337,31 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
         if not tabs:
             return None
         count = [len(t.moves) for t in tabs]
-        w = np.repeat(np.array([t.window for t in tabs]), count, axis=0)  # each move's window
-        w_bytes, (w_lo, w_hi, wf_lo, wf_hi) = w[:, 0], w[:, 1:].astype(np.int64).T
-        work += float(((w_hi - w_lo + 1) + (wf_hi - wf_lo + 1)).sum())  # profile entries a scan would touch
-        pb = np.concatenate([t.bytes for t in tabs])
-        plo, phi, pflo, pfhi = (np.concatenate([getattr(t, f) for t in tabs]) for f in ("lo", "hi", "flo", "fhi"))
+        w = np.array([t.window for t in tabs])
+        work += float((np.array(count) * ((w[:, 2] - w[:, 1] + 1) + (w[:, 4] - w[:, 3] + 1))).sum())  # as a scan
+        stale = [t for t in tabs if t.seg is None]
+        if stale:
+            # each move's peak, excess and arena peak within its window's range (valid until a
+            # move changes the profiles there: ``apply``)
+            sw = np.repeat(np.array([t.window for t in stale]), [len(t.moves) for t in stale], axis=0)
+            s_bytes, (s_lo, s_hi, sf_lo, sf_hi) = sw[:, 0], sw[:, 1:].astype(np.int64).T
+            pb = np.concatenate([t.bytes for t in stale])
+            plo, phi, pflo, pfhi = (np.concatenate([getattr(t, f) for t in stale]) for f in ("lo", "hi", "flo", "fhi"))
+            seg = np.stack([_covered_max(_RangeMax(curve), lo, hi, pb, p_lo, p_hi) - s_bytes
+                            for curve, (lo, hi, p_lo, p_hi) in zip(curves, ((s_lo, s_hi, plo, phi), (s_lo, s_hi, plo, phi),
+                                                                            (sf_lo, sf_hi, pflo, pfhi)))], axis=1)
+            for t, part in zip(stale, np.split(seg, np.cumsum([len(t.moves) for t in stale])[:-1])):
+                t.seg = part
         figures = []
-        for curve, (lo, hi, p_lo, p_hi) in zip(curves, ((w_lo, w_hi, plo, phi), (w_lo, w_hi, plo, phi),
-                                                        (wf_lo, wf_hi, pflo, pfhi))):
+        for q, (curve, (lo, hi)) in enumerate(zip(curves, ((w[:, 1], w[:, 2]), (w[:, 1], w[:, 2]), (w[:, 3], w[:, 4])))):
+            lo, hi = lo.astype(np.int64), hi.astype(np.int64)
             left, right = np.maximum.accumulate(curve), np.maximum.accumulate(curve[::-1])[::-1]
             outside = np.maximum(np.where(lo > 0, left[np.maximum(lo - 1, 0)], 0.0),
                                  np.where(hi + 1 < length, right[np.minimum(hi + 1, length - 1)], 0.0))
-            figures.append(np.maximum(outside, _covered_max(_RangeMax(curve), lo, hi, pb, p_lo, p_hi) - w_bytes))
+            figures.append(np.maximum(np.repeat(outside, count), np.concatenate([t.seg[:, q] for t in tabs])))
         t_peak, t_excess, a_peak = figures
-        t_area = area - w_bytes * (w_hi - w_lo + 1) + (pb * (phi - plo + 1)).sum(axis=1)
-        t_fine_area = fine_area - w_bytes * (wf_hi - wf_lo + 1) + (pb * (pfhi - pflo + 1)).sum(axis=1)
+        t_area = area + np.concatenate([t.d_area for t in tabs])
+        t_fine_area = fine_area + np.concatenate([t.d_fine_area for t in tabs])
         k_of = np.repeat(np.array(ks), count)
         rank = np.concatenate([t.rank for t in tabs])
         keys = [t_peak, t_excess, t_area, k_of, rank]
@@ -383,6 +393,10 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
             prof[p_lo:p_hi + 1] += p_bytes
             fine[pf_lo:pf_hi + 1] += p_bytes
             fine_area += p_bytes * (pf_hi - pf_lo + 1)
+        for other in tables.values():  # the profiles changed over this window's ranges only
+            _, o_lo, o_hi, of_lo, of_hi = other.window
+            if o_lo <= w_hi and w_lo <= o_hi or of_lo <= wf_hi and wf_lo <= of_hi:
+                other.seg = None
 
     moves_made = 0
     for phase in (0, 1):
@@ -491,6 +505,11 @@ class _Moves:
         # padding parts hold no bytes at positions 0..0 (within every range, adds nothing)
         self.bytes = table[:, :, 0]
         self.lo, self.hi, self.flo, self.fhi = (table[:, :, q].astype(np.int64) for q in range(1, 5))
+        w_bytes, w_lo, w_hi, wf_lo, wf_hi = self.window
+        # what each move adds to the arenas' bytes summed over their positions (whole calls; own)
+        self.d_area = (self.bytes * (self.hi - self.lo + 1)).sum(axis=1) - w_bytes * (w_hi - w_lo + 1)
+        self.d_fine_area = (self.bytes * (self.fhi - self.flo + 1)).sum(axis=1) - w_bytes * (wf_hi - wf_lo + 1)
+        self.seg: np.ndarray | None = None  # per move: peak, excess, arena peak within the window's ranges
         # ties go to the lower (cut, isolated blocks), as in a scan of the moves in that order
         self.rank = np.empty(len(self.moves), dtype=np.int64)
         self.rank[sorted(range(len(self.moves)), key=self.moves.__getitem__)] = np.arange(len(self.moves))
