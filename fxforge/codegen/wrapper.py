@@ -44,7 +44,7 @@ import torch
 import torch.fx as fx
 
 from ..config import Config
-from ..graph import FALLBACK_BACKEND, VAL, expr, node_kind, output_nodes, storage_root
+from ..graph import FALLBACK_BACKEND, VAL, aliased_input, expr, node_kind, output_nodes, storage_root
 from ..plan import Buffer, Group, Plan
 from .pyexpr import PyExprPrinter, format_arg, format_call, literal, op_path
 from .registry import Kernel, KernelContext, Registry
@@ -165,9 +165,13 @@ class _Builder:
         shape = _tuple(self.size(s) for s in b.shape)
         stride = _tuple(self.size(s) for s in b.stride)
         if b.kind == "fresh" and b.reuses is not None:
-            # written in place over a fresh buffer that dies here (passes/memory.py): the input
-            # reading it (the buffer itself or a whole view of it, same layout) is still bound
-            return next(a.name for a in b.producer.all_input_nodes if storage_root(a).name == b.reuses)
+            # written in place over a fresh buffer that dies here (passes/memory.py), read here
+            # through a value laid out as the output from its first byte: hand out that buffer
+            # in the output's layout, through the nearest bound name of that value's storage
+            x = next(a for a in b.producer.all_input_nodes if storage_root(a).name == b.reuses)
+            while x.name not in self.bound:  # a view computed inside the kernel: up to what it was passed
+                x = aliased_input(x)
+            return f"{x.name}.as_strided({shape}, {stride}, 0)"
         if b.kind == "fresh":
             return f"torch.empty_strided({shape}, {stride}, dtype={literal(b.dtype)}, device={literal(b.device)})"
         typed = self.typed_arena(b.arena, b.dtype)
