@@ -277,8 +277,9 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     bytes, or keeps both and lowers the waste by at least 0.5% of the one-arena waste.  Then,
     while the most arena bytes live at once exceed the blocks' own peak of live bytes (the lower
     bound) by more than 1%, make the move that lowers that figure most without raising the peak.
-    At most ``max_cuts`` moves and about ``work_budget`` profile entries touched (deterministic,
-    bounded time on huge graphs).  No move: one arena, as before."""
+    At most ``max_cuts`` moves, stopping once the moves judged add up to ``work_budget`` profile
+    entries as a move-by-move scan would touch them (a deterministic size measure: huge graphs
+    stop early).  No move: one arena, as before."""
     if not spans:
         return []
     names = sorted(spans, key=lambda k: (spans[k][1], spans[k][2], k))
@@ -438,11 +439,17 @@ class _Moves:
             cols = np.broadcast_arrays(np.asarray(nbytes, dtype=np.float64), first[lo], last[hi], lo, hi)
             return np.stack(cols, axis=-1).astype(np.float64)
 
+        def nothing(at) -> np.ndarray:
+            """No blocks left: no bytes, allocated and freed where the range of ``at`` starts."""
+            r = arenas(0.0, start[at], start[at])
+            r[..., 2] = r[..., 1]
+            return r
+
         width = 2 + isolate  # a clean cut: both sides and up to ``isolate`` blocks alone
         self.moves: list[tuple[int, tuple[int, ...]]] = []
-        if not len(members):  # every block isolated: an empty arena at the range's first start
-            at = int(start[i])
-            self.window = (0.0, int(first[at]), int(first[at]), at, at)
+        if not len(members):  # every block isolated
+            b, lo, hi, flo, fhi = nothing(i)
+            self.window = (float(b), int(lo), int(hi), int(flo), int(fhi))
             self._table(np.zeros((0, width, 5)))
             return
         s, e, b = start[members], end[members], size[members]
@@ -451,8 +458,6 @@ class _Moves:
         own = np.cumsum(np.bincount(s - f_lo, b, L + 1) - np.bincount(e + 1 - f_lo, b, L + 1))[:L]
         self.window = (float(own.max()), int(first[f_lo]), int(last[f_hi]), f_lo, f_hi)
         own_max = _RangeMax(own)
-        empty = arenas(0.0, int(start[i]), int(start[i]))
-        empty[2] = empty[1]  # nothing allocated: freed where allocated
         rows: list[np.ndarray] = []  # (moves, parts, 5) per kind of move
         cuts = np.asarray(cuts, dtype=np.int64)
         if len(cuts):
@@ -465,10 +470,8 @@ class _Moves:
             left_peak = np.maximum.accumulate(own)[np.clip(at - 1, 0, L - 1)]
             left = arenas(left_peak, f_lo, np.maximum.accumulate(e)[np.maximum(before - 1, 0)])
             right = arenas(_right_peaks(s - f_lo, e - f_lo, b, before, L), s[nxt], np.maximum.accumulate(e[::-1])[::-1][nxt])
-            none_right = arenas(0.0, start[cuts], start[cuts])
-            none_right[:, 2] = none_right[:, 1]
-            left = np.where(has_left[:, None], left, empty)
-            right = np.where(has_right[:, None], right, none_right)
+            left = np.where(has_left[:, None], left, nothing(i))
+            right = np.where(has_right[:, None], right, nothing(cuts))
             rows.append(np.stack([left, right], axis=1))
             self.moves += [(int(c), ()) for c in cuts]
             # a clean cut: the few blocks still live where the right side starts each in an arena
