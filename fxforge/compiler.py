@@ -140,6 +140,8 @@ def compile_graph(
         passes=[r.as_dict() for r in records],
         fallbacks={g.nodes[0].name: g.reason for g in groups if g.backend == FALLBACK_BACKEND},
     )
+    # arena bytes beyond the buffers' own peak, as a fraction of it
+    stats["fragmentation"] = stats["arena_bytes"] / stats["lower_bound_bytes"] - 1 if stats["lower_bound_bytes"] else 0.0
     stats["compile_seconds"] = time.perf_counter() - t0
     kernels = [KernelInfo(k.name, k.backend, k.node_count, k.num_args, k.unique_io_buffers) for k in w.kernels]
     compiled = Compiled(

@@ -30,7 +30,7 @@ def test_static_plan_reuses_bytes_and_verifies():
     total = sum(mem.hint(b.nbytes) for b in arena_bufs)
     assert len(arena_bufs) >= 10
     assert c.stats["arena_bytes"] < total / 3  # a chain needs two live buffers, not eighteen
-    assert c.stats["arena_bytes"] == c.stats["lower_bound_bytes"]
+    assert c.stats["arena_bytes"] == c.stats["lower_bound_bytes"] and c.stats["fragmentation"] == 0.0
     verify_memory_plan(mem)
     x = torch.randn(64, 64)
     torch.testing.assert_close(c(x), chain(x))
@@ -241,6 +241,7 @@ def test_windowed_arenas_keep_their_buffers_inside():
     mem = c.plan.memory
     assert c.stats["arenas"] == len(mem.arenas) >= 2
     assert c.stats["arena_bytes"] >= c.stats["lower_bound_bytes"]
+    assert c.stats["fragmentation"] == c.stats["arena_bytes"] / c.stats["lower_bound_bytes"] - 1
     for a in mem.arenas:
         members = [b for b in mem.buffers.values() if b.arena == a.name]
         assert members and a.start == min(b.start for b in members) and a.end == max(b.end for b in members)
