@@ -1,11 +1,14 @@
 """Offset-planner speed and quality on synthetic network-like lifetimes (issue 3: planning time,
-arena / lower bound).
+arena / lower bound), and the whole memory pass on real models' graphs.
 
     python bench/bench_planner.py                 # n = 1k, 10k, 100k; ~1 minute on 2 cores
     python bench/bench_planner.py --n 1000 5000 --out bench/results/planner.md
+    python bench/bench_planner.py --models synthetic-1k demo gpt2-2l gpt2-12l   # + real graphs
 
 Prints Markdown: one table of times and arena/bound ratios per planner, one of how the time grows
-with n (constant `per n log2 n` column = n log n scaling).
+with n (constant `per n log2 n` column = n log n scaling), and with ``--models`` one of the
+whole memory pass (``passes/memory.py plan_memory``: liveness, in-place reuse, arena windows,
+offsets) per graph of one training step and one inference step of each model.
 """
 from __future__ import annotations
 
@@ -59,11 +62,69 @@ def timed(fn: Callable, repeats: int):
     return best, result
 
 
+def real_graphs(models: list[str]) -> str:
+    """The whole memory pass on every graph torch.compile hands fxforge for one inference and one
+    training step of each model (``synthetic-1k``: bench/synthetic.py's 1,000-node graph): wall
+    time of ``plan_memory`` as compiled (``stats["stage_seconds"]``), and of ``plan_memory`` run
+    again on the same schedule with one arena per device (``Config(arena_windows=False)``)."""
+    import torch
+
+    import corpus
+    import fxforge
+    import synthetic
+    from fxforge.compiler import compile_graph
+    from fxforge.passes.memory import plan_memory
+
+    torch.set_num_threads(1)
+    one_arena = fxforge.Config(arena_windows=False)
+    rows = []
+
+    def row(name, c):
+        s = c.stats
+        bufs = c.plan.memory.buffers.values()
+        t0 = time.perf_counter()
+        plan_memory(c.graph, c.plan.schedule, c.plan.groups, one_arena)
+        single = time.perf_counter() - t0
+        rows.append(f"| {name} | {s['graph']} | {s['nodes_in']} | {len(bufs)} | {sum(b.kind == 'arena' for b in bufs)} | "
+                    f"{s['arenas']} | {s['stage_seconds']['memory_plan'] * 1e3:.1f} | {single * 1e3:.1f} | "
+                    f"{s['compile_seconds'] * 1e3:.0f} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+
+    for name in models:
+        if name == "synthetic-1k":
+            gm, _ = synthetic.make_graph(1000)
+            row(name, compile_graph(gm, fxforge.Config()))
+            continue
+        m = corpus.all_models()[name]
+        for train in (False, True):
+            torch._dynamo.reset()
+            model = m.build().train(train)
+            backend = fxforge.backend(fxforge.Config())
+            f = torch.compile(model, backend=backend)
+            if train:
+                m.loss(f(**m.inputs("cpu", True))).backward()
+            else:
+                with torch.no_grad():
+                    f(**m.inputs("cpu", False))
+            for c in backend.compiled:
+                row(name, c)
+    return "\n".join([
+        "Whole memory pass on real graphs (`plan_memory`: liveness, in-place reuse, arena windows, offsets; "
+        "wall ms, one run, in one process compiling every model in turn): as compiled (window search), and "
+        "again on the same schedule with one arena per device (`Config(arena_windows=False)`).",
+        "",
+        "| model | graph | nodes | buffers | in arenas | arenas | memory plan ms | one arena ms | whole compile ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="also write the Markdown here")
+    ap.add_argument("--models", nargs="*", default=[], help="bench/corpus.py models whose graphs to plan too")
     args = ap.parse_args()
 
     names = [name for name, _ in PLANNERS]
@@ -106,6 +167,8 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|",
         *scaling,
     ])
+    if args.models:
+        md += "\n\n" + real_graphs(args.models)
     print(md)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
