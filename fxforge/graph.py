@@ -174,8 +174,8 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
         return aliased_input(base) if isinstance(base, fx.Node) else None
     try:
         arg = _aliased_argument(node.target)
-    except TypeError:  # an unhashable callable target: ask its schema directly
-        arg = _aliased_argument.__wrapped__(node.target)
+    except TypeError:  # an unhashable callable: not an op with a schema
+        arg = None
     if arg is None:
         return None
     i, name = arg

@@ -169,8 +169,10 @@ class _Builder:
             # through a value laid out as the output from its first byte: hand out that buffer
             # in the output's layout, through the nearest bound name of that value's storage
             x = next(a for a in b.producer.all_input_nodes if storage_root(a).name == b.reuses)
-            while x.name not in self.bound:  # a view computed inside the kernel: up to what it was passed
+            while x is not None and x.name not in self.bound:  # a view made inside the kernel: what it was passed
                 x = aliased_input(x)
+            if x is None:
+                raise AssertionError(f"{b.name}: no bound value holds the storage of {b.reuses}")
             return f"{x.name}.as_strided({shape}, {stride}, 0)"
         if b.kind == "fresh":
             return f"torch.empty_strided({shape}, {stride}, dtype={literal(b.dtype)}, device={literal(b.device)})"

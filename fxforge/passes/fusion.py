@@ -111,13 +111,11 @@ def joined_iteration(a: _Group, b: _Group) -> Iteration | None:
     reduction every pointwise value has ``it.numel`` elements.  So the union shares a loop nest
     exactly when the nests agree, or one group's pointwise values fit the other's reduction."""
     if a.reduces and b.reduces:
-        ok = _same(a.it.numel, b.it.numel) and _same(a.it.rnumel, b.it.rnumel)
-    elif a.reduces or b.reduces:
+        return a.it if _same(a.it.numel, b.it.numel) and _same(a.it.rnumel, b.it.rnumel) else None
+    if a.reduces or b.reduces:
         red, pw = (a, b) if a.reduces else (b, a)
-        a, ok = red, red.it.fits(pw.it.numel)
-    else:
-        ok = _same(a.it.numel, b.it.numel)
-    return a.it if ok else None
+        return red.it if red.it.fits(pw.it.numel) else None
+    return a.it if _same(a.it.numel, b.it.numel) else None
 
 
 def view_input(v: fx.Node) -> fx.Node | None:
