@@ -84,7 +84,6 @@ def _order_holds(fuser):
             if u in vertex and vertex[u] != v and not fuser.order.time_of(v) < fuser.order.time_of(vertex[u])]
 
 
-
 @settings(profile(), max_examples=60)
 @given(graphs(exclude=("remainder", "sign")))
 def test_fusion_keeps_its_group_order_topological(example):
@@ -97,6 +96,7 @@ def test_fusion_keeps_its_group_order_topological(example):
     fuser = FuseGroups(TORCH, cfg)
     fuser(gm)
     assert _order_holds(fuser) == []
+
 
 # --------------------------------------------------------------------------- edge cases
 
