@@ -243,9 +243,23 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.
     return np.cumsum(diff[:length])
 
 
-def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max_cuts: int = 64,
-                  max_candidates: int = 1024, work_budget: float = 5e7, isolate: int = 4,
-                  calls: tuple[np.ndarray, np.ndarray] | None = None, hold_arena_peak: bool = True) -> list[list[str]]:
+def window_options(spans: dict[str, tuple[int, int, int]], other: np.ndarray,
+                   calls: tuple[np.ndarray, np.ndarray] | None = None) -> list[list[list[str]]]:
+    """``split_windows`` holding the arena peak and, only if holding it changed a choice, not
+    holding it (unchanged choices give the same windows)."""
+    held, bound = _split_windows(spans, other, calls=calls, hold_arena_peak=True)
+    return [held] + ([_split_windows(spans, other, calls=calls, hold_arena_peak=False)[0]] if bound else [])
+
+
+def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, **options) -> list[list[str]]:
+    """Group blocks into arenas (``_split_windows``, which says how)."""
+    return _split_windows(spans, other, **options)[0]
+
+
+def _split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max_cuts: int = 64,
+                   max_candidates: int = 1024, work_budget: float = 5e7, isolate: int = 4,
+                   calls: tuple[np.ndarray, np.ndarray] | None = None,
+                   hold_arena_peak: bool = True) -> tuple[list[list[str]], bool]:
     """Group blocks (name -> (bytes, start, end), at the traced sizes) into arenas.  An arena of
     blocks ``B`` is estimated at the max live bytes of ``B`` and lives from the first start to the
     last end in ``B`` (widened to whole kernel calls by ``calls``, ``call_spans``' arrays, when
@@ -279,9 +293,10 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     bound) by more than 1%, make the move that lowers that figure most without raising the peak.
     At most ``max_cuts`` moves, stopping once the moves judged add up to ``work_budget`` profile
     entries as a move-by-move scan would touch them (a deterministic size measure: huge graphs
-    stop early).  No move: one arena, as before."""
+    stop early).  No move: one arena, as before.  Returns the windows, and whether holding the
+    arena peak ruled out a move the first phase would otherwise have made."""
     if not spans:
-        return []
+        return [], False
     names = sorted(spans, key=lambda k: (spans[k][1], spans[k][2], k))
     n = len(names)
     size = np.array([spans[k][0] for k in names], dtype=np.float64)
@@ -318,6 +333,7 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
     min_excess_gain = 0.01 * nbytes
     fine_area = nbytes * (f_hi - f_lo + 1)  # the arenas' bytes summed over their own positions
     work = 0.0
+    held = False
 
     def best_move(phase: int):
         """Phase 0: (peak, excess, waste, window, cut, isolated) of the move with the lowest
@@ -326,7 +342,7 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
         1: (arena peak, *that) of the lowest arena peak.  Every move of every window is judged
         at once: a move changes the profiles only inside its window's range, by a few ranges of
         constant bytes, so each figure is a handful of range maxima of the current profiles."""
-        nonlocal work
+        nonlocal work, held
         a_limit = max(float(fine.max()), 1.01 * bound)
         curves = (prof, prof - floor, fine)
         hot = fine >= fine.max() if phase else None  # phase 1: only arenas live at its peak can lower it
@@ -368,10 +384,13 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
         keys = [t_peak, t_excess, t_area, k_of, rank]
         if phase:
             keys = [a_peak, t_fine_area, *keys]
-        allowed = np.flatnonzero(a_peak <= a_limit) if not phase and hold_arena_peak else np.arange(len(rank))
-        if not len(allowed):
-            return None  # phase 0 may not push the arena peak above the bound's tolerance
-        x = int(allowed[np.lexsort([key[allowed] for key in reversed(keys)])[0]])
+        x = int(np.lexsort(keys[::-1])[0])
+        if not phase and hold_arena_peak and a_peak[x] > a_limit:
+            held = True  # phase 0 may not push the arena peak above the bound's tolerance
+            allowed = np.flatnonzero(a_peak <= a_limit)
+            if not len(allowed):
+                return None
+            x = int(allowed[np.lexsort([key[allowed] for key in reversed(keys)])[0]])
         row = ks.index(int(k_of[x]))
         c, xs = tabs[row].moves[x - sum(count[:row])]
         trial = (float(t_peak[x]), float(t_excess[x]), float(t_area[x]), int(k_of[x]), c, xs)
@@ -422,7 +441,7 @@ def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, max
             moves_made += 1
     out = [[names[x] for x in range(i, j) if not alone[x]] for i, j in zip(bounds, bounds[1:])]
     out += [[names[x]] for x in np.flatnonzero(alone)]
-    return sorted((w for w in out if w), key=lambda w: spans[w[0]][1:])
+    return sorted((w for w in out if w), key=lambda w: spans[w[0]][1:]), held
 
 
 class _Moves:
@@ -718,8 +737,8 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
             # the first phase's greedy may reach the bound either holding the arena peak at every
             # step or not (then the second phase brings it down); the estimate cannot tell which
             # packs better, so place both and keep the lower (peak around calls, arena peak)
-            options = [place_windows(split_windows(hinted, other, calls=(first, last), hold_arena_peak=hold),
-                                     spans, hinted, config.alignment, (first, last)) for hold in (True, False)]
+            options = [place_windows(w, spans, hinted, config.alignment, (first, last))
+                       for w in window_options(hinted, other, calls=(first, last))]
             placed = min(options, key=lambda o: placed_peaks(o, hinted, other, first, last, env))
         else:
             placed = place_windows([list(spans)], spans, hinted, config.alignment)
