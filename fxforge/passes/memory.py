@@ -38,7 +38,7 @@ from torch.utils._sympy.functions import FloorDiv
 from ..config import Config
 from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
-from .offsets import Interval, PlanError, plan_offsets, verify_plan
+from .offsets import Interval, PlanError, RangeMax, plan_offsets, verify_plan
 from .schedule import fused_positions
 
 
@@ -247,8 +247,8 @@ def window_options(spans: dict[str, tuple[int, int, int]], other: np.ndarray,
                    calls: tuple[np.ndarray, np.ndarray] | None = None) -> list[list[list[str]]]:
     """``split_windows`` holding the arena peak and, only if holding it changed a choice, not
     holding it (unchanged choices give the same windows)."""
-    held, bound = _split_windows(spans, other, calls=calls, hold_arena_peak=True)
-    return [held] + ([_split_windows(spans, other, calls=calls, hold_arena_peak=False)[0]] if bound else [])
+    holding, it_mattered = _split_windows(spans, other, calls=calls, hold_arena_peak=True)
+    return [holding] + ([_split_windows(spans, other, calls=calls, hold_arena_peak=False)[0]] if it_mattered else [])
 
 
 def split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, **options) -> list[list[str]]:
@@ -364,7 +364,7 @@ def _split_windows(spans: dict[str, tuple[int, int, int]], other: np.ndarray, ma
             s_bytes, (s_lo, s_hi, sf_lo, sf_hi) = sw[:, 0], sw[:, 1:].astype(np.int64).T
             pb = np.concatenate([t.bytes for t in stale])
             plo, phi, pflo, pfhi = (np.concatenate([getattr(t, f) for t in stale]) for f in ("lo", "hi", "flo", "fhi"))
-            seg = np.stack([_covered_max(_RangeMax(curve), lo, hi, pb, p_lo, p_hi) - s_bytes
+            seg = np.stack([_covered_max(RangeMax(curve), lo, hi, pb, p_lo, p_hi) - s_bytes
                             for curve, (lo, hi, p_lo, p_hi) in zip(curves, ((s_lo, s_hi, plo, phi), (s_lo, s_hi, plo, phi),
                                                                             (sf_lo, sf_hi, pflo, pfhi)))], axis=1)
             for t, part in zip(stale, np.split(seg, np.cumsum([len(t.moves) for t in stale])[:-1])):
@@ -476,7 +476,7 @@ class _Moves:
         L = f_hi - f_lo + 1
         own = np.cumsum(np.bincount(s - f_lo, b, L + 1) - np.bincount(e + 1 - f_lo, b, L + 1))[:L]
         self.window = (float(own.max()), int(first[f_lo]), int(last[f_hi]), f_lo, f_hi)
-        own_max = _RangeMax(own)
+        own_max = RangeMax(own)
         rows: list[np.ndarray] = []  # (moves, parts, 5) per kind of move
         cuts = np.asarray(cuts, dtype=np.int64)
         if len(cuts):
@@ -575,27 +575,7 @@ def _right_peaks(s: np.ndarray, e: np.ndarray, b: np.ndarray, before: np.ndarray
     return out
 
 
-class _RangeMax:
-    """Max of a fixed array over any index range in O(1), for many ranges at once (sparse table:
-    row k holds the max of each run of 2**k entries)."""
-
-    def __init__(self, a: np.ndarray):
-        rows = [a]
-        while 2 ** len(rows) <= len(a):
-            prev, half = rows[-1], 2 ** (len(rows) - 1)
-            rows.append(np.concatenate([np.maximum(prev[:-half], prev[half:]), np.full(half, -np.inf)]))
-        self.table = np.stack(rows)
-
-    def __call__(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """max(a[lo:hi]) elementwise; -inf where the range is empty."""
-        ok = hi > lo
-        lo = np.where(ok, lo, 0)
-        k = np.frexp(np.where(ok, hi - lo, 1))[1] - 1  # floor(log2(length)), exactly
-        out = np.maximum(self.table[k, lo], self.table[k, np.where(ok, hi - (1 << k), 0)])
-        return np.where(ok, out, -np.inf)
-
-
-def _covered_max(curve: _RangeMax, lo: np.ndarray, hi: np.ndarray, p_bytes: np.ndarray, p_lo: np.ndarray,
+def _covered_max(curve: RangeMax, lo: np.ndarray, hi: np.ndarray, p_bytes: np.ndarray, p_lo: np.ndarray,
                  p_hi: np.ndarray) -> np.ndarray:
     """For each row r: max over positions lo[r]..hi[r] of the curve plus ``p_bytes[r, q]`` over
     every part q with ``p_lo[r, q] <= position <= p_hi[r, q]`` (parts lie within the range)."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from ..graph import peak_live_bytes
 
 __all__ = [
@@ -165,6 +167,26 @@ def _first_fit(taken: Iterable[tuple[int, int]], need: int) -> int:
     return top
 
 
+class RangeMax:
+    """Max of a fixed array over any index range in O(1), for many ranges at once (sparse table:
+    row k holds the max of each run of 2**k entries)."""
+
+    def __init__(self, a: np.ndarray):
+        rows = [a]
+        while 2 ** len(rows) <= len(a):
+            prev, half = rows[-1], 2 ** (len(rows) - 1)
+            rows.append(np.concatenate([np.maximum(prev[:-half], prev[half:]), np.full(half, -np.inf)]))
+        self.table = np.stack(rows)
+
+    def __call__(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """max(a[lo:hi]) elementwise; -inf where the range is empty."""
+        ok = hi > lo
+        lo = np.where(ok, lo, 0)
+        k = np.frexp(np.where(ok, hi - lo, 1))[1] - 1  # floor(log2(length)), exactly
+        out = np.maximum(self.table[k, lo], self.table[k, np.where(ok, hi - (1 << k), 0)])
+        return np.where(ok, out, -np.inf)
+
+
 def _step_ranks(intervals: Sequence[Interval]) -> dict[int, int]:
     # Compressing steps to their ranks keeps the tree as small as the number of distinct events and
     # preserves overlap (a monotone map keeps s1 <= e2 and s2 <= e1).
@@ -213,18 +235,12 @@ def plan_by_breadth(intervals: Sequence[Interval], alignment: int = 64) -> dict[
         live[ranks[iv.end] + 1] -= b
     for i in range(1, len(live)):
         live[i] += live[i - 1]
-    # Sparse table: busiest step over any lifetime in O(1) after O(T log T) setup.
-    table = [live]
-    while 2 << (len(table) - 1) <= len(live):
-        prev, half = table[-1], 1 << (len(table) - 1)
-        table.append([a if a > b else b for a, b in zip(prev, prev[half:])])
-
-    def busiest(iv: Interval) -> int:
-        l, r = ranks[iv.start], ranks[iv.end]
-        k = (r - l + 1).bit_length() - 1  # two rows of width 2**k cover l..r
-        return max(table[k][l], table[k][r + 1 - (1 << k)])
-
-    order = sorted(intervals, key=lambda iv: (-busiest(iv), -iv.size, iv.start))
+    # the busiest step over each lifetime, all at once (sparse table)
+    lo = np.array([ranks[iv.start] for iv in intervals], dtype=np.int64)
+    hi = np.array([ranks[iv.end] for iv in intervals], dtype=np.int64)
+    busiest = RangeMax(np.array(live, dtype=np.float64))(lo, hi + 1)
+    order = [intervals[i] for i in sorted(range(len(intervals)),
+                                          key=lambda i: (-busiest[i], -intervals[i].size, intervals[i].start))]
     return _pack(order, alignment, _best_fit, ranks)
 
 
