@@ -287,16 +287,16 @@ def ratios(case: dict) -> dict:
     r = case["contenders"]
 
     def get(n, *path):
-        return table._get(r, n, *path)
+        return table.get_path(r, n, *path)
 
     out = {}
     for other in ("eager", "inductor"):
-        out[f"time_fxforge_over_{other}"] = table._ratio(get("fxforge", "time", "median_s"), get(other, "time", "median_s"))
-        out[f"peak_fxforge_over_{other}"] = table._ratio(get("fxforge", "memory", "peak_bytes"), get(other, "memory", "peak_bytes"))
-    out["time_inductor_over_eager"] = table._ratio(get("inductor", "time", "median_s"), get("eager", "time", "median_s"))
-    out["first_call_fxforge_over_inductor"] = table._ratio(get("fxforge", "first_call_s"), get("inductor", "first_call_s"))
-    out["first_call_fxforge_over_aot_eager"] = table._ratio(get("fxforge", "first_call_s"), get("aot_eager", "first_call_s"))
-    out["backend_fxforge_over_inductor"] = table._ratio(get("fxforge", "backend_s"), get("inductor", "backend_s"))
+        out[f"time_fxforge_over_{other}"] = table.ratio(get("fxforge", "time", "median_s"), get(other, "time", "median_s"))
+        out[f"peak_fxforge_over_{other}"] = table.ratio(get("fxforge", "memory", "peak_bytes"), get(other, "memory", "peak_bytes"))
+    out["time_inductor_over_eager"] = table.ratio(get("inductor", "time", "median_s"), get("eager", "time", "median_s"))
+    out["first_call_fxforge_over_inductor"] = table.ratio(get("fxforge", "first_call_s"), get("inductor", "first_call_s"))
+    out["first_call_fxforge_over_aot_eager"] = table.ratio(get("fxforge", "first_call_s"), get("aot_eager", "first_call_s"))
+    out["backend_fxforge_over_inductor"] = table.ratio(get("fxforge", "backend_s"), get("inductor", "backend_s"))
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 MiB = 1024 * 1024
 
 
-def _get(d: Any, *path):
+def get_path(d: Any, *path):
     for k in path:
         d = d.get(k) if isinstance(d, dict) else None
     return d
@@ -43,11 +43,11 @@ def one_line(c: dict) -> str:
     res = c.get("contenders", {})
     parts = [f"{_case_name(c)}:"]
     for n in ("eager", "fxforge", "inductor"):
-        if _get(res, n, "time", "median_s") is not None:
-            parts.append(f"{n} {_ms(_get(res, n, 'time', 'median_s'))}ms")
+        if get_path(res, n, "time", "median_s") is not None:
+            parts.append(f"{n} {_ms(get_path(res, n, 'time', 'median_s'))}ms")
     parts.append(f"fx/eager {_x(r.get('time_fxforge_over_eager'))}")
     parts.append(f"peak fx/eager {_x(r.get('peak_fxforge_over_eager'))} fx/ind {_x(r.get('peak_fxforge_over_inductor'))}")
-    parts.append(f"first call fx {_s(_get(res, 'fxforge', 'first_call_s'))}s ind {_s(_get(res, 'inductor', 'first_call_s'))}s")
+    parts.append(f"first call fx {_s(get_path(res, 'fxforge', 'first_call_s'))}s ind {_s(get_path(res, 'inductor', 'first_call_s'))}s")
     if c.get("errors"):
         parts.append("ERRORS: " + ", ".join(c["errors"]))
     if "wall_s" in c:
@@ -69,26 +69,26 @@ def targets(results: dict) -> list[dict]:
                     "status": "met" if ok_fn(vals) else "MISSED", "how": how})
 
     add("compile time vs Inductor cold (first call)", "<= 0.2x",
-        [_get(c, "ratios", "first_call_fxforge_over_inductor") for c in cases], lambda v: max(v) <= 0.2,
+        [get_path(c, "ratios", "first_call_fxforge_over_inductor") for c in cases], lambda v: max(v) <= 0.2,
         "first call (dynamo + AOTAutograd + backend + run) fxforge / Inductor, per case; worst case")
     add("compile time vs Inductor cold (backend only)", "<= 0.2x",
-        [_get(c, "ratios", "backend_fxforge_over_inductor") for c in cases], lambda v: max(v) <= 0.2,
+        [get_path(c, "ratios", "backend_fxforge_over_inductor") for c in cases], lambda v: max(v) <= 0.2,
         "sum of fxforge compile_seconds / Inductor compile_fx_inner seconds, per case")
-    ab = [g["arena_over_bound"] for c in cases for g in _get(c, "fxforge", "graphs") or [] if g.get("arena_over_bound")]
+    ab = [g["arena_over_bound"] for c in cases for g in get_path(c, "fxforge", "graphs") or [] if g.get("arena_over_bound")]
     add("arena / lower bound", "<= 1.02 mean", ab, lambda v: sum(v) / len(v) <= 1.02, "per compiled graph, all cases")
     train = [c for c in cases if c["mode"] == "train"]
-    se = [g.get("schedule_over_eager_live") for c in train for g in _get(c, "fxforge", "graphs") or []]
+    se = [g.get("schedule_over_eager_live") for c in train for g in get_path(c, "fxforge", "graphs") or []]
     add("schedule peak / eager live peak, training graphs", "<= 0.9", se, lambda v: max(v) <= 0.9,
         "planned: max live bytes of every storage the graph creates, fxforge's schedule / program order, "
         "per forward and backward graph")
-    add("training peak vs Inductor", "<= 1.0x", [_get(c, "ratios", "peak_fxforge_over_inductor") for c in train],
+    add("training peak vs Inductor", "<= 1.0x", [get_path(c, "ratios", "peak_fxforge_over_inductor") for c in train],
         lambda v: max(v) <= 1.0, "measured peak bytes of one training step, fxforge / Inductor")
-    add("training peak vs eager", "<= 0.9x", [_get(c, "ratios", "peak_fxforge_over_eager") for c in train],
+    add("training peak vs eager", "<= 0.9x", [get_path(c, "ratios", "peak_fxforge_over_eager") for c in train],
         lambda v: max(v) <= 0.9, "measured peak bytes of one training step, fxforge / eager")
     add("time per call vs eager (not slower)", "<= 1.0x",
-        [_get(c, "ratios", "time_fxforge_over_eager") for c in cases], lambda v: max(v) <= 1.0,
+        [get_path(c, "ratios", "time_fxforge_over_eager") for c in cases], lambda v: max(v) <= 1.0,
         "median time per call fxforge / eager, per case (target 'fxforge >= 1.0x eager speed')")
-    rows = [r for r in _get(results, "synthetic", "rows") or [] if r.get("nodes") == 100_000 and "compile_s" in r]
+    rows = [r for r in get_path(results, "synthetic", "rows") or [] if r.get("nodes") == 100_000 and "compile_s" in r]
     add("pass pipeline, 100k-node graph", "< 10 s", [r["passes_s"] for r in rows], lambda v: max(v) < 10,
         "sum of the pass manager's per-pass seconds (stats['passes'])")
     add("whole compile_graph, 100k-node graph", "< 10 s (same goal, stricter reading)",
@@ -119,16 +119,16 @@ def markdown(results: dict) -> str:
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for c in cases:
             res, r = c["contenders"], c.get("ratios", {})
-            L.append(f"| {_case_name(c)} | {_ms(_get(res, 'eager', 'time', 'median_s'))} | "
-                     f"{_ms(_get(res, 'fxforge', 'time', 'median_s'))} | {_ms(_get(res, 'inductor', 'time', 'median_s'))} | "
+            L.append(f"| {_case_name(c)} | {_ms(get_path(res, 'eager', 'time', 'median_s'))} | "
+                     f"{_ms(get_path(res, 'fxforge', 'time', 'median_s'))} | {_ms(get_path(res, 'inductor', 'time', 'median_s'))} | "
                      f"{_x(r.get('time_fxforge_over_eager'))} | {_x(r.get('time_fxforge_over_inductor'))} | "
-                     f"{_x(r.get('time_inductor_over_eager'))} | {_get(res, 'eager', 'time', 'calls') or '—'} |")
+                     f"{_x(r.get('time_inductor_over_eager'))} | {get_path(res, 'eager', 'time', 'calls') or '—'} |")
         L += ["", "## Peak bytes allocated during one call (MiB, profiler allocation events)", "",
               "| case | eager | fxforge | Inductor | fxforge/eager | fxforge/Inductor |", "|---|---:|---:|---:|---:|---:|"]
         for c in cases:
             res, r = c["contenders"], c.get("ratios", {})
-            L.append(f"| {_case_name(c)} | {_mib(_get(res, 'eager', 'memory', 'peak_bytes'))} | "
-                     f"{_mib(_get(res, 'fxforge', 'memory', 'peak_bytes'))} | {_mib(_get(res, 'inductor', 'memory', 'peak_bytes'))} | "
+            L.append(f"| {_case_name(c)} | {_mib(get_path(res, 'eager', 'memory', 'peak_bytes'))} | "
+                     f"{_mib(get_path(res, 'fxforge', 'memory', 'peak_bytes'))} | {_mib(get_path(res, 'inductor', 'memory', 'peak_bytes'))} | "
                      f"{_x(r.get('peak_fxforge_over_eager'))} | {_x(r.get('peak_fxforge_over_inductor'))} |")
         L += ["", "## Compile time (s): first call, cold", "",
               "| case | aot_eager | fxforge | Inductor | fxforge/Inductor | fxforge backend | Inductor backend | "
@@ -137,9 +137,9 @@ def markdown(results: dict) -> str:
         for c in cases:
             res, r = c["contenders"], c.get("ratios", {})
             err = " / ".join(_e(res.get(n)) for n in ("fxforge", "inductor"))
-            L.append(f"| {_case_name(c)} | {_s(_get(res, 'aot_eager', 'first_call_s'))} | {_s(_get(res, 'fxforge', 'first_call_s'))} | "
-                     f"{_s(_get(res, 'inductor', 'first_call_s'))} | {_x(r.get('first_call_fxforge_over_inductor'))} | "
-                     f"{_s(_get(res, 'fxforge', 'backend_s'))} | {_s(_get(res, 'inductor', 'backend_s'))} | "
+            L.append(f"| {_case_name(c)} | {_s(get_path(res, 'aot_eager', 'first_call_s'))} | {_s(get_path(res, 'fxforge', 'first_call_s'))} | "
+                     f"{_s(get_path(res, 'inductor', 'first_call_s'))} | {_x(r.get('first_call_fxforge_over_inductor'))} | "
+                     f"{_s(get_path(res, 'fxforge', 'backend_s'))} | {_s(get_path(res, 'inductor', 'backend_s'))} | "
                      f"{_x(r.get('backend_fxforge_over_inductor'))} | {err} |")
         L += ["", "## fxforge memory plan and graphs (summed over the graphs of each case; MiB)", "",
               "arena: most arena bytes live at once (arenas live over windows of the schedule); schedule peak / "
@@ -172,11 +172,11 @@ def markdown(results: dict) -> str:
                 pm, pd = c["partitioners"].get("min_cut", {}), c["partitioners"].get("default", {})
                 L.append(f"| {_case_name(c)} | {_mib(pm.get('saved_bytes'))} | {_mib(pd.get('saved_bytes'))} | "
                          f"{_mib(pm.get('saved_activation_bytes'))} | {_mib(pd.get('saved_activation_bytes'))} | "
-                         f"{_x(_ratio(pm.get('saved_activation_bytes'), pd.get('saved_activation_bytes')))} | "
+                         f"{_x(ratio(pm.get('saved_activation_bytes'), pd.get('saved_activation_bytes')))} | "
                          f"{_mib(pm.get('peak_bytes'))} | {_mib(pd.get('peak_bytes'))} |")
         names = []
         for c in cases:
-            for n in (_get(c, "fxforge", "pass_seconds") or {}):
+            for n in (get_path(c, "fxforge", "pass_seconds") or {}):
                 if n not in names:
                     names.append(n)
         if names:
@@ -200,11 +200,11 @@ def markdown(results: dict) -> str:
             L += ["", f"Note: dynamo compiled a new graph during the timed calls of: {', '.join(recompiled)}."]
     for s in results.get("skipped", []):
         L.append(f"- skipped {s['model']}: {s['reason']}")
-    syn = _get(results, "synthetic", "rows")
+    syn = get_path(results, "synthetic", "rows")
     if syn:
         L += ["", "## Pass-pipeline time vs graph size (synthetic pointwise chains/trees)", "",
               "| nodes | build + FakeTensorProp (s) | passes (s) | schedule | groups | memory plan | codegen | load wrapper | "
-              f"compile_seconds (s) | compile CPU s | µs/node ({'CPU' if _get(results, 'synthetic', 'per_node_from') == 'compile_cpu_s' else 'wall'}) | "
+              f"compile_seconds (s) | compile CPU s | µs/node ({'CPU' if get_path(results, 'synthetic', 'per_node_from') == 'compile_cpu_s' else 'wall'}) | "
               "per node vs smallest | matches eager |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in syn:
@@ -237,7 +237,7 @@ def _e(r):
     return "—" if e is None else f"{e:.1e}"
 
 
-def _ratio(a, b):
+def ratio(a, b):
     return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
 
 

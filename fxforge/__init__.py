@@ -9,7 +9,8 @@ Public API:
 """
 
 from .backend import Backend, backend
-from .codegen.registry import CodegenBackend, Kernel, KernelContext, register_backend
+from .codegen.api import CodegenBackend, Kernel, KernelContext
+from .codegen.registry import register_backend
 from .compiled import Compiled, KernelInfo
 from .config import Config
 from .export import apply_passes, compile_exported

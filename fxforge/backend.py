@@ -58,12 +58,19 @@ class Backend:
         from torch._dynamo.backends.common import aot_autograd
 
         devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)} or {"cpu"}
-        backend_name = self.registry.select(self.config, devices).name
+        try:
+            selected = self.registry.select(self.config, devices)
+        except ValueError as e:
+            if self.config.debug:
+                raise
+            log.warning("fxforge: %s; this graph runs eagerly", e)
+            self.failures.append(("graph", str(e)))
+            return gm.forward
         aot = aot_autograd(
             fw_compiler=self._compiler("forward"),
             bw_compiler=self._compiler("backward"),
             inference_compiler=self._compiler("inference"),
-            decompositions=aot_table(self.config, backend_name),
+            decompositions=aot_table(self.config, selected),
             partition_fn=_partitioner(self.config.partitioner),
         )
         return aot(gm, example_inputs)

@@ -3,7 +3,8 @@
     fxforge demo [--json PATH]      compile a small GPT, check it against eager, print the table
                                     (exit 1 when outputs or gradients do not match eager)
     fxforge report OUT.html         compile a small model, write the HTML report of each graph
-    fxforge bench [--gpu]           run the benchmark suite (bench/run.py)
+    fxforge bench [--gpu] [--suite PATH]
+                                    run the benchmark suite (bench/run.py of the checkout)
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def _report(args: argparse.Namespace) -> int:
     return 0 if b.compiled and not b.failures else 1
 
 
-def _find_bench(start: str) -> str | None:
-    """``bench/run.py`` of the checkout: next to the package, else under the working directory."""
+def find_bench(start: str) -> str | None:
+    """``bench/run.py`` of the checkout: next to the package, else under ``start``."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for root in (pkg_root, start):
         path = os.path.join(root, "bench", "run.py")
@@ -61,11 +62,12 @@ def _find_bench(start: str) -> str | None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    path = _find_bench(os.getcwd())
-    if path is None:
+    path = args.suite or find_bench(os.getcwd())
+    if path is None or not os.path.isfile(path):
         print(
-            "fxforge bench: the benchmark suite lives in bench/run.py of the fxforge checkout, "
-            "and it is not there yet (it is built by its own issue). Nothing was run.",
+            "fxforge bench: the benchmark suite is bench/run.py of an fxforge checkout; "
+            f"{'there is no file ' + path if path else 'none was found next to the package or under the working directory'} "
+            "(pass --suite PATH). Nothing was run.",
             file=sys.stderr,
         )
         return 2
@@ -113,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="run the benchmark suite (bench/run.py)")
     b.add_argument("--gpu", action="store_true", help="run the GPU benchmarks (on a machine with CUDA)")
+    b.add_argument("--suite", metavar="PATH", help="the suite's run.py (default: bench/run.py of the checkout)")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="further arguments passed to bench/run.py")
     b.set_defaults(func=_bench)
     return p

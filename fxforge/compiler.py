@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 import logging
 import os
 import time
+from collections import Counter
 from typing import Any, Sequence
 
 import torch
@@ -19,15 +19,15 @@ from .config import Config
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
 from .passes.assign import AssignBackends
-from .passes.fusion import FuseGroups
+from .passes.fusion import FuseGroups, verify_groups
 from .passes.memory import arena_intervals, arena_peak_bytes, plan_memory, verify_memory_plan
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
-from .pipeline import PassManager
+from .pipeline import PassError, PassManager
 from .plan import Group, Plan, group_outputs
 
 log = logging.getLogger("fxforge")
 
-_graph_ids = itertools.count()  # file names for tracebacks only; carries no state between compiles
+_graph_ids = itertools.count()  # one per compile: names its traceback file and its report; no other state
 
 
 def device_types(gm: fx.GraphModule) -> set[str]:
@@ -41,8 +41,22 @@ def device_types(gm: fx.GraphModule) -> set[str]:
 
 
 def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> list:
+    """fxforge's pipeline, with the user passes of ``config.passes`` at their named points."""
     backend = registry.select(config, device_types(gm))
-    return [DedupeGetitems(), EliminateDeadCode(), AssignBackends(backend, config), FuseGroups(backend, config)]
+    return [
+        DedupeGetitems(), EliminateDeadCode(), *config.passes_at("after_lowering"),
+        AssignBackends(backend, config), *config.passes_at("after_assignment"),
+        FuseGroups(backend, config), *config.passes_at("after_fusion"),
+    ]
+
+
+def _check_groups(gm: fx.GraphModule, config: Config, registry: Registry) -> None:
+    """Debug mode: user passes after fusion left kernel groups a backend can still emit."""
+    backend = registry.select(config, device_types(gm))
+    problems = verify_groups(gm, config, backend)
+    if problems:
+        names = ", ".join(getattr(p, "__name__", type(p).__name__) for p in config.passes_at("after_fusion"))
+        raise PassError(names, "; ".join(problems[:10]))
 
 
 def _fuses(backend: str, registry: Registry) -> bool:
@@ -98,8 +112,11 @@ def compile_graph(
         stages[name] = now - clock
         clock = now
 
+    graph_id = next(_graph_ids)
     pm = PassManager(passes if passes is not None else default_passes(config, registry, gm), debug=config.debug)
     gm, records = pm(gm)
+    if config.debug and passes is None and config.passes_at("after_fusion"):
+        _check_groups(gm, config, registry)
 
     stage("passes")
     fused = {n.meta[GROUP] for n in gm.graph.nodes
@@ -114,21 +131,21 @@ def compile_graph(
     plan = Plan(sched, groups, memory)
     w = wrapper.generate(gm, plan, registry, config)
     stage("codegen")
-    fn = w.load(f"<fxforge-{kind}-{next(_graph_ids)}>")
+    fn = w.load(f"<fxforge-{kind}-{graph_id}>")
     stage("load")
 
     arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas for iv in arena_intervals(memory, a.name)]
-    demoted = {gid for gid, _ in w.demoted}
-    fallback_nodes = sum(1 for g in groups if g.backend == FALLBACK_BACKEND) + sum(
-        len(g.nodes) for g in groups if g.id in demoted
-    )
+    # every node that runs eagerly, and why: refused by the backend, or its kernel failed to compile
+    demoted = dict(w.demoted)
+    fallbacks = {g.nodes[0].name: g.reason for g in groups if g.backend == FALLBACK_BACKEND}
+    fallbacks.update({n.name: demoted[g.id] for g in groups if g.id in demoted for n in g.nodes})
     stats: dict[str, Any] = {k: 0 for k in STAT_KEYS}
     stats.update(
         graph=kind,
         nodes_in=nodes_in,
         kernels=len(w.kernels),
         fused_nodes=sum(k.node_count for k in w.kernels if k.node_count > 1),
-        fallback_nodes=fallback_nodes,
+        fallback_nodes=len(fallbacks),
         arena_bytes=arena_peak_bytes(memory),  # arenas live over windows: most live at once
         arenas=len(memory.arenas),
         lower_bound_bytes=peak_live_bytes(arena_live),
@@ -138,7 +155,7 @@ def compile_graph(
         **sched_stats,
         stage_seconds=stages,
         passes=[r.as_dict() for r in records],
-        fallbacks={g.nodes[0].name: g.reason for g in groups if g.backend == FALLBACK_BACKEND},
+        fallbacks=fallbacks,
     )
     # arena bytes beyond the buffers' own peak, as a fraction of it
     stats["fragmentation"] = stats["arena_bytes"] / stats["lower_bound_bytes"] - 1 if stats["lower_bound_bytes"] else 0.0
@@ -154,9 +171,18 @@ def compile_graph(
         eager=_boxed(gm),
         debug=config.debug,
     )
+    log.debug("fxforge: compiled %s graph %d: %d nodes, %d kernels, %d fallbacks, %.3f s", kind, graph_id,
+              nodes_in, stats["kernels"], stats["fallback_nodes"], stats["compile_seconds"])
     if config.report_dir:
-        os.makedirs(config.report_dir, exist_ok=True)
-        compiled.write_report(os.path.join(config.report_dir, f"{kind}-{next(_graph_ids)}.html"))
+        path = os.path.join(config.report_dir, f"{kind}-{graph_id}.html")
+        try:
+            os.makedirs(config.report_dir, exist_ok=True)
+            compiled.write_report(path)
+        except Exception as e:  # the compiled graph is good; only its report is lost
+            if config.debug and not isinstance(e, OSError):
+                raise
+            log.warning("fxforge: could not write the report %s (%s: %s); the compiled graph is kept",
+                        path, type(e).__name__, e)
     return compiled
 
 

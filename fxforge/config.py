@@ -1,9 +1,23 @@
-"""Every knob of fxforge, its default, and what it does. Passed explicitly; never global."""
+"""Every knob of fxforge, its default, and what it does. Passed explicitly; never global.
+
+Every knob is checked when the ``Config`` is built: a wrong value raises ``ValueError`` naming
+the knob, the value and the forms it accepts.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+# Named points of the pipeline where ``Config(passes=...)`` inserts user passes, in pipeline order.
+PASS_POINTS = {
+    "after_lowering": "after decompositions and graph cleanup, before backend assignment",
+    "after_assignment": "after every compute node has a backend and a group, before fusion",
+    "after_fusion": "after fusion, before scheduling, memory planning and codegen",
+}
 
 
 def _env_flag(name: str) -> bool:
@@ -19,22 +33,27 @@ class Config:
     # AOTAutograd partitioner for training graphs: "min_cut" (recompute cheap ops in the backward
     # instead of saving them: fewer saved-activation bytes) or "default" (save what the forward has).
     partitioner: str = "min_cut"
-    # Most compute nodes one fusion group may hold (1: no fusion). Views inside a group are free.
+    # Most compute nodes one fusion group may hold (1: no fusion; math.inf: no limit). Views
+    # inside a group are free.
     max_fusion_size: int = 64
-    # Most distinct buffers (storages) one fusion group may read or write, as the backend counts them.
+    # Most distinct buffers (storages) one fusion group may read or write, as the backend counts
+    # them (math.inf: no limit).
     max_fusion_unique_io_buffers: int = 32
     # Most launch arguments (tensor pointers + sizes/strides/scalars) of one emitted kernel, as
-    # the backend counts them for the kernel it would emit; Triton also refuses single nodes over it.
+    # the backend counts them for the kernel it would emit; Triton also refuses single nodes over
+    # it (math.inf: no limit).
     max_kernel_args: int = 64
     # Fusion refuses a merge that would raise the estimated peak of live bytes more than this
-    # fraction above the unfused graph's (0.0: fusion may never raise it).
+    # fraction above the unfused graph's (0.0: fusion may never raise it; math.inf: no limit).
     max_fusion_peak_growth: float = 0.05
     # Triton: on each kernel's first call per size, time a few launch configurations (block sizes,
     # warps) and keep the fastest, cached on disk (codegen/triton/autotune.py). Meant for GPUs.
     autotune: bool = False
-    # Byte alignment of every buffer placed in an arena.
+    # Byte alignment of every buffer placed in an arena (a power of two).
     alignment: int = 64
-    # Op names (e.g. "aten.add.Tensor") always run as eager fallback calls, never by a backend.
+    # Ops always run as eager fallback calls, never by a backend: OpOverloads
+    # (torch.ops.aten.add.Tensor) or their names ("aten.add.Tensor"); a packet ("aten.add",
+    # torch.ops.aten.add) means all its overloads.  Stored as names.
     fallback_ops: frozenset = frozenset()
     # Let a pointwise op write its output over an input buffer that dies there (same layout).
     inplace: bool = True
@@ -46,26 +65,146 @@ class Config:
     poison_arena: bool = False
     # Directory where an HTML report is written for every compiled graph (None: no reports).
     report_dir: str | None = None
+    # User passes inserted at named points of the pipeline: {"after_fusion": [my_pass], ...}
+    # (points: ``PASS_POINTS``).  A pass takes a GraphModule and returns what PassManager accepts;
+    # it is timed, recorded in stats["passes"] and, in debug mode, verified like fxforge's own.
+    # Stored as a tuple of (point, passes) pairs in pipeline order.
+    passes: Any = ()
     # Verify the graph between passes (lint, metadata, re-propagated fake values) and the plan.
     debug: bool = field(default_factory=lambda: _env_flag("FXFORGE_DEBUG"))
 
     def __post_init__(self) -> None:
-        if self.decompose not in ("auto", "none", "core"):
-            raise ValueError(
-                f"Config.decompose={self.decompose!r}: expected 'auto', 'none' or 'core'"
-            )
-        if self.partitioner not in ("min_cut", "default"):
-            raise ValueError(f"Config.partitioner={self.partitioner!r}: expected 'min_cut' or 'default'")
-        for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args", "alignment"):
+        _choice("decompose", self.decompose, ("auto", "none", "core"))
+        _choice("partitioner", self.partitioner, ("min_cut", "default"))
+        for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args"):
+            self._set(knob, _limit(knob, getattr(self, knob)))
+        self._set("max_fusion_peak_growth", _fraction("max_fusion_peak_growth", self.max_fusion_peak_growth))
+        a = self.alignment
+        if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a & (a - 1):
+            raise ValueError(f"Config.alignment={a!r}: expected a power of two (an int such as 16 or 64)")
+        for knob in ("autotune", "inplace", "arena_windows", "poison_arena", "debug"):
             v = getattr(self, knob)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"Config.{knob}={v!r}: expected a positive int")
-        g = self.max_fusion_peak_growth
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or g < 0:
-            raise ValueError(f"Config.max_fusion_peak_growth={g!r}: expected a fraction >= 0 (e.g. 0.05)")
-        if self.alignment & (self.alignment - 1):
-            raise ValueError(f"Config.alignment={self.alignment}: expected a power of two")
-        object.__setattr__(self, "fallback_ops", frozenset(self.fallback_ops))
+            if not isinstance(v, bool):
+                raise ValueError(f"Config.{knob}={v!r}: expected True or False (a bool, not {type(v).__name__})")
+        if self.report_dir is not None:
+            if not isinstance(self.report_dir, (str, os.PathLike)):
+                raise ValueError(f"Config.report_dir={self.report_dir!r}: expected a directory path (str) or None")
+            self._set("report_dir", os.fspath(self.report_dir))
+        self._set("fallback_ops", _op_names(self.fallback_ops))
+        self._set("passes", _pass_points(self.passes))
+        self._set("codegen", _codegen(self.codegen))
+
+    def _set(self, knob: str, value: Any) -> None:
+        object.__setattr__(self, knob, value)
 
     def replace(self, **changes) -> "Config":
         return replace(self, **changes)
+
+    def passes_at(self, point: str) -> tuple[Callable, ...]:
+        """The user passes inserted at ``point`` (one of ``PASS_POINTS``), in order."""
+        if point not in PASS_POINTS:
+            raise ValueError(f"unknown pass point {point!r}; expected one of {list(PASS_POINTS)}")
+        return next((ps for p, ps in self.passes if p == point), ())
+
+
+def _choice(knob: str, v: Any, allowed: tuple[str, ...]) -> None:
+    if v not in allowed or not isinstance(v, str):
+        raise ValueError(f"Config.{knob}={v!r}: expected one of {', '.join(repr(a) for a in allowed)}")
+
+
+def _limit(knob: str, v: Any):
+    """A positive int, or math.inf for no limit."""
+    if isinstance(v, float) and v == math.inf:
+        return math.inf
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"Config.{knob}={v!r}: expected a positive int, or math.inf for no limit")
+    return v
+
+
+def _fraction(knob: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
+        raise ValueError(f"Config.{knob}={v!r}: expected a fraction >= 0 (e.g. 0.05), or math.inf for no limit")
+    return float(v)
+
+
+_OP_NAME = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
+
+
+def _op_names(ops: Any) -> frozenset:
+    """``fallback_ops`` as op names: "ns.name.overload", or "ns.name" for every overload."""
+    import torch
+
+    if isinstance(ops, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        ops = [ops]  # one op, not a collection of characters
+    try:
+        items = list(ops)
+    except TypeError:
+        raise ValueError(
+            f"Config.fallback_ops={ops!r}: expected a collection of ops: OpOverloads "
+            "(torch.ops.aten.add.Tensor), packets (torch.ops.aten.add) or their names ('aten.add.Tensor')"
+        ) from None
+    out = set()
+    for op in items:
+        if isinstance(op, torch._ops.OpOverload):
+            name = op.name().replace("::", ".")
+            out.add(name if "." in op.name().split("::", 1)[1] else name + ".default")
+            continue
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            out.add(op._qualified_op_name.replace("::", "."))
+            continue
+        if not isinstance(op, str):
+            raise ValueError(
+                f"Config.fallback_ops: {op!r} ({type(op).__name__}) is not an op; expected an OpOverload "
+                "(torch.ops.aten.add.Tensor), a packet (torch.ops.aten.add) or a name ('aten.add.Tensor')"
+            )
+        name = op.removeprefix("torch.ops.").replace("::", ".")
+        if not _OP_NAME.match(name):
+            raise ValueError(
+                f"Config.fallback_ops: {op!r} is not an op name; expected 'namespace.op.overload' "
+                "('aten.add.Tensor') or 'namespace.op' ('aten.add': every overload)"
+            )
+        ns, packet, *overload = name.split(".")
+        if ns in ("aten", "prims"):  # always loaded: a typo is caught now, not never
+            p = getattr(getattr(torch.ops, ns), packet, None)
+            if p is None or (overload and overload[0] not in p.overloads()):
+                raise ValueError(f"Config.fallback_ops: there is no operator {name!r}")
+        out.add(name)
+    return frozenset(out)
+
+
+def _pass_points(passes: Any) -> tuple:
+    """``{point: [pass, ...]}`` (or (point, passes) pairs) as a tuple of pairs in pipeline order."""
+    if passes is None:
+        return ()
+    pairs = passes.items() if isinstance(passes, Mapping) else passes
+    by_point: dict[str, tuple] = {}
+    try:
+        pairs = [(p, ps) for p, ps in pairs]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"Config.passes={passes!r}: expected a dict {{point: [pass, ...]}} with points from {list(PASS_POINTS)}"
+        ) from None
+    for point, ps in pairs:
+        if point not in PASS_POINTS:
+            raise ValueError(f"Config.passes: unknown point {point!r}; expected one of {list(PASS_POINTS)}")
+        ps = (ps,) if callable(ps) else tuple(ps)
+        for p in ps:
+            if not callable(p):
+                raise ValueError(f"Config.passes[{point!r}]: {p!r} is not callable; a pass takes a GraphModule")
+        by_point[point] = by_point.get(point, ()) + ps
+    return tuple((p, by_point[p]) for p in PASS_POINTS if by_point.get(p))
+
+
+def _codegen(name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"Config.codegen={name!r}: expected 'auto' or a registered backend name such as 'torch'")
+    if name == "auto":
+        return name
+    from .codegen.registry import DEFAULT_REGISTRY
+
+    if name not in DEFAULT_REGISTRY.names():
+        raise ValueError(
+            f"Config.codegen={name!r}: unknown codegen backend; expected 'auto' or one of "
+            f"{', '.join(DEFAULT_REGISTRY.names())} (register yours with fxforge.register_backend first)"
+        )
+    return name

@@ -91,8 +91,7 @@ def compile_exported(
     config = config or Config()
     registry = registry or DEFAULT_REGISTRY
     devices = {t.device.type for t in ep.state_dict.values() if isinstance(t, torch.Tensor)}
-    backend_name = registry.select(config, devices or {"cpu"}).name
-    ep = ep.run_decompositions(export_table(config, backend_name))
+    ep = ep.run_decompositions(export_table(config, registry.select(config, devices or {"cpu"})))
     c = compile_graph(ep.graph_module, config, kind="export", registry=registry)
     return ExportedCompiled(c, ep)
 
@@ -114,8 +113,7 @@ def apply_passes(
     else:
         raise TypeError(f"apply_passes expects an ExportedProgram or a GraphModule, got {type(ep_or_gm).__name__}")
     debug = Config().debug if debug is None else debug
-    gm, records = PassManager(passes, debug=debug)(gm)
-    gm.recompile()
+    gm, _ = PassManager(passes, debug=debug)(gm)
     return gm
 
 

@@ -47,10 +47,6 @@ FALLBACK_BACKEND = "fallback"
 # --------------------------------------------------------------------------- values
 
 
-def is_fake_tensor(v: Any) -> bool:
-    return isinstance(v, torch.Tensor)
-
-
 def tensor_val(node: fx.Node) -> torch.Tensor | None:
     v = node.meta.get(VAL)
     return v if isinstance(v, torch.Tensor) else None
@@ -154,6 +150,20 @@ def storage_nbytes(t: torch.Tensor) -> sympy.Expr:
 
 
 # --------------------------------------------------------------------------- ops and aliasing
+
+
+def op_path(op: torch._ops.OpOverload) -> str:
+    """``torch.ops.<ns>.<name>.<overload>`` for an OpOverload."""
+    ns, rest = op.name().split("::", 1)
+    name, _, overload = rest.partition(".")
+    return f"torch.ops.{ns}.{name}.{overload or 'default'}"
+
+
+def op_display(op: Any) -> str:
+    """A readable name for a call target: ``aten.add.Tensor`` for OpOverloads."""
+    if isinstance(op, torch._ops.OpOverload):
+        return op_path(op)[len("torch.ops."):]
+    return getattr(op, "__qualname__", None) or getattr(op, "__name__", None) or repr(op)
 
 
 def op_schema(node: fx.Node):
@@ -292,9 +302,10 @@ def node_kind(node: fx.Node) -> str:
     """How the wrapper treats a node.
 
     ``placeholder`` / ``get_attr`` / ``output``: as in FX.  ``view``: output shares an input's
-    storage (views, in-place and out= ops).  ``getitem``: picks one output of a multi-output op.
-    ``scalar``: computes a Python/SymInt value or nothing (asserts, size queries).
-    ``compute``: produces new tensor storage: what backends and fallbacks run.
+    storage without writing it (views; a getitem of a list of views).  ``getitem``: picks one
+    output of a multi-output op.  ``scalar``: computes a Python/SymInt value or nothing (asserts,
+    size queries).  ``compute``: runs a kernel: produces new tensor storage, or writes into an
+    input (in-place and out= ops, which return what they wrote): what backends and fallbacks run.
     """
     if node.op in ("placeholder", "get_attr", "output"):
         return node.op

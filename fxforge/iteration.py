@@ -5,6 +5,9 @@
 * *reduction*: ``reduction_of`` describes it (kind, input, reduced dims, keepdim); its iteration
   space is its input's shape, split into kept dims (rows) and reduced dims.
 * anything else is *extern*: it ends fusion groups.
+
+``Iteration`` is a group's loop nest as element counts (what fusion checks); the Triton emitter
+builds the full loop nest (shapes, strides, rows) from the same vocabulary.
 """
 
 from __future__ import annotations
@@ -121,3 +124,57 @@ def reduction_of(node: fx.Node) -> Reduction | None:
     dims = sorted({d % max(ndim, 1) for d in dims}) if ndim else []
     corr = b.get("correction")
     return Reduction(kind, inp, dims, bool(b.get("keepdim", False)), 1.0 if corr is None else float(corr))
+
+
+@dataclass
+class Iteration:
+    """A group's loop nest, as element counts: ``numel`` values per reduction row times
+    ``rnumel`` reduced elements per row (1: pointwise only); ``reduces``: the group holds a
+    reduction (its rows are then that reduction's).  Shapes may differ where views reshape
+    values; a backend that needs more (same shapes, same strides) says so itself."""
+
+    numel: object
+    rnumel: object = 1
+    reduces: bool = False
+
+    def fits(self, n) -> bool:
+        """A pointwise value of ``n`` elements runs in this loop nest: one per element, or one per row."""
+        return same_size(n, self.numel * self.rnumel) or (self.rnumel != 1 and same_size(n, self.numel))
+
+
+def iteration_of(nodes: list[fx.Node]) -> Iteration | str:
+    """The loop nest all compute nodes of ``nodes`` share, or why they do not share one."""
+    it = None
+    for n in nodes:
+        r = reduction_of(n) if kind_of(n) == "reduction" else None
+        if r is None:
+            continue
+        shape = shape_of(r.inp.meta[VAL])
+        red = [s for d, s in enumerate(shape) if d in r.dims]
+        kept = [s for d, s in enumerate(shape) if d not in r.dims]
+        mine = Iteration(numel(kept), numel(red), reduces=True)
+        if it is not None and not (same_size(it.numel, mine.numel) and same_size(it.rnumel, mine.rnumel)):
+            return f"reductions of {it.numel} rows x {it.rnumel} and {mine.numel} rows x {mine.rnumel}"
+        it = mine
+    for n in nodes:
+        if kind_of(n) != "pointwise":
+            continue
+        count = numel(shape_of(n.meta[VAL]))
+        if it is None:
+            it = Iteration(count)
+        elif not it.fits(count):
+            return f"{n.name} has {count} elements; the group iterates {it.numel} x {it.rnumel}"
+    return it if it is not None else Iteration(sympy.Integer(1))
+
+
+def joined_iteration(a: Iteration, b: Iteration) -> Iteration | None:
+    """``iteration_of`` the union of two groups, from their own loop nests (None: none shared).
+    Within a group every reduction has its rows and every pointwise value fits them; without a
+    reduction every pointwise value has ``numel`` elements.  So the union shares a loop nest
+    exactly when the nests agree, or one group's pointwise values fit the other's reduction."""
+    if a.reduces and b.reduces:
+        return a if same_size(a.numel, b.numel) and same_size(a.rnumel, b.rnumel) else None
+    if a.reduces or b.reduces:
+        red, pw = (a, b) if a.reduces else (b, a)
+        return red if red.fits(pw.numel) else None
+    return a if same_size(a.numel, b.numel) else None

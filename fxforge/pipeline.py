@@ -3,6 +3,7 @@
 A pass is any callable taking a GraphModule and returning one of
 * ``fxforge.PassResult(graph_module, modified, stats)`` (``stats`` optional, a dict of ints),
 * torch.fx's ``PassResult(graph_module, modified)``,
+* a GraphModule (modified),
 * a bool (modified, graph changed in place) or None (in place, assumed modified).
 
 In debug mode (``Config(debug=True)``, ``FXFORGE_DEBUG=1``) every pass is followed by
@@ -63,7 +64,12 @@ def pass_name(p: Callable) -> str:
 
 def run_one(p: Callable, gm: fx.GraphModule) -> PassResult:
     """Call a pass and normalise whatever it returned to a PassResult."""
-    r = p(gm)
+    return normalize_result(p, gm, p(gm))
+
+
+def normalize_result(p: Callable, gm: fx.GraphModule, r: Any) -> PassResult:
+    """What pass ``p`` returned when called on ``gm``, as a PassResult (the accepted forms are
+    in this module's docstring); a TypeError names the pass and what it returned otherwise."""
     if r is None:
         return PassResult(gm, True)
     if isinstance(r, bool):

@@ -62,11 +62,10 @@ def test_report_writes_one_html_per_graph(tmp_path, capsys):
     assert capsys.readouterr().out.count("wrote ") == 3
 
 
-def test_bench_without_suite_says_so(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_find_bench", lambda start: None)
-    assert cli.main(["bench"]) == 2
+def test_bench_without_suite_says_so(tmp_path, capsys):
+    assert cli.main(["bench", "--suite", str(tmp_path / "missing" / "run.py")]) == 2
     err = capsys.readouterr().err
-    assert "bench/run.py" in err and "Nothing was run" in err
+    assert "bench/run.py" in err and "missing" in err and "Nothing was run" in err
 
 
 @pytest.mark.parametrize("exit_code", [0, 3])
@@ -80,19 +79,18 @@ def test_bench_runs_the_suite_with_its_arguments(monkeypatch, tmp_path, capsys, 
         "if __name__ == '__main__':\n"
         f"    sys.exit({exit_code})\n"
     )
-    monkeypatch.setattr(cli, "_find_bench", lambda start: str(run))
     argv = sys.argv[:]
-    assert cli.main(["bench", "--gpu", "--", "--only", "matmul"]) == exit_code
+    assert cli.main(["bench", "--gpu", "--suite", str(run), "--", "--only", "matmul"]) == exit_code
     assert sys.argv == argv
     assert seen.read_text().split() == ["--gpu", "--only", "matmul"]
     assert "running" in capsys.readouterr().out
 
 
 def test_bench_finds_the_checkout_suite(monkeypatch, tmp_path):
-    """_find_bench looks in the checkout first, then the working directory."""
+    """find_bench looks in the checkout first, then the working directory."""
     run = tmp_path / "bench" / "run.py"
     run.parent.mkdir()
     run.write_text("")
     checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__))), "bench", "run.py")
     expected = checkout if os.path.isfile(checkout) else str(run)
-    assert cli._find_bench(str(tmp_path)) == expected
+    assert cli.find_bench(str(tmp_path)) == expected

@@ -93,8 +93,7 @@ def test_fusion_keeps_its_group_order_topological(example):
     gm, _ = example
     cfg = fxforge.Config()
     AssignBackends(TORCH, cfg)(gm)
-    fuser = FuseGroups(TORCH, cfg)
-    fuser(gm)
+    fuser = FuseGroups(TORCH, cfg).run(gm)
     assert _order_holds(fuser) == []
 
 
@@ -352,8 +351,7 @@ def test_chain_of_views_with_the_upper_one_shared_keeps_the_order():
     gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 8))
     cfg = fxforge.Config(debug=True)
     AssignBackends(TORCH, cfg)(gm)
-    fuser = FuseGroups(TORCH, cfg)
-    fuser(gm)
+    fuser = FuseGroups(TORCH, cfg).run(gm)
     assert fuser.copied_views == 1, gm.code
     assert _order_holds(fuser) == []
     assert verify_groups(gm, cfg, TORCH) == []

@@ -13,7 +13,7 @@ an input (batch norm's running stats) are compared on their inputs too.
   samples, in three modes: inference, a training step (where the op supports autograd) and
   inference with ``dynamic=True``.  Samples torch.compile itself cannot capture (the same
   function fails, or differs from eager, under ``backend="aot_eager"``) are skipped with the
-  reason; known fxforge failures are ``xfail`` with their diagnosis (``KNOWN_FAILURES``).
+  reason; known fxforge failures are strict ``xfail`` with their diagnosis (``KNOWN_FAILURES``).
 
 Every sample's eager reference also runs under ``OutOverloadCheck``, which checks that each
 out= overload the torch backend would pick really behaves like the functional op when writing
@@ -453,33 +453,13 @@ GRAD_OPS: list[str] = [
     "take_along_dim", "tanh", "topk", "trace", "tril", "triu", "var", "where",
 ]
 
-# (id, sweep mode) -> diagnosis: fxforge bugs whose fix lies outside torch_backend.py (xfail,
-# not strict, in the sweep; never in the default lists).
-_UNBACKED = (
-    "graph.hint() (called by the byte accounting: passes/schedule.storage_sizes, compiler) uses "
-    "shape_env.size_hint(), which raises GuardOnDataDependentSymNode on the unbacked size (u0) of "
-    "a data-dependent output (nonzero, unique, masked_select...)"
-)
-_TRUNC = "codegen/pyexpr.py cannot print TruncToInt(1.7*ToFloat(s0)) (interpolate's output size with a float scale_factor)"
-_CONST = (
-    "pipeline._FakeReprop.get_attr fakifies a tensor constant with mode.from_tensor(v) and gets fresh "
-    "size symbols (s31) instead of its static shape: verification reports a metadata mismatch"
-)
-_AS_STRIDED = (
-    "as_strided on a planned buffer: its storage_offset counts from the arena's start, not the buffer's, "
-    "so it reads another buffer (wrong gradients whenever the planner places the buffer at offset > 0)"
-)
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    **{(n, m): _UNBACKED for n in ("argwhere", "combinations", "masked_select", "nonzero", "repeat_interleave",
-                                   "unique", "unique_consecutive") for m in SWEEP_MODES},
-    ("index_fill", "grad"): _UNBACKED,
-    ("index_put", "grad"): _UNBACKED,
-    **{(n, "dynamic"): _TRUNC for n in ("_upsample_bilinear2d_aa", "nn.functional.interpolate.linear",
-                                        "nn.functional.interpolate.nearest", "nn.functional.interpolate.nearest-exact",
-                                        "nn.functional.upsample_bilinear", "nn.functional.upsample_nearest")},
-    **{("__getitem__", m): _CONST for m in SWEEP_MODES},
-    ("as_strided_copy", "grad"): _AS_STRIDED,
-}
+# (id, sweep mode) -> diagnosis of a known fxforge failure (xfail, strict: an entry that starts
+# passing fails the sweep, so the list stays true; never in the default lists).  Empty: every entry
+# of the last sweep passed.  The 33 entries this once held pass since the size printer became
+# torch's (``TruncToInt`` of interpolate's float-scaled sizes), hints stopped asking the
+# ShapeEnv about unbacked sizes, constants are re-propagated with static shapes, and a buffer
+# ``as_strided`` reads owns its storage (passes/memory.py).
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def test_default_subset_size():
@@ -539,8 +519,7 @@ def test_op_sweep(name, mode, request):
         pytest.skip("no autograd support")
     known = KNOWN_FAILURES.get((name, mode))
     if known:
-        # Not strict: some of these depend on where the memory planner puts a buffer.
-        request.applymarker(pytest.mark.xfail(reason=known, strict=False))
+        request.applymarker(pytest.mark.xfail(reason=known, strict=True))
     ran = 0
     reasons = []
     for s in samples(op, SWEEP_SAMPLES, grad=grad):

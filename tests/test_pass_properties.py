@@ -29,7 +29,7 @@ from fxforge.passes.assign import AssignBackends
 from fxforge.passes.memory import plan_memory, verify_memory_plan
 from fxforge.passes.schedule import (memory_order, peak_bytes, program_order, schedule, storage_sizes,
                                      unit_program_order)
-from fxforge.pipeline import PassManager
+from fxforge.pipeline import PassManager, verify_graph
 from fxforge.testing import check_pass, graphs, profile
 
 aten = torch.ops.aten
@@ -202,7 +202,7 @@ def decompose_core(gm):
     """Re-trace under the graph's own fake mode with the table fxforge gives AOTAutograd at
     decompose="core"."""
     fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    table = aot_table(Config(decompose="core"), "triton")
+    table = aot_table(Config(decompose="core"), DEFAULT_REGISTRY.get("triton"))
     with detect_fake_mode(fakes):
         out = make_fx(gm, decomposition_table=table, tracing_mode="real")(*fakes)
     return out
@@ -242,7 +242,8 @@ def compiled_plan_verifies(before, after):
 def test_compile_graph(example, inplace):
     gm, inputs = example
     # poisoned arenas: a read of bytes nothing wrote shows up as NaN or garbage; the plan is
-    # verified by the hook (debug=True would, but see the xfail below)
+    # verified by the hook (debug=False: the hook reports a bad plan as a check failure with both
+    # graphs, where debug mode would raise from inside the compile)
     config = Config(debug=False, poison_arena=True, inplace=inplace)
     check_pass(compile_with(config), gm, inputs, runner=run_compiled, verify_memory_plan=compiled_plan_verifies)
 
@@ -265,4 +266,10 @@ def test_debug_reprop_of_negative_pad_on_symbolic_size():
     b = GraphBuilder(dynamic=True)
     x = b.input((2,), torch.float32)
     gm, _ = b.finish([b.call(aten.constant_pad_nd.default, b.call(aten.neg.default, x), [1, -1], 0.0)])
-    PassManager([], debug=True)(gm)
+    assert verify_graph(gm) == []  # re-propagation agrees with the stored (symbolic) sizes
+    gm, records = PassManager([], debug=True)(gm)  # debug verification of the input passes too
+    c = compile_graph(gm, Config(debug=True))
+    for n in (2, 5):  # one compiled graph, several sizes: the crop keeps n elements, shifted by one
+        x = torch.randn(n)
+        (got,) = c(x)
+        torch.testing.assert_close(got, torch.nn.functional.pad(-x, [1, -1]))

@@ -75,7 +75,11 @@ def test_healthy_graph_verifies_and_records_every_pass():
 
 def test_without_debug_a_broken_pass_is_not_verified():
     gm = traced()
-    PassManager([corrupt_shape], debug=False)(gm)  # no verification, no error
+    gm, records = PassManager([corrupt_shape], debug=False)(gm)  # no verification, no error
+    assert [r.name for r in records] == ["corrupt_shape"] and records[0].modified
+    relu = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.relu.default)
+    assert tuple(relu.meta[VAL].shape) == (7, 7)  # the broken metadata went through unverified
+    assert verify_graph(gm), "verify_graph would have found it"
 
 
 def test_pass_exceptions_name_the_pass():

@@ -33,15 +33,22 @@ def model(x, y):
 
 
 @pytest.fixture
-def registry():
-    reg = Registry()
-    reg.register(DEFAULT_REGISTRY.get("torch"))
-    reg.register(CodegenBackend("toy", ("cpu",), toy_accepts, toy_compile))
-    return reg
+def register():
+    """Register backends with fxforge (as a third party would); unregistered after the test."""
+    names = []
+
+    def reg(backend):
+        names.append(backend.name)
+        return fxforge.register_backend(backend)
+
+    yield reg
+    for n in names:
+        DEFAULT_REGISTRY.unregister(n)
 
 
-def test_toy_backend_runs_a_model(registry):
-    b = fxforge.backend(Config(codegen="toy", debug=True), registry=registry)
+def test_toy_backend_runs_a_model(register):
+    register(CodegenBackend("toy", ("cpu",), toy_accepts, toy_compile))
+    b = fxforge.backend(Config(codegen="toy", debug=True))
     f = torch.compile(model, backend=b, fullgraph=True)
     x, y = torch.randn(5, 3), torch.randn(5, 3)
     torch.testing.assert_close(f(x, y), model(x, y))
@@ -68,19 +75,21 @@ def test_registered_backend_selectable_by_name_globally():
 
 def test_unknown_backend_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown codegen backend 'nope'.*torch"):
-        DEFAULT_REGISTRY.select(Config(codegen="nope"), {"cpu"})
+        DEFAULT_REGISTRY.get("nope")
+    with pytest.raises(ValueError, match="Config.codegen='nope': unknown codegen backend.*torch.*register_backend"):
+        Config(codegen="nope")
 
 
 def test_auto_picks_torch_on_cpu():
     assert DEFAULT_REGISTRY.select(Config(), {"cpu"}).name == "torch"
 
 
-def test_kernel_that_fails_to_compile_falls_back(registry, caplog):
+def test_kernel_that_fails_to_compile_falls_back(register, caplog):
     def broken_compile(group, ctx):
         raise RuntimeError("no kernel for you")
 
-    registry.register(CodegenBackend("broken", ("cpu",), toy_accepts, broken_compile))
-    b = fxforge.backend(Config(codegen="broken", debug=False), registry=registry)
+    register(CodegenBackend("broken", ("cpu",), toy_accepts, broken_compile))
+    b = fxforge.backend(Config(codegen="broken", debug=False))
     x, y = torch.randn(3, 3), torch.randn(3, 3)
     with caplog.at_level(logging.WARNING, logger="fxforge"):
         out = torch.compile(model, backend=b)(x, y)
@@ -90,14 +99,14 @@ def test_kernel_that_fails_to_compile_falls_back(registry, caplog):
     assert "no kernel for you" in caplog.text
 
 
-def test_kernel_source_that_does_not_run_falls_back_to_eager(registry, caplog):
+def test_kernel_source_that_does_not_run_falls_back_to_eager(register, caplog):
     def bad_source(group, ctx):
         k = toy_compile(group, ctx)
         k.source = k.source.replace("torch.", "torch.not_a_function_")
         return k
 
-    registry.register(CodegenBackend("badsrc", ("cpu",), toy_accepts, bad_source))
-    b = fxforge.backend(Config(codegen="badsrc", debug=False), registry=registry)
+    register(CodegenBackend("badsrc", ("cpu",), toy_accepts, bad_source))
+    b = fxforge.backend(Config(codegen="badsrc", debug=False))
     f = torch.compile(model, backend=b)
     x, y = torch.randn(3, 3), torch.randn(3, 3)
     with caplog.at_level(logging.WARNING, logger="fxforge"):

@@ -5,6 +5,7 @@ default `graphs()` (every op family, static and dynamic shapes) with the active 
 budget (`profile()`, "ci": 200) for a graph where `check_pass` fails, then shrinks it; the test asserts the
 bug is found and the shrunk graph is small. Correct passes must survive the same search.
 """
+import functools
 import operator
 import random
 import re
@@ -19,8 +20,10 @@ from torch.fx.passes.infra.pass_base import PassResult
 import fxforge
 from fxforge.codegen.registry import DEFAULT_REGISTRY
 from fxforge.graph import GROUP, fake_mode_of, node_kind, output_nodes
+from fxforge.iteration import iteration_of
+from fxforge.passes import fusion
 from fxforge.passes.assign import AssignBackends
-from fxforge.passes.fusion import FuseGroups, group_graph, iteration_of, verify_groups
+from fxforge.passes.fusion import group_graph, verify_groups
 from fxforge.plan import group_outputs
 from fxforge.testing import GraphBuilder, PassCheckFailure, check_pass, graphs, profile
 
@@ -185,7 +188,7 @@ def _fuse(gm, *, check_siblings):
     meta[GROUP] changes: the graph computes what it did."""
     cfg = FUSION_CONFIG
     AssignBackends(TORCH, cfg)(gm)
-    fusible = FuseGroups(TORCH, cfg).fusible  # the real pass's candidates
+    fusible = functools.partial(fusion.fusible, backend=TORCH)  # the real pass's candidates
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     outs = set(output_nodes(gm))
     members = {}

@@ -8,93 +8,55 @@ from typing import Any, Callable
 import sympy
 import torch
 import torch.fx as fx
-from torch.utils._sympy.functions import (
-    CeilDiv,
-    CleanDiv,
-    FloorDiv,
-    IntTrueDiv,
-    ModularIndexing,
-    PythonMod,
-)
+from sympy.printing.precedence import PRECEDENCE
+from torch.utils._sympy.printers import PythonPrinter
 
 
-class PyExprPrinter:
-    """sympy -> Python integer arithmetic (floor semantics, exactly what Python ints do)."""
+class ReadableArith:
+    """Sums and products printed as people write them: ``s0 - 3``, ``-s0``, ``2*s0``."""
+
+    def _print_Add(self, expr, order=None) -> str:
+        terms = sorted(expr.args, key=lambda t: (t.is_number, sympy.default_sort_key(t)))
+        out = self._print(terms[0])
+        for t in terms[1:]:
+            c, _ = t.as_coeff_Mul()
+            if c.is_number and c < 0:
+                out += f" - {self.parenthesize(-t, PRECEDENCE['Add'])}"
+            else:
+                out += f" + {self.parenthesize(t, PRECEDENCE['Add'])}"
+        return out
+
+    def _print_Mul(self, expr) -> str:
+        c, rest = expr.as_coeff_Mul()
+        if c == -1:
+            return f"-{self.parenthesize(rest, PRECEDENCE['Mul'])}"
+        return super()._print_Mul(expr)
+
+
+class PyExprPrinter(ReadableArith, PythonPrinter):
+    """sympy -> Python source over the wrapper's names for the size symbols (``names``).
+
+    torch's ``PythonPrinter`` with fxforge's conventions: Python floor semantics for ``//`` and
+    ``%`` (exactly what Python ints do), plain ``float()`` for ``ToFloat``, and an unbound symbol
+    is an error rather than a name that might resolve to something else at run time."""
 
     def __init__(self, names: dict[sympy.Symbol, str] | None = None):
+        super().__init__()
         self.names = names if names is not None else {}
 
     def __call__(self, e: Any) -> str:
-        return self.p(sympy.sympify(e))
+        return self.doprint(sympy.sympify(e))
 
-    def p(self, e: sympy.Basic) -> str:
-        if e.is_Integer:
-            return str(int(e))
-        if e.is_Symbol:
-            if e not in self.names:
-                raise KeyError(f"symbol {e} is not bound in the generated code")
-            return self.names[e]
-        if e.is_Rational:
-            return f"({e.p} / {e.q})"
-        if e.is_Float:
-            return repr(float(e))
-        if e.is_Add:
-            terms = sorted(e.args, key=lambda t: (t.is_number, sympy.default_sort_key(t)))
-            out = self.p(terms[0])
-            for t in terms[1:]:
-                c, rest = t.as_coeff_Mul()
-                if c.is_number and c < 0:
-                    out += f" - {self.p(-t)}"
-                else:
-                    out += f" + {self.p(t)}"
-            return f"({out})"
-        if e.is_Mul:
-            c, rest = e.as_coeff_Mul()
-            if c == -1:
-                return f"(-{self.p(rest)})"
-            return "(" + " * ".join(self.p(a) for a in e.args) + ")"
-        if e.is_Pow:
-            base, exp = e.args
-            if exp.is_Integer and exp > 0:
-                return "(" + " * ".join([self.p(base)] * int(exp)) + ")"
-            return f"({self.p(base)} ** {self.p(exp)})"
-        if isinstance(e, FloorDiv):
-            return f"({self.p(e.args[0])} // {self.p(e.args[1])})"
-        if isinstance(e, CeilDiv):
-            return f"(-((-{self.p(e.args[0])}) // {self.p(e.args[1])}))"
-        if isinstance(e, (CleanDiv,)):
-            return f"({self.p(e.args[0])} // {self.p(e.args[1])})"
-        if isinstance(e, IntTrueDiv):
-            return f"({self.p(e.args[0])} / {self.p(e.args[1])})"
-        if isinstance(e, ModularIndexing):
-            x, d, m = (self.p(a) for a in e.args)
-            return f"(({x} // {d}) % {m})"
-        if isinstance(e, (PythonMod, sympy.Mod)):
-            return f"({self.p(e.args[0])} % {self.p(e.args[1])})"
-        if isinstance(e, sympy.floor):
-            return f"math.floor({self.p(e.args[0])})"
-        if isinstance(e, sympy.ceiling):
-            return f"math.ceil({self.p(e.args[0])})"
-        if isinstance(e, (sympy.Max, sympy.Min)):
-            fn = "max" if isinstance(e, sympy.Max) else "min"
-            return f"{fn}({', '.join(self.p(a) for a in e.args)})"
-        name = type(e).__name__
-        if name in ("Max", "Min"):  # torch's own Max/Min classes
-            return f"{name.lower()}({', '.join(self.p(a) for a in e.args)})"
-        raise NotImplementedError(f"cannot print size expression {e} ({name}) as Python")
+    def _print_Symbol(self, expr) -> str:
+        if expr not in self.names:
+            raise KeyError(f"symbol {expr} is not bound in the generated code")
+        return self.names[expr]
 
+    def _print_ToFloat(self, expr) -> str:
+        return f"float({self._print(expr.args[0])})"
 
-def op_path(op: torch._ops.OpOverload) -> str:
-    """``torch.ops.<ns>.<name>.<overload>`` for an OpOverload."""
-    ns, rest = op.name().split("::", 1)
-    name, _, overload = rest.partition(".")
-    return f"torch.ops.{ns}.{name}.{overload or 'default'}"
-
-
-def op_display(op: Any) -> str:
-    if isinstance(op, torch._ops.OpOverload):
-        return op_path(op)[len("torch.ops."):]
-    return getattr(op, "__qualname__", None) or getattr(op, "__name__", None) or repr(op)
+    def _print_Rational(self, expr) -> str:
+        return f"({expr.p} / {expr.q})"
 
 
 _SIMPLE_CONSTS = (torch.dtype, torch.layout, torch.memory_format)

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import functools
 import operator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx as fx
 
-from ..config import Config
-from ..graph import ALLOCATES, VAL, free_symbols, is_mutating, node_kind, storage_root, tensor_val
+from ..graph import ALLOCATES, VAL, free_symbols, is_mutating, node_kind, op_display, op_path, storage_root, tensor_val
 from ..plan import Group
-from .pyexpr import format_arg, op_display, op_path
-from .registry import CodegenBackend, GroupCost, Kernel, KernelContext
+from .api import CodegenBackend, GroupCost, Kernel, KernelContext
+from .pyexpr import format_arg
+
+if TYPE_CHECKING:  # types only: config.py asks the registry (which holds this backend) about names
+    from ..config import Config
 
 _RUNNABLE_NAMESPACES = ("aten", "prims")
 
@@ -222,5 +225,6 @@ BACKEND = CodegenBackend(
     compile=compile_group,
     allocates=allocates,
     fusion_cost=fusion_cost,
+    decompose="none",  # each node an ATen kernel eager would run: what out= calls want
     description="ATen out= calls into planned buffers (reference backend, default on CPU)",
 )

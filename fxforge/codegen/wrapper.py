@@ -44,10 +44,11 @@ import torch
 import torch.fx as fx
 
 from ..config import Config
-from ..graph import FALLBACK_BACKEND, VAL, aliased_input, expr, node_kind, output_nodes, storage_root
+from ..graph import FALLBACK_BACKEND, VAL, aliased_input, expr, node_kind, op_path, output_nodes, storage_root
 from ..plan import Buffer, Group, Plan
-from .pyexpr import PyExprPrinter, format_arg, format_call, literal, op_path
-from .registry import Kernel, KernelContext, Registry
+from .pyexpr import PyExprPrinter, format_arg, format_call, literal
+from .api import Kernel, KernelContext
+from .registry import Registry
 
 log = logging.getLogger("fxforge")
 

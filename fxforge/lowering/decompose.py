@@ -4,14 +4,20 @@
 each node is an ATen kernel eager would run, the best input for the torch backend.
 "core": core ATen, plus softmax / log-softmax / layer norm split into pointwise + reduction
 nodes: what fusing backends want.
-"auto": "core" for backends that generate kernels, "none" for the torch backend.
+"auto": what the selected backend declares (``CodegenBackend.decompose``): "core" for backends
+that generate kernels, "none" for the torch backend.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..config import Config
+
+if TYPE_CHECKING:
+    from ..codegen.api import CodegenBackend
 
 # Attention stays one node: its decomposition materialises the full score matrix.
 _KEEP = {
@@ -36,15 +42,13 @@ def _fusion_splits() -> dict:
     return {op: decomposition_table[op] for op in _SPLIT_FOR_FUSION if op in decomposition_table}
 
 
-def level(config: Config, backend_name: str) -> str:
-    if config.decompose != "auto":
-        return config.decompose
-    return "none" if backend_name == "torch" else "core"
+def level(config: Config, backend: "CodegenBackend") -> str:
+    return backend.decompose if config.decompose == "auto" else config.decompose
 
 
-def aot_table(config: Config, backend_name: str) -> dict:
+def aot_table(config: Config, backend: "CodegenBackend") -> dict:
     """Decompositions for AOTAutograd tracing."""
-    if level(config, backend_name) == "none":
+    if level(config, backend) == "none":
         return {}
     from torch._decomp import core_aten_decompositions
 
@@ -53,7 +57,7 @@ def aot_table(config: Config, backend_name: str) -> dict:
     return table
 
 
-def export_table(config: Config, backend_name: str):
+def export_table(config: Config, backend: "CodegenBackend"):
     """Decompositions for ``ExportedProgram.run_decompositions``.
 
     At "none" only composite-implicit ops are decomposed, to what eager dispatch would run;
@@ -62,7 +66,7 @@ def export_table(config: Config, backend_name: str):
     table = torch.export.default_decompositions()
     for op in _KEEP:
         table.pop(op, None)
-    if level(config, backend_name) == "none":
+    if level(config, backend) == "none":
         cia = torch._C.DispatchKey.CompositeImplicitAutograd
         for op in list(table.keys()):
             if not (isinstance(op, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), cia)):

@@ -11,10 +11,9 @@ import logging
 
 import torch.fx as fx
 
-from ..codegen.registry import CodegenBackend
+from ..codegen.api import CodegenBackend
 from ..config import Config
-from ..graph import ALLOCATES, BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, free_symbols, node_kind
-from ..codegen.pyexpr import op_display
+from ..graph import ALLOCATES, BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, free_symbols, node_kind, op_display
 from ..pipeline import PassResult
 
 log = logging.getLogger("fxforge")
@@ -38,7 +37,7 @@ class AssignBackends:
 
     def refusal(self, node: fx.Node, inputs_bound: set) -> str | None:
         name = op_display(node.target)
-        if name in self.config.fallback_ops:
+        if name in self.config.fallback_ops or name.rsplit(".", 1)[0] in self.config.fallback_ops:
             return "listed in Config.fallback_ops"
         if not free_symbols(node.meta.get("val")) <= inputs_bound:
             return "output size depends on values computed inside the graph"

@@ -35,6 +35,7 @@ and details in ``stats["refused"]``.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -44,10 +45,10 @@ import numpy as np
 import sympy
 import torch.fx as fx
 
-from ..codegen.registry import CodegenBackend
+from ..codegen.api import CodegenBackend
 from ..config import Config
 from ..graph import BACKEND, GROUP, VAL, aliased_input, node_kind, output_nodes, storage_root
-from ..iteration import kind_of, numel as _numel, reduction_of, same_size as _same, shape_of
+from ..iteration import Iteration, iteration_of, joined_iteration, kind_of
 from ..lowering.cleanup import has_side_effects
 from ..pipeline import PassResult
 from ..plan import group_outputs
@@ -62,60 +63,7 @@ class _Group:
     nodes: list[fx.Node]  # members (compute nodes and the views pulled in)
     hi: int  # largest program index of a member: where the group runs
     compute: int  # compute nodes
-    it: "Iteration"  # the loop nest its compute nodes share
-    reduces: bool  # it holds a reduction (``it`` is then that reduction's rows x reduced elements)
-
-
-@dataclass
-class Iteration:
-    """A group's loop nest, as element counts: ``numel`` values per reduction row times
-    ``rnumel`` reduced elements per row (1: pointwise only).  Shapes may differ where views
-    reshape values; a backend that needs more (same shapes, same strides) says so itself."""
-
-    numel: object
-    rnumel: object = 1
-
-    def fits(self, n) -> bool:
-        """A pointwise value of ``n`` elements runs in this loop nest: one per element, or one per row."""
-        return _same(n, self.numel * self.rnumel) or (self.rnumel != 1 and _same(n, self.numel))
-
-
-def iteration_of(nodes: list[fx.Node]) -> Iteration | str:
-    """The loop nest all compute nodes of ``nodes`` share, or why they do not share one."""
-    it = None
-    for n in nodes:
-        r = reduction_of(n) if kind_of(n) == "reduction" else None
-        if r is None:
-            continue
-        shape = shape_of(r.inp.meta[VAL])
-        red = [s for d, s in enumerate(shape) if d in r.dims]
-        kept = [s for d, s in enumerate(shape) if d not in r.dims]
-        mine = Iteration(_numel(kept), _numel(red))
-        if it is not None and not (_same(it.numel, mine.numel) and _same(it.rnumel, mine.rnumel)):
-            return f"reductions of {it.numel} rows x {it.rnumel} and {mine.numel} rows x {mine.rnumel}"
-        it = mine
-    for n in nodes:
-        if kind_of(n) != "pointwise":
-            continue
-        numel = _numel(shape_of(n.meta[VAL]))
-        if it is None:
-            it = Iteration(numel)
-        elif not it.fits(numel):
-            return f"{n.name} has {numel} elements; the group iterates {it.numel} x {it.rnumel}"
-    return it if it is not None else Iteration(sympy.Integer(1))
-
-
-def joined_iteration(a: _Group, b: _Group) -> Iteration | None:
-    """``iteration_of`` the union of two groups, from their own loop nests (None: none shared).
-    Within a group every reduction has its ``it`` and every pointwise value fits it; without a
-    reduction every pointwise value has ``it.numel`` elements.  So the union shares a loop nest
-    exactly when the nests agree, or one group's pointwise values fit the other's reduction."""
-    if a.reduces and b.reduces:
-        return a.it if _same(a.it.numel, b.it.numel) and _same(a.it.rnumel, b.it.rnumel) else None
-    if a.reduces or b.reduces:
-        red, pw = (a, b) if a.reduces else (b, a)
-        return red.it if red.it.fits(pw.it.numel) else None
-    return a.it if _same(a.it.numel, b.it.numel) else None
+    it: Iteration  # the loop nest its compute nodes share
 
 
 def view_input(v: fx.Node) -> fx.Node | None:
@@ -125,31 +73,43 @@ def view_input(v: fx.Node) -> fx.Node | None:
     return aliased_input(v)
 
 
+def fusible(n: fx.Node, backend: CodegenBackend) -> bool:
+    """A fusion candidate: a pointwise op or reduction the backend runs, without side effects."""
+    return n.meta.get(BACKEND) == backend.name and not has_side_effects(n) and kind_of(n) in ("pointwise", "reduction")
+
+
 class FuseGroups:
+    """The fusion pass.  Holds only its backend and config: each call fuses one graph in a
+    ``FusionRun`` of its own, so one instance serves any number of graphs, from any thread."""
+
     name = "fuse_groups"
 
     def __init__(self, backend: CodegenBackend, config: Config):
         self.backend = backend
         self.config = config
-        self._fusible: dict[fx.Node, bool] = {}  # memo of fusible(), per run
-
-    # ------------------------------------------------------------------ setup
-
-    def fusible(self, n: fx.Node) -> bool:
-        if n not in self._fusible:
-            self._fusible[n] = (
-                n.meta.get(BACKEND) == self.backend.name
-                and not has_side_effects(n)
-                and kind_of(n) in ("pointwise", "reduction")
-            )
-        return self._fusible[n]
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
+        return self.run(gm).result
+
+    def run(self, gm: fx.GraphModule) -> "FusionRun":
+        """Fuse ``gm``'s groups; the run keeps what it decided (groups, order, refusals)."""
+        run = FusionRun(gm, self.backend, self.config)
         if self.backend.fusion_cost is None or self.config.max_fusion_size < 2:
-            return PassResult(gm, False, {"fused_groups": 0, "refused_fusions": {}, "refused": []})
-        self.gm = gm
-        self._fusible.clear()
+            run.result = PassResult(gm, False, {"fused_groups": 0, "refused_fusions": {}, "refused": []})
+        else:
+            run.result = run.fuse()
+        return run
+
+
+class FusionRun:
+    """One run of the fusion pass over one graph: every piece of per-run state lives here."""
+
+    def __init__(self, gm: fx.GraphModule, backend: CodegenBackend, config: Config):
+        self.gm, self.backend, self.config = gm, backend, config
+        self.result: PassResult | None = None
+        self._fusible: dict[fx.Node, bool] = {}  # memo of fusible()
         nodes = program_order(gm)
+        self.nodes = nodes
         self.index = {n: i for i, n in enumerate(nodes)}
         self.gid: dict[fx.Node, int] = {}
         self.groups: dict[int, _Group] = {}
@@ -158,7 +118,7 @@ class FuseGroups:
                 g = n.meta[GROUP]
                 self.gid[n] = g
                 it = iteration_of([n]) if self.fusible(n) else Iteration(sympy.Integer(1))
-                self.groups[g] = _Group(g, [n], self.index[n], 1, it, kind_of(n) == "reduction")
+                self.groups[g] = _Group(g, [n], self.index[n], 1, it)
         self.refused: dict[str, int] = {}
         self.refused_list: list[dict] = []
         self.merges = 0
@@ -167,6 +127,13 @@ class FuseGroups:
         self.memory = _PeakModel(gm, nodes, self)
         self.order = _Order(self)
 
+    def fusible(self, n: fx.Node) -> bool:
+        if n not in self._fusible:
+            self._fusible[n] = fusible(n, self.backend)
+        return self._fusible[n]
+
+    def fuse(self) -> PassResult:
+        gm, nodes = self.gm, self.nodes
         # vertical: producer into consumer
         for c in nodes:
             if not self.fusible(c):
@@ -229,7 +196,7 @@ class FuseGroups:
             self.refuse("cycle", a, b)
             return False
         nodes = sorted(members | {v for v, _ in views}, key=self.index.get)
-        it = joined_iteration(a, b)
+        it = joined_iteration(a.it, b.it)
         if it is None:
             it = iteration_of(nodes)  # the whole scan, for the refusal's detail
             if isinstance(it, str):
@@ -262,7 +229,7 @@ class FuseGroups:
         a.nodes = sorted(members, key=self.index.get)
         a.hi = max(a.hi, b.hi)
         a.compute += b.compute
-        a.it, a.reduces = it, a.reduces or b.reduces
+        a.it = it
         for n in b.nodes:
             self.gid[n] = a.id
         del self.groups[b.id]
@@ -313,7 +280,7 @@ class _Order:
     below T, so a search over earlier-than-T vertices decides it exactly.  The vertices that
     search finds must run after the merged group: they are moved just after T, in their order."""
 
-    def __init__(self, fuser: FuseGroups):
+    def __init__(self, fuser: FusionRun):
         self.f = fuser
         self.time: dict = {}
 
@@ -389,7 +356,7 @@ class _PeakModel:
     """Live bytes over program positions, with each group at its last node's position (values
     inside a fused group take none): checks that a merge keeps the peak within the guard."""
 
-    def __init__(self, gm: fx.GraphModule, nodes: list[fx.Node], fuser: FuseGroups):
+    def __init__(self, gm: fx.GraphModule, nodes: list[fx.Node], fuser: FusionRun):
         self.fuser = fuser
         self.fused = fuser.backend.fuses
         self.back: dict[fx.Node, int] = {}  # grouped node -> how many positions before its group's last
@@ -404,7 +371,8 @@ class _PeakModel:
             s, e = self.span(r, {})
             if s is not None:
                 self.profile[s:e + 1] += self.size[r]
-        self.limit = int(self.profile.max(initial=0) * (1.0 + fuser.config.max_fusion_peak_growth))
+        growth = fuser.config.max_fusion_peak_growth
+        self.limit = math.inf if growth == math.inf else int(self.profile.max(initial=0) * (1.0 + growth))
 
     def pos(self, n: fx.Node, moved: dict[fx.Node, int]) -> int:
         if n in moved:

@@ -16,8 +16,9 @@ from typing import Callable, Iterable, Sequence
 import sympy
 import torch
 import torch.fx as fx
-from torch.fx.passes.infra.pass_base import PassResult
 from torch.utils import _pytree as pytree
+
+from ..pipeline import normalize_result
 
 __all__ = ["Check", "PassCheckFailure", "TOLERANCES", "check_pass", "hint", "random_inputs", "random_tensor"]
 
@@ -138,16 +139,10 @@ def check_pass(pass_: Callable, gm: fx.GraphModule, inputs: Sequence | None = No
         result = pass_(work)
     except Exception as e:
         fail(f"the pass raised {type(e).__name__}: {e}", cause=e)
-    if isinstance(result, PassResult):
-        after = result.graph_module
-    elif isinstance(result, fx.GraphModule):
-        after = result
-    elif result is None or isinstance(result, bool):  # in place (a bool: fxforge's "modified")
-        after = work
-    elif isinstance(result, tuple) and len(result) >= 2 and isinstance(result[0], fx.GraphModule):
-        after = result[0]  # fxforge.PassResult(graph_module, modified, stats)
-    else:
-        fail(f"the pass returned {type(result).__name__}, expected PassResult, GraphModule, bool or None")
+    try:
+        after = normalize_result(pass_, work, result).graph_module
+    except TypeError as e:
+        fail(str(e))
 
     problem = _structure(original, after)
     if problem:

@@ -15,9 +15,6 @@ from dataclasses import dataclass
 from . import cache
 from .kernel import KERNEL_NAME, Emitted, helper_names, module_text
 
-TARGETS = ((80, 32), (90, 32))
-
-
 @dataclass
 class AotResult:
     arch: int
@@ -55,13 +52,3 @@ def check_kernel(emitted: Emitted, archs=(80, 90), mode: str = "gpu") -> dict[in
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": emitted.num_warps, "enable_fp_fusion": False})
         out[arch] = AotResult(arch, compiled.asm["ptx"], "cubin" in compiled.asm)
     return out
-
-
-def check_generated(archs=(80, 90)) -> dict[str, dict[int, AotResult]]:
-    """AOT-compile every kernel emitted in this process (``backend.GENERATED``): name -> results.
-
-    Run after compiling a model with ``Config(codegen="triton")`` (on CPU under the interpreter)
-    to check its kernels with the real GPU compiler."""
-    from .backend import GENERATED
-
-    return {em.name: check_kernel(em, archs) for em in list(GENERATED)}

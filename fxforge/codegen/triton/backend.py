@@ -1,4 +1,4 @@
-"""The ``triton`` codegen backend: capability check + compile hook for the registry.
+"""The ``triton`` codegen backend: capability check + compile hook (the registry's ``triton`` entry).
 
 ``accepts`` runs the kernel emitter on the node itself (with placeholder variable names): a
 node is accepted exactly when a kernel can be emitted for it, so the check and the emitter
@@ -18,7 +18,7 @@ import torch.fx as fx
 from ...config import Config
 from ...graph import VAL, free_symbols, is_mutating
 from ...plan import Group
-from ..registry import CodegenBackend, GroupCost, Kernel, KernelContext
+from ..api import GroupCost, Kernel, KernelContext
 from . import cache
 from .autotune import Tuner
 from .kernel import KERNEL_NAME, Emitted, Emitter, Unsupported, helper_names, module_text, tensors
@@ -30,6 +30,18 @@ GENERATED: collections.deque[Emitted] = collections.deque(maxlen=4096)
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def unavailable(device_types: frozenset[str]) -> str | None:
+    """Why Triton kernels cannot run on these device types in this process (None: they can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return "the triton package is not installed (pip install triton), or use Config(codegen='torch')"
+    if "cpu" in device_types and not interpreting():
+        return ("Triton runs on CPU tensors only under its interpreter: set TRITON_INTERPRET=1 before the "
+                "first compile, or use Config(codegen='torch') on CPU")
+    return None
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
@@ -108,18 +120,3 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
         launch_args=len(em.params),
         backend="triton",
     )
-
-
-BACKEND = CodegenBackend(
-    name="triton",
-    devices=("cuda", "cpu"),
-    accepts=accepts,
-    compile=compile_group,
-    fuses=True,
-    fusion_cost=fusion_cost,
-    description="Triton kernels (pointwise, reductions); CPU only under TRITON_INTERPRET=1",
-)
-
-
-def load() -> CodegenBackend:
-    return BACKEND

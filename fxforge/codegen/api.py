@@ -1,0 +1,131 @@
+"""The codegen backend interface: what a backend declares, what it is given, what it returns.
+
+This module imports no backend.  Passes that need to ask a backend something (assignment,
+fusion) import only this module; the registry (``registry.py``) and the wrapper
+(``wrapper.py``) sit above it, the backends beside it.
+
+A backend is a ``CodegenBackend``: a registry entry with capability checks, not a class to
+subclass.  ``accepts(node, config)`` says whether it can run a node (None) or why not;
+``compile(group, ctx)`` returns a ``Kernel``: Python source defining one function that the
+generated wrapper calls with the group's input values and output buffers.  What it needs
+(device types, decompositions, its rank among backends) it declares as data, and
+``Registry.select`` honours it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from typing import TYPE_CHECKING
+
+import torch.fx as fx
+
+if TYPE_CHECKING:  # types only: config.py asks the registry (built on this module) about names
+    from ..config import Config
+    from ..plan import Group
+
+
+@dataclass
+class Kernel:
+    """One compiled group: ``source`` defines a function ``name`` taking ``args`` in order."""
+
+    name: str
+    source: str
+    # Wrapper-level values the call passes (input values first, then output buffers).
+    args: list[str]
+    # Names ``source`` needs besides ``torch``, ``operator`` and ``math``.
+    globals: dict[str, Any] = field(default_factory=dict)
+    node_count: int = 1
+    unique_io_buffers: int = 0
+    # Launch arguments of the emitted kernel (pointers + sizes/strides/scalars); None: len(args).
+    launch_args: int | None = None
+    # Wrapper variables bound from the call's return value (outputs the kernel allocates itself).
+    returns: list[str] = field(default_factory=list)
+    # The backend that compiled it (filled in by the wrapper from the group).
+    backend: str = ""
+
+    @property
+    def num_args(self) -> int:
+        return self.launch_args if self.launch_args is not None else len(self.args)
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """What the kernel a backend would emit for a candidate group needs (fusion's limits)."""
+
+    num_args: int  # launch arguments: tensor pointers + sizes/strides/scalars
+    unique_io_buffers: int  # distinct storages read or written
+
+
+@dataclass
+class KernelContext:
+    """What a backend may ask the wrapper while compiling a group."""
+
+    name: str  # the kernel's function name
+    ref: Callable[[fx.Node], str]  # wrapper variable holding a node's value
+    buffer: Callable[[fx.Node, int | None], str]  # wrapper variable of a planned output buffer
+    const: Callable[[Any], str]  # a global name for a constant that has no literal form
+    config: Config
+
+
+DECOMPOSE_LEVELS = ("none", "core")
+
+
+@dataclass(frozen=True)
+class CodegenBackend:
+    name: str
+    # Device types the backend targets: ``Config(codegen="auto")`` picks among the backends
+    # targeting every device type of the graph.  Named explicitly, a backend may still run
+    # elsewhere; its ``accepts`` decides node by node.
+    devices: tuple[str, ...]
+    accepts: Callable[[fx.Node, Config], str | None]
+    compile: Callable[[Group, KernelContext], Kernel]
+    description: str = ""
+    # True for nodes whose kernel allocates its own outputs instead of writing planned buffers.
+    allocates: Callable[[fx.Node, Config], bool] | None = None
+    # A group is one kernel whose intermediate values stay in registers (only the group's outputs
+    # are written to buffers). False: the group's nodes run one after another, each writing its own.
+    fuses: bool = False
+    # ``fusion_cost(nodes, outputs, config)``: the GroupCost of the one kernel the backend would
+    # emit for these nodes (``outputs``: those used outside), or why it cannot emit one.
+    # None: the backend runs single-node groups only (the fusion pass leaves its groups alone).
+    fusion_cost: Callable[[list[fx.Node], list[fx.Node], Config], "GroupCost | str"] | None = None
+    # What ``Config(decompose="auto")`` means for this backend's graphs: "none" (ATen as traced:
+    # each node a kernel eager would run) or "core" (core ATen, softmax and layer norm split into
+    # pointwise + reduction nodes: what a fusing code generator wants).
+    decompose: str = "core"
+    # ``Config(codegen="auto")`` picks the highest priority among the backends targeting the
+    # graph's devices; ties go to the backend registered first (the built-in ``torch`` backend).
+    priority: int = 0
+    # ``unavailable(device_types)``: why the backend cannot run on these device types in this
+    # process (a missing package, a missing environment variable), with the fix; None: it can.
+    # "auto" skips an unavailable backend; one named explicitly is used with a warning (its nodes
+    # then run as eager fallbacks, each with its reason).
+    unavailable: Callable[[frozenset[str]], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.decompose not in DECOMPOSE_LEVELS:
+            raise ValueError(
+                f"CodegenBackend {self.name!r}: decompose={self.decompose!r}; expected one of {DECOMPOSE_LEVELS}"
+            )
+        if isinstance(self.devices, str) or not all(isinstance(d, str) for d in self.devices):
+            raise ValueError(f"CodegenBackend {self.name!r}: devices={self.devices!r}; expected a tuple of device types")
+
+
+def deferred(module: str, attr: str) -> Callable[..., Any]:
+    """A callable standing for ``module.attr``, imported on its first call.
+
+    A backend entry made of deferred callables costs nothing to register: its module (and what
+    that imports) loads when the backend is first used, not at ``import fxforge``."""
+    target: list[Callable[..., Any]] = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not target:
+            target.append(getattr(importlib.import_module(module), attr))
+        return target[0](*args, **kwargs)
+
+    call.__name__ = attr
+    call.__qualname__ = f"deferred({module}.{attr})"
+    return call
