@@ -221,7 +221,7 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
         except Exception as e:
             case["errors"][f"{n} memory"] = _err(e)
     if backend is not None:
-        case["fxforge"]["failed_at_run_time"] = [c.failed for c in backend.compiled if c.failed]
+        case["fxforge"]["failed_at_run_time"] = [r for c in backend.compiled for r in c.failures]
         if "partitioners" in case and res.get("fxforge", {}).get("memory"):
             case["partitioners"][backend.config.partitioner] = {**saved_figures(backend), **res["fxforge"]["memory"]}
     case["ratios"] = ratios(case)

@@ -11,9 +11,10 @@ Public API:
 from .backend import Backend, backend
 from .codegen.api import CodegenBackend, Kernel, KernelContext
 from .codegen.registry import register_backend
-from .compiled import Compiled, KernelInfo
+from .compiled import Compiled, GeneratedCodeError, KernelInfo
 from .config import Config
 from .export import apply_passes, compile_exported
+from .inputs import InputError
 from .pipeline import PassError, PassManager, PassResult, verify_graph
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "CodegenBackend",
     "Compiled",
     "Config",
+    "GeneratedCodeError",
+    "InputError",
     "Kernel",
     "KernelContext",
     "KernelInfo",

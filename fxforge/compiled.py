@@ -9,7 +9,16 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from .inputs import InputError
+
 log = logging.getLogger("fxforge")
+
+# Calls whose generated code failed (each re-run eagerly) before a graph runs eagerly for good.
+MAX_FAILURES = 3
+
+
+class GeneratedCodeError(RuntimeError):
+    """Generated code failed where the call could not be re-run eagerly (its inputs were freed)."""
 
 STAT_KEYS = (
     "nodes_in",
@@ -55,6 +64,7 @@ class Compiled:
         plan: Any = None,
         eager: Callable[[list], Any] | None = None,
         debug: bool = False,
+        holds_inputs: bool = True,
     ):
         self._fn = fn
         self.source = source
@@ -64,36 +74,72 @@ class Compiled:
         self.plan = plan
         self._eager = eager
         self._debug = debug
-        self.failed: str | None = None  # why calls switched to eager, if they did
-        self._proven = False  # a call has succeeded: later calls keep no copy of their inputs
+        # the caller holds the inputs during a call anyway (not so for a backward graph, whose
+        # saved activations the call frees as it goes): a failed call can be re-run eagerly
+        self._holds_inputs = holds_inputs
+        self._n_inputs = sum(1 for n in graph.graph.nodes if n.op == "placeholder")
+        self.failures: list[str] = []  # why calls of the generated code failed (each ran eagerly)
+        self.failed: str | None = None  # why the graph switched to eager for good, if it did
+        self._proven = False  # a call has succeeded
 
     def call_boxed(self, args: list) -> Any:
         """AOTAutograd's calling convention: one list of inputs, emptied by the call.
 
-        The generated code clears ``args`` so every input is freed after its last use.  Until
-        one call has succeeded a copy of the inputs is kept, so that code which fails on its
-        first run falls back to running the graph eagerly instead of crashing the model.
+        The generated code clears ``args`` so every input is freed after its last use.  What a
+        failing call does (``MAX_FAILURES``; README, "Failures"):
+
+        * the wrong number of inputs raises ``InputError`` (nothing runs, nothing is disabled);
+        * generated code that raises is re-run eagerly on the same inputs, on any call where they
+          are still held (every call, except a backward graph's calls after its first success):
+          if eager raises too, the error is the program's own (an index out of range...) and
+          eager's exception propagates, the compiled code staying in use; otherwise the call
+          returns eager's result and the failure is logged and kept in ``failures``.  After
+          ``MAX_FAILURES`` of them the graph runs eagerly for good (``failed``), logged once;
+        * where the inputs are gone, the error propagates as ``GeneratedCodeError``.
+
+        With ``Config(debug=True)`` every failure raises.
         """
-        # Graphs are ATen-level and functional: autograd, if any, happens outside them
-        # (AOTAutograd), and out= ops refuse inputs that require grad.
-        if self.failed is None and self._proven:
+        if len(args) != self._n_inputs:
+            raise InputError(f"the compiled graph takes {self._n_inputs} inputs, got {len(args)}")
+        if self.failed is not None:
+            out = self._eager(args)
+            args.clear()
+            return out
+        kept = list(args) if (self._holds_inputs or not self._proven) and self._eager is not None else None
+        try:
+            # Graphs are ATen-level and functional: autograd, if any, happens outside them
+            # (AOTAutograd), and out= ops refuse inputs that require grad.
             with torch.no_grad():
-                return self._fn(args)
-        if self.failed is None:
-            kept = list(args)
-            try:
-                with torch.no_grad():
-                    out = self._fn(args)
-                self._proven = True
-                return out
-            except Exception as e:
-                if self._debug or self._eager is None:
-                    raise
-                self.failed = f"{type(e).__name__}: {e}"
-                log.warning("fxforge: generated code failed (%s); this graph now runs eagerly", self.failed)
-                args = kept
-        out = self._eager(args)
-        args.clear()
+                out = self._fn(args)
+        except Exception as e:
+            if self._debug:
+                raise
+            if kept is None:
+                raise GeneratedCodeError(
+                    f"the generated code of this {self.stats.get('graph', 'graph')} graph failed "
+                    f"({type(e).__name__}: {e}) after its inputs were freed, so the call cannot be re-run "
+                    "eagerly; FXFORGE_DEBUG=1 raises at the failing line of Compiled.source"
+                ) from e
+            return self._recover(kept, e)
+        self._proven = True
+        return out
+
+    def _recover(self, args: list, error: Exception) -> Any:
+        """The call, re-run eagerly after the generated code raised ``error``."""
+        try:
+            out = self._eager(args)
+        except Exception as eager_error:
+            raise eager_error from None  # eager fails too: the program's own error, not fxforge's
+        finally:
+            args.clear()
+        reason = f"{type(error).__name__}: {error}"
+        self.failures.append(reason)
+        if len(self.failures) >= MAX_FAILURES:
+            self.failed = reason
+            log.warning("fxforge: generated code failed on %d calls (last: %s); this graph now runs eagerly",
+                        len(self.failures), reason)
+        else:
+            log.warning("fxforge: generated code failed (%s); this call ran eagerly", reason)
         return out
 
     call_boxed._boxed_call = True  # type: ignore[attr-defined]

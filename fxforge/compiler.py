@@ -170,6 +170,7 @@ def compile_graph(
         plan=plan,
         eager=_boxed(gm),
         debug=config.debug,
+        holds_inputs=kind != "backward",  # a backward's inputs (saved activations) are freed as it runs
     )
     log.debug("fxforge: compiled %s graph %d: %d nodes, %d kernels, %d fallbacks, %.3f s", kind, graph_id,
               nodes_in, stats["kernels"], stats["fallback_nodes"], stats["compile_seconds"])

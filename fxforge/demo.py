@@ -230,8 +230,8 @@ def run_demo(
 
     # A Compiled whose generated code raised switches to eager for good: that is a failure here.
     failures = [{"graph": k, "reason": r} for k, r in backend.failures]
-    failures += [{"graph": c.stats.get("graph"), "reason": f"generated code failed: {c.failed}"}
-                 for c in backend.compiled if c.failed is not None]
+    failures += [{"graph": c.stats.get("graph"), "reason": f"generated code failed: {reason}"}
+                 for c in backend.compiled for reason in c.failures]
     kinds = sorted(str(c.stats.get("graph")) for c in backend.compiled)
     if kinds != ["backward", "forward", "inference"]:
         failures.append({"graph": "-", "reason": f"expected one inference, forward and backward graph; got {kinds}"})

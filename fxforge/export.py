@@ -15,6 +15,7 @@ from .compiled import Compiled
 from .compiler import compile_graph
 from .config import Config
 from .graph import VAL
+from .inputs import Expected, check_inputs
 from .lowering.decompose import export_table
 from .pipeline import PassManager
 
@@ -22,13 +23,20 @@ from .pipeline import PassManager
 class ExportedCompiled(Compiled):
     """A compiled ExportedProgram: called with the same inputs as ``ep.module()``.
 
-    Parameters, buffers and constants are read from the program's state on every call, and
-    buffer mutations are written back to it, as ``ep.module()`` does.
+    Inputs are checked first (``fxforge.inputs``): a wrong count, rank, size (against the
+    program's static sizes, symbols and range constraints), dtype or device raises
+    ``fxforge.InputError`` naming the input, and the compiled code stays valid.  An input laid out
+    differently from the example (transposed, step-sliced) is copied into the compiled layout
+    (``input_copy_bytes``: bytes the last call copied).  Parameters, buffers and constants are
+    read from the program's state on every call, and buffer mutations are written back to it,
+    as ``ep.module()`` does.
     """
 
     def __init__(self, inner: Compiled, ep: ExportedProgram):
         self.__dict__.update(vars(inner))  # same artifact, different calling convention
         self.program = ep
+        self.expected = _expected_inputs(ep)
+        self.input_copy_bytes = 0
 
     def _state(self, kind: InputKind, target: str) -> Any:
         ep = self.program
@@ -50,10 +58,14 @@ class ExportedCompiled(Compiled):
             raise TypeError(
                 f"inputs do not match the exported program's signature.\nexpected: {in_spec}\ngot:      {spec}"
             )
-        user = iter(flat)
-        graph_args = []
+        checked = check_inputs(self.expected, flat, ep.range_constraints)
+        self.input_copy_bytes = checked.copied_bytes
+        user = iter(checked.args)
+        originals = iter(flat)
+        graph_args, given = [], {}  # given: position -> the caller's own tensor (mutations go there)
         for s in ep.graph_signature.input_specs:
             if s.kind == InputKind.USER_INPUT:
+                given[len(graph_args)] = next(originals)
                 graph_args.append(next(user))
             elif s.kind == InputKind.TOKEN:
                 graph_args.append(torch.empty(0))
@@ -70,9 +82,23 @@ class ExportedCompiled(Compiled):
             elif s.kind == OutputKind.USER_INPUT_MUTATION:
                 pos = [i.arg.name for i in ep.graph_signature.input_specs].index(s.target)
                 with torch.no_grad():
-                    graph_args[pos].copy_(r)
+                    given[pos].copy_(r)
         out_spec = ep.call_spec.out_spec
         return pytree.tree_unflatten(user_out, out_spec) if out_spec is not None else tuple(user_out)
+
+
+def _expected_inputs(ep: ExportedProgram) -> list[Expected]:
+    """The user inputs of ``ep``'s graph, named by placeholder and by where the caller passes them."""
+    vals = {n.name: n.meta.get(VAL) for n in ep.graph.nodes if n.op == "placeholder"}
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    paths = [f"args[{i}]" for i in range(len(names))]
+    in_spec = ep.call_spec.in_spec
+    if in_spec is not None and in_spec.num_leaves == len(names):
+        tree = pytree.tree_unflatten(list(range(len(names))), in_spec)
+        for kp, i in pytree.tree_flatten_with_path(tree)[0]:
+            head, rest = kp[0], kp[1:]
+            paths[i] = ("args" if getattr(head, "idx", 0) == 0 else "kwargs") + pytree.keystr(rest)
+    return [Expected(f"{n!r} ({p})", vals.get(n)) for n, p in zip(names, paths)]
 
 
 def compile_exported(

@@ -12,6 +12,26 @@ from sympy.printing.precedence import PRECEDENCE
 from torch.utils._sympy.printers import PythonPrinter
 
 
+def _delimited(e: sympy.Basic, text: str) -> str:
+    """``text`` (what a printer made of ``e``) safe to splice into a larger expression."""
+    if e.is_Symbol or (e.is_Integer and int(e) >= 0) or _enclosed(text):
+        return text
+    return f"({text})"
+
+
+def _enclosed(text: str) -> bool:
+    """``text`` is one parenthesized whole: ``(a // b)``, not ``(a) + (b)``."""
+    if not text.startswith("("):
+        return False
+    depth = 0
+    for i, c in enumerate(text):
+        depth += c == "("
+        depth -= c == ")"
+        if depth == 0:
+            return i == len(text) - 1
+    return False
+
+
 class ReadableArith:
     """Sums and products printed as people write them: ``s0 - 3``, ``-s0``, ``2*s0``."""
 
@@ -45,7 +65,9 @@ class PyExprPrinter(ReadableArith, PythonPrinter):
         self.names = names if names is not None else {}
 
     def __call__(self, e: Any) -> str:
-        return self.doprint(sympy.sympify(e))
+        """``e`` as source, parenthesized unless it is a name or a number (safe to splice)."""
+        e = sympy.sympify(e)
+        return _delimited(e, self.doprint(e))
 
     def _print_Symbol(self, expr) -> str:
         if expr not in self.names:

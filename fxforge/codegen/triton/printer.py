@@ -16,7 +16,7 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv
 from torch.utils._sympy.printers import ExprPrinter
 
-from ..pyexpr import ReadableArith
+from ..pyexpr import ReadableArith, _delimited
 
 
 def floor_div(a: str, b: str) -> str:
@@ -47,7 +47,9 @@ class TritonPrinter(ReadableArith, ExprPrinter):
         self.names = names if names is not None else {}
 
     def __call__(self, e: Any) -> str:
-        return self.doprint(sympy.sympify(e))
+        """``e`` as source, parenthesized unless it is a name or a number: kernel code splices
+        it into larger expressions (``acc / {rnumel}``, ``{rnumel}.to(tl.float32)``)."""
+        return _delimited(sympy.sympify(e), self.doprint(sympy.sympify(e)))
 
     def _print_Symbol(self, expr) -> str:
         return self.names.get(expr, expr.name)

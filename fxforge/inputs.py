@@ -1,0 +1,125 @@
+"""Checking a call's inputs against what a graph was compiled for.
+
+``torch.compile`` guards every input (a new shape, dtype or layout recompiles), so graphs it
+hands fxforge are always called with inputs like the traced ones.  A compiled exported program
+is called directly: ``check_inputs`` checks what ``ep.module()`` checks (count, tensor-ness,
+rank, every size against the program's static sizes, symbols and range constraints) plus dtype
+and device, and raises ``InputError`` naming the input.  An input whose layout differs from the
+compiled one (a transposed or step-sliced view: generated kernels index with the compiled
+strides) is copied into the compiled layout; ``InputCheck.copied_bytes`` says how much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+
+class InputError(RuntimeError):
+    """A call's inputs do not match what the graph was compiled for (the compiled code stays
+    valid: call it again with matching inputs)."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What one input must be: ``val`` is the graph's placeholder value (a FakeTensor, a SymInt,
+    or a constant); ``name`` says where the caller passed it (``x (args[0])``)."""
+
+    name: str
+    val: Any
+
+
+@dataclass
+class InputCheck:
+    args: list  # the inputs to run with (restrided copies where the layout differed)
+    copied_bytes: int = 0  # bytes of those copies
+
+
+def _bound(ranges, sym: sympy.Symbol):
+    r = ranges.get(sym) if ranges else None
+    return (None, None) if r is None else (r.lower, r.upper)
+
+
+def check_inputs(expected: Sequence[Expected], args: Sequence[Any], ranges: dict | None = None) -> InputCheck:
+    """Check ``args`` against ``expected``; raise ``InputError`` on the first mismatch.
+
+    ``ranges``: symbol -> ValueRanges (an ExportedProgram's ``range_constraints``)."""
+    if len(args) != len(expected):
+        raise InputError(f"expected {len(expected)} inputs ({', '.join(e.name for e in expected)}), got {len(args)}")
+    env: dict[sympy.Symbol, int] = {}
+    derived: list[tuple[sympy.Expr, int, str]] = []  # sizes that are expressions of symbols
+
+    def size(e: Expected, what: str, want: Any, got: int) -> None:
+        if not isinstance(want, torch.SymInt):
+            if int(want) != got:
+                raise InputError(f"input {e.name}: {what} is {got}, expected {int(want)} (the program was exported "
+                                 "with this size static; export it with a Dim to accept others)")
+            return
+        expr = want.node.expr
+        if isinstance(expr, sympy.Symbol):
+            if expr in env:
+                if env[expr] != got:
+                    raise InputError(f"input {e.name}: {what} is {got}, expected {env[expr]} "
+                                     f"(the same size {expr} as an earlier input)")
+                return
+            lo, hi = _bound(ranges, expr)
+            if (lo is not None and lo.is_finite and got < int(lo)) or (hi is not None and hi.is_finite and got > int(hi)):
+                raise InputError(f"input {e.name}: {what} is {got}, outside the range {lo}..{hi} "
+                                 f"the program was exported for ({expr})")
+            env[expr] = got
+        else:
+            derived.append((expr, got, f"input {e.name}: {what}"))
+
+    for e, a in zip(expected, args):
+        v = e.val
+        if isinstance(v, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise InputError(f"input {e.name}: expected a tensor, got {type(a).__name__}")
+            if a.dim() != v.dim():
+                raise InputError(f"input {e.name}: expected {v.dim()} dimensions {tuple(v.shape)}, got {a.dim()} {tuple(a.shape)}")
+            if a.dtype != v.dtype:
+                raise InputError(f"input {e.name}: dtype is {a.dtype}, expected {v.dtype} (convert it with .to({v.dtype}))")
+            if a.device.type != v.device.type or (v.device.index is not None and a.device.index != v.device.index):
+                raise InputError(f"input {e.name}: is on {a.device}, expected {v.device} (move it with .to('{v.device}'))")
+            for d, (want, got) in enumerate(zip(v.shape, a.shape)):
+                size(e, f"size({d})", want, int(got))
+        elif isinstance(v, torch.SymInt):
+            if not isinstance(a, int) or isinstance(a, bool):
+                raise InputError(f"input {e.name}: expected an int, got {type(a).__name__}")
+            size(e, "its value", v, a)
+        elif isinstance(v, (bool, int, float, str)) and (type(a) is not type(v) or a != v):
+            raise InputError(f"input {e.name}: expected {v!r} (a constant of the program), got {a!r}")
+    for expr, got, what in derived:
+        want = expr.xreplace(env)
+        if not want.free_symbols and int(want) != got:
+            raise InputError(f"{what} is {got}, expected {int(want)} ({expr})")
+
+    out = InputCheck(list(args))
+    for i, (e, a) in enumerate(zip(expected, args)):
+        if isinstance(e.val, torch.Tensor):
+            stride = _stride(e.val, a, env)
+            if stride is not None:
+                out.args[i] = torch.empty_strided(tuple(a.shape), stride, dtype=a.dtype, device=a.device).copy_(a)
+                out.copied_bytes += a.numel() * a.element_size()
+    return out
+
+
+def _stride(v: torch.Tensor, a: torch.Tensor, env: dict) -> tuple[int, ...] | None:
+    """The compiled stride of ``a`` when ``a``'s own layout differs from it (None: same layout;
+    strides of size-1 dims and of empty tensors carry no meaning)."""
+    if a.numel() == 0:
+        return None
+    want = []
+    for st in v.stride():
+        if isinstance(st, torch.SymInt):
+            e = st.node.expr.xreplace(env)
+            if e.free_symbols:
+                return None  # a stride the sizes do not determine: nothing to compare with
+            st = int(e)
+        want.append(int(st))
+    if all(w == g or s == 1 for w, g, s in zip(want, a.stride(), a.shape)):
+        return None
+    return tuple(want)
