@@ -12,12 +12,15 @@ instead of launching with the default:
 * each candidate's time is the median of a few launches (CUDA events on a GPU, the wall clock
   elsewhere: under TRITON_INTERPRET=1 the choice is meaningless but the path is the same);
 * the fastest is kept in memory and in ``tune_<kernel key>.json`` in the kernel cache directory
-  (atomic writes, JSON only), keyed also by device name, so later processes skip the timing.
+  (``cache.cache_dir()``: checked private, else a per-process temp directory; atomic writes,
+  JSON only, a failed write is not an error), keyed also by device name, so later processes skip
+  the timing.  A stored choice is used only if it is one of the kernel's own candidates.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import time
@@ -27,6 +30,8 @@ from typing import Callable
 import torch
 
 from . import cache
+
+log = logging.getLogger("fxforge")
 
 Launch = Callable[[dict, tuple], None]
 
@@ -128,4 +133,10 @@ class Tuner:
             return {}  # missing or corrupt: tune again and rewrite
 
     def write(self, data: dict) -> None:
-        cache.atomic_write(self.path(), json.dumps(data, indent=1, sort_keys=True))
+        """Store the choices (best effort: a file that cannot be written only costs a re-tune in
+        the next process, never the launch)."""
+        path = self.path()
+        try:
+            cache.atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
+        except OSError as e:
+            log.debug("fxforge: could not write autotune choices to %s (%s)", path, e)
