@@ -22,7 +22,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fxforge.passes.offsets import PLANNERS, Interval, _arena, lower_bound, plan_offsets, verify_plan  # noqa: E402
+from fxforge.passes.offsets import PLANNERS, Interval, arena_bytes, lower_bound, plan_offsets, verify_plan  # noqa: E402
 
 ALIGN = 64
 ACT = 2 * 128 * 768 * 4  # one fp32 activation of a batch-2, seq-128, hidden-768 transformer
@@ -137,7 +137,7 @@ def main() -> None:
             cells, t_all = [], 0.0
             for name, planner in PLANNERS:
                 t, offsets = timed(lambda: planner(ivs, ALIGN), repeats)
-                arena = _arena(ivs, offsets, ALIGN)
+                arena = arena_bytes(ivs, offsets, ALIGN)
                 verify_plan(ivs, offsets, arena, ALIGN)
                 cells.append(f"{t * 1e3:.1f} / {arena / bound:.4f}")
                 t_all += t

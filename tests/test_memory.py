@@ -254,7 +254,7 @@ def test_windowed_arenas_keep_their_buffers_inside():
 def test_split_windows_follows_other_live_bytes():
     import numpy as np
 
-    from fxforge.passes.memory import split_windows
+    from fxforge.passes.windows import split_windows
 
     # two 100-byte blocks far apart; something else (300 bytes) lives at 5..6: one arena would hold
     # 100 bytes there for nothing
@@ -301,7 +301,7 @@ def test_training_step_peak_is_not_above_eager():
 def windows_peak(windows, spans, alignment=1):
     """Most bytes of arenas live at once, each arena planned by the offset planners."""
     from fxforge.graph import peak_live_bytes
-    from fxforge.passes.memory import place_windows
+    from fxforge.passes.windows import place_windows
 
     placed = place_windows(windows, {k: (v[0], v[1], v[2]) for k, v in spans.items()}, spans, alignment)
     assert sorted(k for w, _ in placed for k in w) == sorted(spans)  # every block in one arena
@@ -312,7 +312,7 @@ def test_long_lived_block_gets_its_own_arena():
     import numpy as np
 
     from fxforge.graph import peak_live_bytes
-    from fxforge.passes.memory import split_windows
+    from fxforge.passes.windows import split_windows
 
     # two "layers" of big short-lived temporaries, and a small value made in the first and read in
     # the second (a residual, a rotary table): in the first layer's arena it would keep that
@@ -334,7 +334,7 @@ def test_windows_partition_the_blocks_and_stay_above_the_bound(spec):
     import numpy as np
 
     from fxforge.graph import peak_live_bytes
-    from fxforge.passes.memory import split_windows
+    from fxforge.passes.windows import split_windows
 
     spans = {f"b{i}": (n, s, s + d) for i, (n, s, d) in enumerate(spec)}
     windows = split_windows(spans, np.zeros(60, dtype=np.int64))

@@ -1,7 +1,7 @@
 """Arena offset planning: give every buffer a byte offset in one arena so that two buffers live at
 the same step never share bytes, in as little arena as possible.
 
-Pure algorithm, no FX: `passes/memory.py` turns a schedule into `Interval`s and calls
+Pure algorithm, no FX: `passes/windows.py` turns each arena's blocks into `Interval`s and calls
 `plan_offsets`. No plan can use less than the peak of live bytes (`lower_bound`); the planners are
 cheap greedy heuristics that usually land on or near it, so all of them run and the smallest wins.
 """
@@ -18,8 +18,8 @@ import numpy as np
 from ..graph import peak_live_bytes
 
 __all__ = [
-    "Interval", "OffsetPlan", "PlanError", "PLANNERS", "lower_bound", "plan_offsets", "verify_plan",
-    "plan_by_size", "plan_by_breadth", "plan_by_lifetime", "plan_by_start",
+    "Interval", "OffsetPlan", "PlanError", "PLANNERS", "RangeMax", "arena_bytes", "lower_bound",
+    "plan_offsets", "verify_plan", "plan_by_size", "plan_by_breadth", "plan_by_lifetime", "plan_by_start",
 ]
 
 
@@ -290,7 +290,8 @@ PLANNERS: tuple[tuple[str, Planner], ...] = (
 )
 
 
-def _arena(intervals: Iterable[Interval], offsets: Mapping[str, int], alignment: int) -> int:
+def arena_bytes(intervals: Iterable[Interval], offsets: Mapping[str, int], alignment: int = 64) -> int:
+    """Bytes of the arena a placement needs: the highest end of a buffer, rounded up to `alignment`."""
     ends = (offsets[iv.name] + _units(iv.size, alignment) * alignment for iv in intervals if iv.size)
     return _units(max(ends, default=0), alignment) * alignment
 
@@ -334,7 +335,7 @@ def plan_offsets(intervals: Iterable[Interval], alignment: int = 64) -> OffsetPl
     best: OffsetPlan | None = None
     for name, planner in PLANNERS:
         offsets = planner(intervals, alignment)
-        arena = _arena(intervals, offsets, alignment)
+        arena = arena_bytes(intervals, offsets, alignment)
         if best is None or arena < best.arena_bytes:
             best = OffsetPlan(offsets, arena, bound, name, alignment)
         if arena == bound:  # optimal: no later planner can win
