@@ -40,7 +40,6 @@ import operator
 from dataclasses import dataclass
 from fractions import Fraction
 
-import networkx as nx
 import numpy as np
 import sympy
 import torch.fx as fx
@@ -460,8 +459,10 @@ def group_vertex(n: fx.Node, gid: dict[fx.Node, int]):
     return ("g", g) if g is not None else n
 
 
-def group_graph(gm: fx.GraphModule) -> nx.DiGraph:
+def group_graph(gm: fx.GraphModule) -> "networkx.DiGraph":
     """Kernel groups (and ungrouped nodes) as a graph: an edge wherever one's value feeds another."""
+    import networkx as nx  # only checks use it: not loaded by import fxforge
+
     g = nx.DiGraph()
     gid = {n: n.meta[GROUP] for n in gm.graph.nodes if n.meta.get(GROUP) is not None}
     vertex = {n: group_vertex(n, gid) for n in gm.graph.nodes}
@@ -477,6 +478,8 @@ def verify_groups(gm: fx.GraphModule, config: Config, backend: CodegenBackend | 
     """What is wrong with the graph's kernel groups (empty: nothing): a cycle between groups, a
     group over ``max_fusion_size``, or (given the backend) over the io-buffer or argument limit."""
     problems = []
+    import networkx as nx
+
     if not nx.is_directed_acyclic_graph(group_graph(gm)):
         problems.append("the kernel groups form a cycle")
     groups: dict[int, list[fx.Node]] = {}
