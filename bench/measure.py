@@ -80,8 +80,10 @@ def _allocation_events(prof) -> list[tuple[int, int]]:
 def peak_bytes(fn: Callable[[], Any], device: str = "cpu") -> dict:
     """Peak bytes allocated during one call of ``fn`` (see the module docstring for the method).
 
-    Returns ``peak_bytes``, ``method`` and, on CPU, ``events`` (allocator events counted) and
-    ``allocated_bytes`` (sum of all allocations, a measure of allocator traffic)."""
+    Returns ``peak_bytes``, ``method`` and, on CPU, ``events`` (allocator events counted),
+    ``allocations`` (those that allocate), ``large_allocations`` (of 1 KiB or more: buffers, not
+    the 0-dim tensors ops wrap Python scalars in) and ``allocated_bytes`` (sum of all
+    allocations, a measure of allocator traffic)."""
     if device == "cuda":
         sync(device)
         before = torch.cuda.memory_allocated()
@@ -100,7 +102,8 @@ def peak_bytes(fn: Callable[[], Any], device: str = "cpu") -> dict:
         peak = max(peak, cur)
         total += max(nbytes, 0)
     return {"peak_bytes": peak, "method": "torch.profiler allocation events, running sum", "events": len(events),
-            "allocated_bytes": total}
+            "allocations": sum(1 for _, b in events if b > 0),
+            "large_allocations": sum(1 for _, b in events if b >= 1024), "allocated_bytes": total}
 
 
 SCRATCH_DIRS: list[str] = []  # cache dirs made by fresh_inductor; bench/run.py removes them at the end

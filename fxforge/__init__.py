@@ -6,6 +6,7 @@ Public API:
     fxforge.compile_exported(ep, fxforge.Config())    # torch.export programs
     fxforge.apply_passes(ep_or_gm, [pass1, pass2])    # run passes by hand, verified in debug mode
     fxforge.register_backend(CodegenBackend(...))     # plug in a codegen backend
+    fxforge.register_out_variant(op, out_op)          # an out form living in another packet
 """
 
 from .backend import Backend, backend
@@ -15,6 +16,7 @@ from .compiled import Compiled, GeneratedCodeError, KernelInfo
 from .config import Config
 from .export import apply_passes, compile_exported
 from .inputs import InputError
+from .lowering.out_variant import register_out_variant
 from .pipeline import PassError, PassManager, PassResult, verify_graph
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "backend",
     "compile_exported",
     "register_backend",
+    "register_out_variant",
     "verify_graph",
 ]
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ an input (batch norm's running stats) are compared on their inputs too.
 
 Every sample's eager reference also runs under ``OutOverloadCheck``, which checks that each
 out= overload the torch backend would pick really behaves like the functional op when writing
-into a buffer laid out like a planned one (``torch_backend.BROKEN_OUT_OVERLOADS`` lists those
+into a buffer laid out like a planned one (``lowering.out_variant.BROKEN_OUT_OVERLOADS`` lists those
 that do not).
 
 Op lists made with: ``pytest -m slow -n 2 tests/test_opinfo.py --junitxml=sweep.xml``, then
@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 import fxforge
-from fxforge.codegen.torch_backend import out_overload
+from fxforge.lowering.out_variant import out_variant
 
 common_methods_invocations = pytest.importorskip(
     "torch.testing._internal.common_methods_invocations", reason="OpInfo needs expecttest"
@@ -174,7 +174,7 @@ def assert_same(got, expected, what: str, tol=(ATOL, RTOL)) -> None:
 
 class OutOverloadCheck(TorchDispatchMode):
     """Runs eagerly; every ATen call the torch backend would run through an out= overload
-    (``torch_backend.out_overload``) is repeated with that overload into a buffer laid out like
+    (``lowering.out_variant``) is repeated with that overload into a buffer laid out like
     a planned one, and the overload must behave: same values, ``out`` neither resized nor
     reallocated, no byte written outside it.  A tight buffer at the end of a guard region: an
     out= kernel using ``out`` as scratch for a bigger intermediate (some loss kernels do) either
@@ -199,11 +199,11 @@ class OutOverloadCheck(TorchDispatchMode):
     def check(self, func, args, kwargs, result) -> str | None:
         schema = func._schema
         if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
-            return None  # in-place ops and views never reach out_overload
-        found = out_overload(func)
+            return None  # in-place ops and views never reach out_variant
+        found = out_variant(func)
         if found is None:
             return None
-        overload, names = found
+        overload, names = found.op, found.outs
         expected = list(result) if isinstance(result, (list, tuple)) else [result]
         if not all(isinstance(r, torch.Tensor) and r.layout == torch.strided for r in expected):
             return None

@@ -1,13 +1,13 @@
 """The built-in ``torch`` backend: a group runs as calls to ATen ops writing into planned buffers.
 
-Each node calls the op's out= overload with the planned buffers as outputs; an op without one
-runs functionally and its result is ``copy_``-ed into the buffer.  CPU reference backend, and the
-default on CPU.
+Each node calls the op's out variant (``lowering/out_variant.py``) with the planned buffers as
+outputs, custom operators included; an ATen op without a usable one runs functionally and keeps
+its result (``allocates``), a custom operator without one runs as an eager fallback.  CPU
+reference backend, and the default on CPU.
 """
 
 from __future__ import annotations
 
-import functools
 import operator
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from ..graph import ALLOCATES, VAL, free_symbols, is_mutating, node_kind, op_display, op_path, storage_root, tensor_val
 from ..plan import Group
+from ..lowering.out_variant import out_variant, usable_on
 from .api import CodegenBackend, GroupCost, Kernel, KernelContext
 from .pyexpr import format_arg
 
@@ -25,55 +26,10 @@ if TYPE_CHECKING:  # types only: config.py asks the registry (which holds this b
 _RUNNABLE_NAMESPACES = ("aten", "prims")
 
 
-# Ops whose out= overload misbehaves into a planned buffer: they run functionally and the result
-# is copy_-ed into the buffer.  Found by tests/test_opinfo.py (OutOverloadCheck), measured on
-# torch 2.13 CPU.  With reduction="mean"/"sum" these loss kernels use `out` as scratch for the
-# unreduced loss: they resize the 0-dim `out` to the input's shape, which inside an arena
-# overwrites the neighbouring buffers (a fresh one is reallocated).
-BROKEN_OUT_OVERLOADS: dict[str, str] = {
-    # ...and the reduced value it returns is wrong too (0.74 instead of 1.03)
-    "aten::binary_cross_entropy": "out= resizes out to the input's shape and returns a wrong value when reducing",
-    "aten::huber_loss": "out= resizes out to the input's shape when reducing",
-    "aten::mse_loss": "out= resizes out to the input's shape when reducing",
-    "aten::smooth_l1_loss": "out= resizes out to the input's shape when reducing",
-    "aten::soft_margin_loss": "out= resizes out to the input's shape when reducing",
-}
-
-
-def _schema_key(a) -> tuple:
-    return (a.name, str(a.type), a.kwarg_only)
-
-
-@functools.lru_cache(maxsize=None)
-def out_overload(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, tuple[str, ...]] | None:
-    """The out= overload computing the same thing as ``op``, and its out argument names.
-
-    It must take the same non-out arguments (names and types) and one out tensor per return.
-    """
-    schema = op._schema
-    if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
-        return None
-    if schema.name in BROKEN_OUT_OVERLOADS:
-        return None
-    want = [_schema_key(a) for a in schema.arguments]
-    packet = getattr(getattr(torch.ops, op.namespace), schema.name.split("::")[-1])
-    for name in packet.overloads():
-        cand = getattr(packet, name)
-        cs = cand._schema
-        outs = [a for a in cs.arguments if a.is_out]
-        if not outs or len(outs) != len(schema.returns):
-            continue
-        if [_schema_key(a) for a in cs.arguments if not a.is_out] == want:
-            return cand, tuple(a.name for a in outs)
-    return None
-
-
 def accepts(node: fx.Node, config: Config) -> str | None:
     op = node.target
     if not isinstance(op, torch._ops.OpOverload):
         return f"not an ATen operator ({op_display(op)})"
-    if op.namespace not in _RUNNABLE_NAMESPACES:
-        return f"custom operator {op_display(op)}: no backend lowering, runs as registered"
     if is_mutating(node):
         return "mutates its inputs"
     val = node.meta.get(VAL)
@@ -82,10 +38,13 @@ def accepts(node: fx.Node, config: Config) -> str | None:
         return "returns a list or non-tensor values"
     if any(s.name.startswith("u") for s in free_symbols(val)):
         return "output size depends on data (unbacked symbol)"
+    if op.namespace not in _RUNNABLE_NAMESPACES:
+        # a custom operator runs through its out variant, writing planned buffers, or not at all
+        found = out_variant(op)
+        if found is None or not usable_on(found, _device_type(node)):
+            return (f"custom operator {op_display(op)} has no out variant with a kernel for {_device_type(node)} "
+                    "(declare one in its packet, or fxforge.register_out_variant); it runs as registered")
     return None
-
-
-_DEVICE_KEYS = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "meta": "Meta"}
 
 
 def _device_type(node: fx.Node) -> str:
@@ -107,11 +66,8 @@ def allocates(node: fx.Node, config: Config) -> bool:
     """
     if writes_by_copy(node):
         return False
-    found = out_overload(node.target)
-    if found is None:
-        return True
-    key = _DEVICE_KEYS.get(_device_type(node))
-    return key is None or not torch._C._dispatch_has_kernel_for_dispatch_key(found[0].name(), key)
+    found = out_variant(node.target)
+    return found is None or not usable_on(found, _device_type(node))
 
 
 def _slots(node: fx.Node) -> list[int | None]:
@@ -163,7 +119,7 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
             body.append(f"{node.name} = {call(op_path(op) if isinstance(op, torch._ops.OpOverload) else ctx.const(op), node)}")
             continue
         body.append(f"# {node.name}: {op_display(op)}")
-        found = out_overload(op)
+        found = out_variant(op)
         if node.meta.get(ALLOCATES):
             body.append(f"{node.name} = {call(op_path(op), node)}")
             returns.append(node.name)
@@ -172,10 +128,10 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
             src = format_arg(node.args[0], ref, ctx.const)
             body.append(f"{param(ctx.buffer(node, None))}.copy_({src})")
         elif found is not None:
-            head = call(op_path(found[0]), node)[:-1]  # reads are bound before the outputs
+            head = call(op_path(found.op), node)[:-1]  # reads are bound before the outputs
             outs = [param(ctx.buffer(node, i)) for i in _slots(node)]
             sep = ", " if not head.endswith("(") else ""
-            body.append(head + sep + ", ".join(f"{k}={b}" for k, b in zip(found[1], outs)) + ")")
+            body.append(head + sep + ", ".join(f"{k}={b}" for k, b in zip(found.outs, outs)) + ")")
         else:
             body.append(f"_r = {call(op_path(op), node)}")
             outs = [param(ctx.buffer(node, i)) for i in _slots(node)]

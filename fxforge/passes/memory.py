@@ -20,6 +20,8 @@ import torch
 import torch.fx as fx
 
 from ..config import Config
+from ..iteration import schema_bind
+from ..lowering.out_variant import out_variant
 from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, verify_plan
@@ -98,7 +100,8 @@ _ROWWISE_INPLACE = {
 
 def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: dict[fx.Node, int]) -> Buffer | None:
     """An arena buffer a pointwise node (or a row-wise kernel of ``_ROWWISE_INPLACE``, over its
-    one allowed input) may overwrite with its output: read only here, by this node, through
+    one allowed input, or an op whose out variant declares that its out may alias an input:
+    ``g.out(Tensor(a) x, *, Tensor(a!) out)``) may overwrite with its output: read only here, by this node, through
     exactly one reference to its root (the root itself, or a view of it, e.g. a reshape), that
     reference laid out as the output (same shape and strides, from the buffer's first byte, so
     each output element lands on the bytes of the input element it is computed from), and the
@@ -108,6 +111,9 @@ def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: 
         candidates = tensor_inputs
     elif node.target in _ROWWISE_INPLACE and isinstance(node.args[_ROWWISE_INPLACE[node.target]], fx.Node):
         candidates = [node.args[_ROWWISE_INPLACE[node.target]]]
+    elif (v := out_variant(node.target)) is not None and len(v.outs) == 1 and v.aliases[0] is not None:
+        arg = schema_bind(node).get(v.op._schema.arguments[v.aliases[0]].name)
+        candidates = [arg] if isinstance(arg, fx.Node) else []
     else:
         return None
     for a in candidates:
