@@ -16,6 +16,7 @@ from .codegen import wrapper
 from .codegen.registry import DEFAULT_REGISTRY, Registry
 from .compiled import STAT_KEYS, Compiled, KernelInfo
 from .config import Config
+from .copies import graph_copy_bytes
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
 from .passes.assign import AssignBackends
@@ -150,6 +151,7 @@ def compile_graph(
         arenas=len(memory.arenas),
         lower_bound_bytes=peak_live_bytes(arena_live),
         eager_live_peak_bytes=eager_peak,
+        copy_bytes=graph_copy_bytes(groups, memory.hint),
         refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),
         refused=[x for r in records for x in r.stats.get("refused", [])],
         **sched_stats,

@@ -16,6 +16,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+from .copies import CopyCounter
 from .equivalence import Check, PassCheckFailure, TOLERANCES, check_pass, random_inputs, random_tensor
 from .strategies import (ALL_DTYPES, FAMILIES, FLOATS, INTS, OPS, GraphBuilder, Op, binary, dtypes, graphs,
                          op_nodes, select_ops, shapes, unary)
@@ -48,7 +49,7 @@ def _load_profile():
 _load_profile()
 
 __all__ = [
-    "ALL_DTYPES", "Check", "FAMILIES", "FLOATS", "INTS", "OPS", "GraphBuilder", "Op", "PassCheckFailure",
+    "ALL_DTYPES", "Check", "CopyCounter", "FAMILIES", "FLOATS", "INTS", "OPS", "GraphBuilder", "Op", "PassCheckFailure",
     "TOLERANCES", "binary", "check_pass", "dtypes", "graphs", "op_nodes", "profile", "random_inputs",
     "random_tensor", "select_ops", "shapes", "unary",
 ]

@@ -1,0 +1,72 @@
+"""Data movement: which ATen calls only move bytes, and how many bytes they write.
+
+``stats["copy_bytes"]`` is the bytes a compiled call writes by data movement: concatenations,
+pads (the copied input and the filled border), clones and ``contiguous``, copies and layout-only
+conversions, scatters of slices, and ``*_copy`` views.  The compiler sums it over the nodes it
+runs (``graph_copy_bytes``); ``fxforge.testing.CopyCounter`` measures the same thing at run time
+with a dispatch mode, and on the torch backend the two agree exactly (tests/test_copies.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+# Ops that only move bytes: their result is (parts of) their inputs, rearranged.
+_MOVING = {
+    "cat", "constant_pad_nd", "clone", "copy", "copy_", "repeat", "slice_scatter", "select_scatter",
+    "diagonal_scatter", "as_strided_scatter", "fill", "fill_",
+}
+
+
+def moves_data(op: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
+    """``op`` (an OpOverload) only moves bytes: in ``_MOVING``, a ``*_copy`` view, or a
+    ``_to_copy`` that keeps the dtype (a change of layout or device)."""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return False
+    name = op._schema.name.split("::", 1)[1]
+    if name in _MOVING or (name.endswith("_copy") and name != "_to_copy"):
+        return True
+    if name == "_to_copy":
+        src = args[0] if args else None
+        dtype = (kwargs or {}).get("dtype")
+        return dtype is None or (hasattr(src, "dtype") and src.dtype == dtype)
+    return False
+
+
+def written_bytes(result: Any) -> int:
+    """Bytes of the tensors a data-movement call writes (its result, or its out/self tensors)."""
+    ts = [result] if isinstance(result, torch.Tensor) else [t for t in (result or ()) if isinstance(t, torch.Tensor)]
+    return sum(math.prod(int(s) for s in t.shape) * t.element_size() for t in ts)
+
+
+def node_moves_data(node) -> bool:
+    """An FX node whose op only moves bytes (``moves_data`` on its fake arguments)."""
+    import torch.fx as fx
+
+    from .graph import VAL
+
+    args = tuple(a.meta.get(VAL) if isinstance(a, fx.Node) else a for a in node.args)
+    return node.op == "call_function" and moves_data(node.target, args, node.kwargs)
+
+
+def graph_copy_bytes(groups, hint) -> int:
+    """Bytes the data-movement nodes of ``groups`` (``plan.Group``) write in one call, at the traced
+    sizes (``hint`` evaluates a size): every such node of an unfused group, and such nodes whose
+    values leave a fused kernel (inside one, nothing reaches memory)."""
+    from .graph import VAL, expr, node_kind
+
+    total = 0
+    for g in groups:
+        written = set(g.outputs) if g.fused else None
+        for n in g.nodes:
+            if node_kind(n) != "compute" or not node_moves_data(n) or (written is not None and n not in written):
+                continue
+            val = n.meta[VAL]
+            for t in ([val] if isinstance(val, torch.Tensor) else [v for v in val if isinstance(v, torch.Tensor)]):
+                total += hint(math.prod([expr(s) for s in t.shape]) * t.element_size())
+    return total
