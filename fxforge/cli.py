@@ -1,54 +1,236 @@
-"""``fxforge`` command line: ``fxforge demo | report | bench``.
+"""``fxforge`` command line (also ``python -m fxforge``): ``fxforge demo | report | bench``.
 
-    fxforge demo [--json PATH]      compile a small GPT, check it against eager, print the table
-                                    (exit 1 when outputs or gradients do not match eager)
-    fxforge report OUT.html         compile a small model, write the HTML report of each graph
+    fxforge demo [--json PATH] [--report PATH]
+                                    compile a small GPT, check it against eager, print the table,
+                                    write the HTML report of its graphs (exit 1 on a mismatch)
+    fxforge report MODEL.pt2 [-o OUT.html] [--codegen NAME] [--inputs FILE]
+                                    compile a program saved with torch.export.save, write its
+                                    HTML report; with sample inputs, check it against the program
     fxforge bench [--gpu] [--suite PATH]
                                     run the benchmark suite (bench/run.py of the checkout)
+
+Compiles print one line per graph with its time on stderr (``demo``: on a terminal only).  A
+missing, corrupt or wrong-kind file is one line on stderr and exit status 2, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import runpy
 import sys
+import warnings
+from typing import Any, Callable
+
+
+class CliError(Exception):
+    """A one-line message for stderr, and the exit status."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _progress(enabled: bool) -> Callable[[Any], None]:
+    def show(c: Any) -> None:
+        if enabled:
+            s = c.stats
+            print(f"fxforge: compiled {s.get('graph', 'graph')} graph: {s.get('nodes_in', 0)} nodes -> "
+                  f"{s.get('kernels', 0)} kernels, {s.get('fallback_nodes', 0)} fallbacks, "
+                  f"{s.get('compile_seconds', 0.0):.2f} s", file=sys.stderr, flush=True)
+    return show
+
+
+def _size(path: str) -> str:
+    from .report.memory import fmt_bytes
+
+    return fmt_bytes(os.path.getsize(path))
+
+
+# --------------------------------------------------------------------------- demo
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from . import demo
+    import json
 
-    return demo.main(attention=args.attention, batch=args.batch, calls=args.calls, budget_s=args.budget, json_path=args.json)
+    from . import demo
+    from .report.hooks import watch
+
+    compiled: list[Any] = []
+    show = _progress(sys.stderr.isatty())
+
+    def seen(c: Any) -> None:
+        compiled.append(c)
+        show(c)
+
+    with watch(seen):
+        r = demo.run_demo(demo.GPTConfig(attention=args.attention), batch=args.batch, calls=args.calls, budget_s=args.budget)
+    print(demo.format_table(r), flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(r, f, indent=1)
+    if compiled and args.report:
+        from .report.html import write_report
+
+        kinds = ", ".join(str(c.stats.get("graph")) for c in compiled)
+        write_report(compiled, args.report, title="fxforge demo: " + kinds + " graphs of the demo GPT")
+        print(f"report: {os.path.abspath(args.report)} ({kinds} graphs, {_size(args.report)}; open it in a browser)")
+    return 0 if r["ok"] else 1
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _why_not_a_program(path: str, cause: str) -> str:
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return "not a zip archive: corrupt or truncated?"
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    if any(n.endswith("/data.pkl") or n == "data.pkl" for n in names) and not any("archive_format" in n for n in names):
+        return "it holds a torch.save checkpoint; save programs with torch.export.save"
+    return cause.split(". ")[0].rstrip(".")
+
+
+def load_program(path: str):
+    """The ExportedProgram saved at ``path``, or CliError with why not (one line)."""
+    if not os.path.exists(path):
+        raise CliError(f"no such file: {path}")
+    if os.path.isdir(path):
+        raise CliError(f"{path} is a directory, not a program saved with torch.export.save")
+    import torch
+    from torch.export import ExportedProgram
+
+    # torch.export.load logs a traceback (WARNING) before raising a generic error: keep the
+    # cause for the message, print neither
+    caught: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            caught.append(record)
+
+    lg = logging.getLogger("torch.export")
+    saved = (lg.handlers[:], lg.propagate)
+    lg.handlers[:] = [Keep()]
+    lg.propagate = False
+    try:
+        ep = torch.export.load(path)
+    except Exception as e:
+        causes = [r.exc_info[1] for r in caught if r.exc_info and r.exc_info[1] is not None]
+        why = _why_not_a_program(path, _first_line(causes[-1] if causes else e))
+        raise CliError(f"{path} is not a program saved with torch.export.save ({why})") from None
+    finally:
+        lg.handlers[:], lg.propagate = saved
+    if not isinstance(ep, ExportedProgram):
+        raise CliError(f"{path} holds a {type(ep).__name__}, not an ExportedProgram")
+    return ep
+
+
+def load_inputs(path: str) -> tuple[tuple, dict]:
+    """Sample inputs saved with ``torch.save``: a tuple/list of positional arguments, a dict of
+    keyword arguments, an ``(args, kwargs)`` pair, or one tensor (``weights_only`` load)."""
+    if not os.path.isfile(path):
+        raise CliError(f"no such inputs file: {path}")
+    import torch
+
+    try:
+        obj = torch.load(path, weights_only=True)
+    except Exception as e:
+        raise CliError(f"{path} is not an inputs file written by torch.save ({_first_line(e)})") from None
+    if isinstance(obj, (tuple, list)) and len(obj) == 2 and isinstance(obj[0], (tuple, list)) and isinstance(obj[1], dict):
+        return tuple(obj[0]), dict(obj[1])
+    if isinstance(obj, dict):
+        return (), obj
+    if isinstance(obj, (tuple, list)):
+        return tuple(obj), {}
+    return (obj,), {}
+
+
+def _max_abs_err(got: Any, want: Any) -> float | None:
+    """Largest absolute difference over the tensors of two outputs (None: structures differ)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    a, b = pytree.tree_leaves(got), pytree.tree_leaves(want)
+    if len(a) != len(b):
+        return None
+    err = 0.0
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape:
+                return None
+            if x.numel():
+                err = max(err, (x.double() - y.double()).abs().nan_to_num(nan=float("inf")).max().item())
+    return err
+
+
+def _check(c: Any, ep: Any, inputs: tuple[tuple, dict]) -> tuple[bool, str]:
+    """Run the compiled program and ``ep.module()`` on the sample inputs; (ok, what happened)."""
+    import torch
+
+    args, kwargs = inputs
+    try:
+        got = c(*args, **kwargs)
+        want = ep.module()(*args, **kwargs)
+    except Exception as e:
+        return False, f"running on the sample inputs failed: {_first_line(e)}"
+    err = _max_abs_err(got, want)
+    if err is None:
+        return False, "outputs differ in structure from ep.module()'s"
+    tol = 1e-3 if any(isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16)
+                      for t in torch.utils._pytree.tree_leaves(want)) else 1e-4
+    ok = err <= tol * 10
+    return ok, f"outputs {'match' if ok else 'DO NOT match'} ep.module() on the sample inputs (max abs err {err:.2e})"
 
 
 def _report(args: argparse.Namespace) -> int:
-    """Compile the demo GPT (inference + one training step) and write one report per graph."""
-    import torch
-
     import fxforge
-    from .demo import GPT, GPTConfig
+    from .report.hooks import watch
+    from .report.html import write_report
 
-    cfg = GPTConfig(attention=args.attention)
-    torch.manual_seed(0)
-    model = GPT(cfg)
-    b = fxforge.backend(fxforge.Config())
-    compiled = torch.compile(model, backend=b, fullgraph=True)
-    idx = torch.randint(0, cfg.vocab, (2, cfg.seq))
-    with torch.no_grad():
-        compiled(idx)
-    compiled(idx, torch.randint(0, cfg.vocab, (2, cfg.seq))).backward()
-    root, ext = os.path.splitext(args.path)
-    ext = ext or ".html"
-    seen: dict[str, int] = {}
-    for c in b.compiled:
-        kind = str(c.stats.get("graph", "graph"))
-        seen[kind] = seen.get(kind, 0) + 1
-        path = f"{root}-{kind}{ext}" if seen[kind] == 1 else f"{root}-{kind}{seen[kind]}{ext}"
-        c.write_report(path)
-        print(f"wrote {path}  ({c!r})")
-    for kind, reason in b.failures:
-        print(f"{kind} graph not compiled: {reason}", file=sys.stderr)
-    return 0 if b.compiled and not b.failures else 1
+    ep = load_program(args.model)
+    if args.inputs:
+        inputs: tuple[tuple, dict] | None = load_inputs(args.inputs)
+        source = f"inputs from {args.inputs}"
+    else:
+        ex = getattr(ep, "example_inputs", None)
+        inputs = (tuple(ex[0]), dict(ex[1])) if ex is not None else None
+        source = "the program's example inputs"
+    try:
+        config = fxforge.Config(codegen=args.codegen)
+    except ValueError as e:
+        raise CliError(str(e).splitlines()[0]) from None
+    out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".html"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with watch(_progress(True)):
+            try:
+                c = fxforge.compile_exported(ep, config)
+            except Exception as e:
+                raise CliError(f"could not compile {args.model}: {_first_line(e)}", 1) from None
+        ok, note = True, "no sample inputs (the program has no example inputs; pass --inputs FILE): not run"
+        if inputs is not None:
+            ok, note = _check(c, ep, inputs)
+            note = f"{note} ({source})"
+    notes = [f"program: {os.path.abspath(args.model)}; codegen {args.codegen}", note]
+    try:
+        write_report(c, out, title=f"fxforge report: {os.path.basename(args.model)}", notes=notes)
+    except OSError as e:
+        raise CliError(f"could not write {out}: {_first_line(e)}", 1) from None
+    print(note, file=sys.stderr if not ok else sys.stdout)
+    print(f"wrote {out} ({_size(out)}; open it in a browser)")
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------- bench
 
 
 def find_bench(start: str) -> str | None:
@@ -98,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fxforge", description="FX-based compiler passes for PyTorch.")
     sub = p.add_subparsers(dest="command", required=True, metavar="{demo,report,bench}")
 
-    d = sub.add_parser("demo", help="compile a small GPT, check it against eager, print stats and timings")
+    d = sub.add_parser("demo", help="compile a small GPT, check it against eager, print stats and timings, write its report")
     d.add_argument("--attention", choices=("matmul", "sdpa"), default="matmul",
                    help="attention written as matmul/softmax (default) or F.scaled_dot_product_attention")
     d.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
@@ -106,11 +288,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--budget", type=float, default=6.0,
                    help="seconds one timing measurement may take before it stops early (default 6)")
     d.add_argument("--json", metavar="PATH", help="also write every figure (run_demo's dict) to PATH as JSON")
+    d.add_argument("--report", metavar="PATH", default="fxforge-demo-report.html",
+                   help="HTML report of the compiled graphs (default fxforge-demo-report.html; '' for none)")
     d.set_defaults(func=_demo)
 
-    r = sub.add_parser("report", help="write the HTML report of every graph of the demo GPT")
-    r.add_argument("path", help="output file; one file per graph: PATH-inference.html, PATH-forward.html, ...")
-    r.add_argument("--attention", choices=("matmul", "sdpa"), default="matmul")
+    r = sub.add_parser("report", help="compile a program saved with torch.export.save and write its HTML report")
+    r.add_argument("model", metavar="MODEL.pt2", help="a file written by torch.export.save")
+    r.add_argument("-o", "--output", metavar="OUT.html", help="the report (default: MODEL's name with .html, here)")
+    r.add_argument("--codegen", default="auto", metavar="NAME",
+                   help="codegen backend: auto (default), torch, triton or any registered name")
+    r.add_argument("--inputs", metavar="FILE",
+                   help="sample inputs written by torch.save: a tuple of positional arguments, a dict of keyword "
+                        "arguments, an (args, kwargs) pair or one tensor; default: the program's example inputs. "
+                        "The compiled program is run on them and checked against ep.module()")
     r.set_defaults(func=_report)
 
     b = sub.add_parser("bench", help="run the benchmark suite (bench/run.py)")
@@ -123,7 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"fxforge {args.command}: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print(f"fxforge {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

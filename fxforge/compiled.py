@@ -51,7 +51,10 @@ class Compiled:
     time and node counts, ``graph`` = forward/backward/inference/export).  ``kernels``: one
     ``KernelInfo`` per emitted kernel.  ``source``: the generated wrapper and kernel sources.
     ``plan``: the schedule, groups and memory plan the source was generated from.
+    ``report_data``: what ``write_report`` needs beyond these (``fxforge.report.record``).
     """
+
+    report_data = None  # set by compile_graph
 
     def __init__(
         self,
@@ -148,6 +151,8 @@ class Compiled:
         return self.call_boxed(list(args))
 
     def write_report(self, path: str) -> str:
+        """Write the self-contained HTML report of this graph (memory picture, graph picture,
+        pass timeline, kernels, stats, source) to ``path``; returns ``path``."""
         from .report.html import write_report
 
         return write_report(self, path)

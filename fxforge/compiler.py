@@ -25,6 +25,8 @@ from .passes.memory import arena_intervals, arena_peak_bytes, plan_memory, verif
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .pipeline import PassError, PassManager
 from .plan import Group, Plan, group_outputs
+from .report.hooks import on_compiled
+from .report.record import PassRecorder
 
 log = logging.getLogger("fxforge")
 
@@ -114,7 +116,9 @@ def compile_graph(
         clock = now
 
     graph_id = next(_graph_ids)
-    pm = PassManager(passes if passes is not None else default_passes(config, registry, gm), debug=config.debug)
+    recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
+    pm = PassManager(passes if passes is not None else default_passes(config, registry, gm), debug=config.debug,
+                     observer=recorder)
     gm, records = pm(gm)
     if config.debug and passes is None and config.passes_at("after_fusion"):
         _check_groups(gm, config, registry)
@@ -174,12 +178,15 @@ def compile_graph(
         debug=config.debug,
         holds_inputs=kind != "backward",  # a backward's inputs (saved activations) are freed as it runs
     )
+    compiled.report_data = recorder.finish(w.kernels)
     log.debug("fxforge: compiled %s graph %d: %d nodes, %d kernels, %d fallbacks, %.3f s", kind, graph_id,
               nodes_in, stats["kernels"], stats["fallback_nodes"], stats["compile_seconds"])
-    if config.report_dir:
-        path = os.path.join(config.report_dir, f"{kind}-{graph_id}.html")
+    on_compiled(compiled)  # compile watchers; tlparse artifacts when TORCH_TRACE is set
+    report_dir = config.report_dir or os.environ.get("FXFORGE_REPORT_DIR") or None
+    if report_dir:
+        path = os.path.join(report_dir, f"{kind}-{graph_id}.html")
         try:
-            os.makedirs(config.report_dir, exist_ok=True)
+            os.makedirs(report_dir, exist_ok=True)
             compiled.write_report(path)
         except Exception as e:  # the compiled graph is good; only its report is lost
             if config.debug and not isinstance(e, OSError):

@@ -85,14 +85,20 @@ def normalize_result(p: Callable, gm: fx.GraphModule, r: Any) -> PassResult:
 
 
 class PassManager:
-    def __init__(self, passes: Sequence[Callable], *, debug: bool = False):
+    def __init__(self, passes: Sequence[Callable], *, debug: bool = False,
+                 observer: Callable[[str, fx.GraphModule], None] | None = None):
         self.passes = list(passes)
         self.debug = debug
+        # called as observer("<input>", gm) before the first pass and observer(name, gm) after
+        # each (the report's recorder: fxforge/report/record.py)
+        self.observer = observer
 
     def __call__(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
         records = []
         if self.debug:
             _verify_or_raise("<input>", gm)
+        if self.observer is not None:
+            self.observer("<input>", gm)
         for p in self.passes:
             name = pass_name(p)
             before = count_compute_nodes(gm)
@@ -111,6 +117,8 @@ class PassManager:
             )
             if self.debug:
                 _verify_or_raise(name, gm)
+            if self.observer is not None:
+                self.observer(name, gm)
         return gm, records
 
 

@@ -1,48 +1,225 @@
-"""A self-contained HTML page for one ``Compiled``: stats, passes, kernels, memory plan, source."""
+"""A self-contained HTML page for compiled graphs: memory picture, graph picture, pass timeline,
+kernels, stats and source.  Inline CSS, JS and SVG only: it opens from disk, offline.
+
+``render(compiled)`` or ``render([c1, c2, ...])`` (one tab per graph) returns the page;
+``write_report(compiled_or_list, path)`` writes it.  The pictures that can be counted (buffers,
+kernel groups, pass bars) are SVG written here; views of thousands of nodes (the node-level
+graph, the code of each pass, kernel sources) are drawn by the page's script from a JSON block,
+only when opened.
+"""
 
 from __future__ import annotations
 
 import html
+import json
 import os
+from typing import Any, Sequence
+
+from . import assets
+from .graphview import graph_view
+from .kernels import kernel_view
+from .memory import curves, curves_svg, fmt_bytes, memory_view
+from .timeline import pass_view
+
+BYTES_KEYS = ("_bytes",)
 
 
-def _table(rows: list[list], head: list[str]) -> str:
-    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
+def esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
 
 
-def render(compiled) -> str:
-    s = compiled.stats
-    scalar = [[k, v] for k, v in s.items() if not isinstance(v, (dict, list))]
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>fxforge report</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #bbb;padding:2px 8px;text-align:left}pre{background:#f6f6f6;padding:1em;overflow:auto}</style>",
-        "</head><body>",
-        f"<h1>fxforge: {html.escape(str(s.get('graph', 'graph')))} graph</h1>",
-        "<h2>Stats</h2>",
-        _table(scalar, ["stat", "value"]),
-        "<h2>Passes</h2>",
-        _table([[p["name"], f"{p['seconds'] * 1e3:.2f} ms", p["nodes_before"], p["nodes_after"], p["modified"], p.get("stats", "")] for p in s.get("passes", [])],
-               ["pass", "time", "nodes before", "nodes after", "modified", "stats"]),
-        "<h2>Kernels</h2>",
-        _table([[k.name, k.backend, k.node_count, k.num_args, k.unique_io_buffers] for k in compiled.kernels],
-               ["kernel", "backend", "nodes", "args", "unique io buffers"]),
-        "<h2>Fallbacks</h2>",
-        _table([[n, r] for n, r in s.get("fallbacks", {}).items()], ["node", "reason"]),
-        "<h2>Refused fusions</h2>",
-        _table([[r, c] for r, c in s.get("refused_fusions", {}).items()], ["reason", "count"]),
-    ]
-    if compiled.plan is not None:
-        parts += ["<h2>Memory plan</h2>", f"<pre>{html.escape(compiled.plan.memory.dump())}</pre>"]
-    parts += ["<h2>Generated source</h2>", f"<pre>{html.escape(compiled.source)}</pre>", "</body></html>"]
-    return "\n".join(parts)
+def _json_block(obj: Any, cls: str) -> str:
+    # "<" escaped so no "</script>" (or "<!--") inside the data can end the block
+    text = json.dumps(obj, separators=(",", ":"), default=str).replace("<", "\\u003c")
+    return f'<script type="application/json" class="{cls}">{text}</script>'
 
 
-def write_report(compiled, path: str) -> str:
+def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "", row_attrs: Sequence[str] | None = None) -> str:
+    th = "".join(f"<th>{esc(h)}</th>" for h in head)
+    body = []
+    for i, r in enumerate(rows):
+        attrs = row_attrs[i] if row_attrs else ""
+        body.append(f"<tr{attrs}>" + "".join(f"<td>{c if isinstance(c, Raw) else esc(c)}</td>" for c in r) + "</tr>")
+    return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+class Raw(str):
+    """Already-escaped HTML for a table cell."""
+
+
+def _stat_value(key: str, v: Any) -> tuple[str, str]:
+    """The value as Python prints it (exact) and, where it helps, a readable form."""
+    if key == "passes":
+        return f"{len(v)} passes", "see Pass timeline"
+    if key == "refused":
+        return f"{len(v)} listed", "see Graph: refused fusions"
+    if key == "fallbacks":
+        return f"{len(v)} nodes", "see Graph: fallbacks"
+    if isinstance(v, float):
+        return f"{v:.6g}", (f"{v * 100:.1f}%" if key == "fragmentation" else "")
+    if isinstance(v, int) and not isinstance(v, bool) and key.endswith(BYTES_KEYS):
+        return str(v), fmt_bytes(v)
+    if isinstance(v, dict):
+        return json.dumps({k: (round(x, 6) if isinstance(x, float) else x) for k, x in v.items()}, default=str), ""
+    return str(v), ""
+
+
+def _summary(c) -> str:
+    s = c.stats
+    frag = s.get("fragmentation", 0.0) * 100
+    return (f'<p class="summary"><b>{esc(s.get("graph", "graph"))} graph</b>: {s.get("nodes_in", 0):,} nodes \u2192 '
+            f'{s.get("kernels", 0):,} kernels ({s.get("fused_nodes", 0):,} nodes fused), '
+            f'<span class="{"warn" if s.get("fallback_nodes") else ""}">{s.get("fallback_nodes", 0)} fallback nodes</span>; '
+            f'arenas {esc(fmt_bytes(s.get("arena_bytes", 0)))} for a lower bound of {esc(fmt_bytes(s.get("lower_bound_bytes", 0)))} '
+            f'(fragmentation {frag:.1f}%); eager peak {esc(fmt_bytes(s.get("eager_live_peak_bytes", 0)))}, '
+            f'schedule peak {esc(fmt_bytes(s.get("schedule_peak_bytes", 0)))} ({esc(s.get("schedule", ""))} order); '
+            f'compiled in {s.get("compile_seconds", 0.0):.2f} s</p>')
+
+
+def _memory_section(c, uid: str) -> tuple[str, dict]:
+    if c.plan is None:
+        return f'<section id="{uid}-memory"><h2>Memory</h2><p>No plan was recorded.</p></section>', {}
+    mv = memory_view(c, uid)
+    cv = curves(c)
+    s = c.stats
+    legend = "".join(f'<span class="sw" style="background:{col}"></span>{esc(k)}' + (" (a hue per buffer)" if k == "arena" else "")
+                     for k, col in mv["legend"])
+    n_arena = mv["in_arenas"]
+    note = (f'{len(mv["buffers"])} buffers ({n_arena} in {len(mv["arenas"])} arenas, {len(mv["buffers"]) - n_arena} in fresh allocations) '
+            f'over {mv["steps"]} schedule steps. Arenas hold {esc(fmt_bytes(s.get("arena_bytes", 0)))} at most at once; the '
+            f'buffers in them need {esc(fmt_bytes(s.get("lower_bound_bytes", 0)))} (lower bound, dashed): fragmentation '
+            f'<b>{s.get("fragmentation", 0.0) * 100:.1f}%</b>. Arenas are stacked where they would sit in one address space '
+            f'(first fit over their live windows: {esc(fmt_bytes(mv["packed_bytes"]))}).')
+    fresh = (f'<h3>Fresh allocations <small>(graph outputs and what they view: allocated per call, never in an arena)</small></h3>'
+             f'{mv["fresh_svg"]}') if mv["fresh_svg"] else ""
+    eager_note = "" if "eager" in cv else " (no input-graph record: eager curve not available)"
+    body = (f'<section class="memory" id="{uid}-memory"><h2>Memory</h2><p class="note">{note}</p>'
+            f'<p class="legend">{legend}<span class="sw reuse"></span>written in place over a dying buffer'
+            f'<span class="hint">hover a buffer for details; drag across a panel to zoom, double-click to reset</span></p>'
+            f'<h3>Arenas <small>(x: schedule step, y: address)</small></h3>{mv["arena_svg"]}{fresh}'
+            f'<h3>Live bytes over steps{eager_note}</h3><p class="legend"><span class="ln eager"></span>eager order '
+            f'(input graph, peak {esc(fmt_bytes(max(cv.get("eager", [0]) or [0])))})'
+            f'<span class="ln schedule"></span>fxforge schedule (peak {esc(fmt_bytes(max(cv["schedule"] or [0])))})'
+            f'<span class="ln arenas"></span>arenas allocated</p>{curves_svg(cv, uid)}</section>')
+    return body, {"buffers": mv["buffers"], "arenas": mv["arenas"], "curves": cv}
+
+
+def _graph_section(c, uid: str) -> tuple[str, dict]:
+    if c.plan is None:
+        return f'<section id="{uid}-graph"><h2>Graph</h2><p>No plan was recorded.</p></section>', {}
+    gv = graph_view(c, uid)
+    s = c.stats
+    counts = s.get("refused_fusions", {}) or {}
+    refused_rows = [[r.get("reason", ""), r.get("into", ""), r.get("group", ""), r.get("detail", "")] for r in gv["refused"]]
+    refused = (_table(["reason", "into (last node)", "group (last node)", "detail"], refused_rows, "refused clickable",
+                      [f' data-r="{i}"' for i in range(len(refused_rows))])
+               if refused_rows else "<p>None.</p>")
+    count_text = ", ".join(f"<code>{esc(k)}</code> {v}" for k, v in sorted(counts.items())) or "none"
+    fb = s.get("fallbacks", {}) or {}
+    fb_rows = [[n, r] for n, r in fb.items()]
+    fallbacks = (_table(["node", "reason"], fb_rows, "fallbacks clickable", [f' data-node="{esc(n)}"' for n, _ in fb_rows])
+                 if fb_rows else "<p>None: every node runs in a generated kernel.</p>")
+    body = (f'<section class="graphpic" id="{uid}-graph"><h2>Graph</h2>'
+            f'<p class="note">{len(gv["nodes"]):,} nodes in schedule order, {len(gv["groups"]):,} kernel groups. '
+            f'Overview: one block per kernel group (width: its nodes), fallbacks red and hatched. Click a block, a '
+            f'refused fusion or a fallback to show its nodes below.</p>{gv["overview_svg"]}'
+            f'<div class="controls"><button class="prev" type="button">\u25c0 earlier</button>'
+            f'<input class="slider" type="range" min="0" max="{max(len(gv["nodes"]) - 1, 0)}" value="0" aria-label="window start">'
+            f'<button class="next" type="button">later \u25b6</button>'
+            f'<input class="find" type="search" placeholder="find node by name" aria-label="find node">'
+            f'<span class="range"></span></div><div class="detail"></div>'
+            f'<h3>Refused fusions <small>({count_text}; first {len(refused_rows)} listed)</small></h3>{refused}'
+            f'<h3>Fallbacks</h3>{fallbacks}</section>')
+    return body, {"nodes": gv["nodes"], "groups": gv["groups"], "reasons": gv["reasons"],
+                  "refused": [[r.get("into", ""), r.get("group", "")] for r in gv["refused"]]}
+
+
+def _passes_section(c, uid: str) -> tuple[str, dict]:
+    pv = pass_view(c)
+    rows, attrs = [], []
+    for i, p in enumerate(pv["passes"]):
+        changed = []
+        if p.get("meta"):
+            changed.append(esc(p["meta"]))
+        if p["stats"]:
+            changed.append("<code>" + esc(json.dumps(p["stats"], default=str)) + "</code>")
+        if "diff" in p:
+            what = f'code: \u2212{p["removed"]} +{p["added"]} lines' if p["diff"] else "code (unchanged)"
+            code = (f'<details class="code" data-pass="{i}"><summary>{what}</summary>'
+                    f'<pre class="diff"></pre><details class="full" data-text="{p["code_before"]}"><summary>before</summary><pre></pre></details>'
+                    f'<details class="full" data-text="{p["code_after"]}"><summary>after</summary><pre></pre></details></details>')
+            changed.append(code)
+        rows.append([p["name"], f'{p["seconds"] * 1e3:.2f} ms', p["before"], p["after"], "yes" if p["modified"] else "no",
+                     Raw("<br>".join(changed))])
+    table = _table(["pass", "time", "nodes before", "nodes after", "modified", "what it changed"], rows, "passes")
+    body = (f'<section id="{uid}-passes"><h2>Pass timeline</h2>{pv["svg"]}{table}</section>')
+    return body, {"diffs": [p.get("diff", "") for p in pv["passes"]], "texts": pv["texts"]}
+
+
+def _kernels_section(c, uid: str) -> tuple[str, dict]:
+    kv = kernel_view(c)
+    rows = []
+    for i, (name, backend, nodes, nargs, uio, args, src, dev) in enumerate(kv):
+        shown = ", ".join(args[:8]) + (f", \u2026 ({len(args)} in all)" if len(args) > 8 else "")
+        rows.append([name, backend, nodes, nargs, uio, Raw(f"<code>{esc(shown)}</code>"),
+                     Raw(f'<details class="ksrc" data-k="{i}"><summary>source</summary><pre></pre></details>')])
+    table = _table(["kernel", "backend", "nodes", "launch args", "unique io buffers", "arguments", ""], rows, "kernels")
+    body = (f'<section id="{uid}-kernels"><h2>Kernels <small>({len(kv)})</small></h2>{table}</section>')
+    return body, {"kernels": [[r[6], r[7]] for r in kv]}
+
+
+def _stats_section(c, uid: str) -> str:
+    rows = [[k, *_stat_value(k, v)] for k, v in c.stats.items()]
+    return f'<section id="{uid}-stats"><h2>Stats</h2>{_table(["stat", "value", ""], rows, "stats")}</section>'
+
+
+def _source_section(c, uid: str) -> str:
+    n = c.source.count("\n")
+    return (f'<section id="{uid}-source"><h2>Generated source</h2><details class="src"><summary>the wrapper and '
+            f'kernel sources ({n:,} lines): the exact code that runs</summary><pre>{esc(c.source)}</pre></details></section>')
+
+
+def _graph_html(c, i: int, hidden: bool) -> str:
+    uid = f"g{i}"
+    parts, data = [], {}
+    for make in (_memory_section, _graph_section, _passes_section, _kernels_section):
+        body, d = make(c, uid)
+        parts.append(body)
+        data.update(d)
+    parts += [_stats_section(c, uid), _source_section(c, uid)]
+    toc = " ".join(f'<a href="#{uid}-{s}">{t}</a>' for s, t in
+                   (("memory", "Memory"), ("graph", "Graph"), ("passes", "Passes"), ("kernels", "Kernels"),
+                    ("stats", "Stats"), ("source", "Source")))
+    return (f'<section class="graph" id="{uid}" data-g="{i}"{" hidden" if hidden else ""}>{_summary(c)}'
+            f'<nav class="toc">{toc}</nav>' + "".join(parts) + _json_block(data, "data") + "</section>")
+
+
+def render(compiled: Any, *, title: str | None = None, notes: Sequence[str] = ()) -> str:
+    """The report page of one ``Compiled`` or of several (one tab each)."""
+    graphs = list(compiled) if isinstance(compiled, (list, tuple)) else [compiled]
+    kinds = [str(c.stats.get("graph", "graph")) for c in graphs]
+    title = title or "fxforge report: " + ", ".join(kinds) + (" graph" if len(kinds) == 1 else " graphs")
+    tabs = ""
+    if len(graphs) > 1:
+        tabs = '<nav class="tabs">' + "".join(
+            f'<button type="button" data-tab="{i}"{" class=on" if i == 0 else ""}>{esc(k)}</button>' for i, k in enumerate(kinds)
+        ) + "</nav>"
+    note_html = "".join(f'<p class="note">{esc(n)}</p>' for n in notes)
+    body = "".join(_graph_html(c, i, i > 0) for i, c in enumerate(graphs))
+    return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{esc(title)}</title><style>{assets.CSS}</style><script>{assets.ERRORS_JS}</script></head>"
+            f"<body><header><h1>{esc(title)}</h1>{tabs}{note_html}</header><main>{body}</main>"
+            f'<div class="tip" hidden></div><script>{assets.JS}</script></body></html>\n')
+
+
+def write_report(compiled: Any, path: str, **kwargs: Any) -> str:
+    """Write ``render(compiled, **kwargs)`` to ``path`` (parent directories created); returns it."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render(compiled))
+    text = render(compiled, **kwargs)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
     return path

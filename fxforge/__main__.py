@@ -1,0 +1,8 @@
+"""``python -m fxforge``: the same command line as the ``fxforge`` console script."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

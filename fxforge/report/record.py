@@ -1,0 +1,95 @@
+"""What the report needs from a compile that the ``Compiled`` does not keep: recorded cheaply.
+
+``PassRecorder`` is the ``PassManager`` observer ``compile_graph`` installs.  It keeps, without
+formatting anything during the compile:
+
+* a *sketch* of the input graph: one tuple per node (the node, op, target, args, kwargs, value).
+  FX args are immutable, so the tuples stay as they were when passes later rewrite the graph;
+  ``rebuild`` makes a throw-away ``fx.Graph`` of them when the report is written (the eager-order
+  live-bytes curve is computed on it with the same helpers as ``eager_live_peak_bytes``);
+* the graph's code before the first pass and after every pass (``gm.code`` is the string FX made
+  when the pass's graph was recompiled: nothing is generated here);
+* per snapshot a count of kernel groups, of nodes per backend and of fallback nodes, since
+  backend assignment and fusion change metadata, not code.
+
+``ReportData`` bundles that with the wrapper's kernels (name, launch arguments, source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch.fx as fx
+
+from ..graph import BACKEND, FALLBACK, GROUP, VAL
+
+
+@dataclass
+class MetaSummary:
+    groups: int
+    backends: dict[str, int]
+    fallbacks: int
+
+
+@dataclass
+class ReportData:
+    sketch: list[tuple] = field(default_factory=list)  # the input graph (see ``rebuild``)
+    codes: list[str] = field(default_factory=list)  # input code, then the code after each pass
+    meta: list[MetaSummary] = field(default_factory=list)  # same positions as ``codes``
+    kernels: list[Any] = field(default_factory=list)  # the wrapper's ``codegen.api.Kernel`` objects
+
+
+def _summary(gm: fx.GraphModule) -> MetaSummary:
+    groups: set = set()
+    backends: dict[str, int] = {}
+    fallbacks = 0
+    for n in gm.graph.nodes:
+        m = n.meta
+        g = m.get(GROUP)
+        if g is not None:
+            groups.add(g)
+            b = m.get(BACKEND)
+            backends[b] = backends.get(b, 0) + 1
+        if FALLBACK in m:
+            fallbacks += 1
+    return MetaSummary(len(groups), backends, fallbacks)
+
+
+class PassRecorder:
+    """``PassManager(..., observer=PassRecorder())``: called with ``("<input>", gm)`` before the
+    first pass and ``(pass_name, gm)`` after each."""
+
+    def __init__(self) -> None:
+        self.data = ReportData()
+
+    def __call__(self, name: str, gm: fx.GraphModule) -> None:
+        d = self.data
+        if not d.codes:
+            d.sketch = [(n, n.op, n.target, n.args, n.kwargs, n.meta.get(VAL)) for n in gm.graph.nodes]
+        try:
+            d.codes.append(gm.code)
+        except Exception:  # a graph that was never recompiled has no code
+            d.codes.append("")
+        d.meta.append(_summary(gm))
+
+    def finish(self, kernels: list) -> ReportData:
+        self.data.kernels = list(kernels)
+        return self.data
+
+
+def rebuild(sketch: list[tuple]) -> SimpleNamespace:
+    """A stand-in GraphModule (``.graph`` only) of a recorded graph, for the liveness helpers."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+
+    def remap(a):
+        return env[a] if a in env else a
+
+    for node, op, target, args, kwargs, val in sketch:
+        new = g.create_node(op, target, fx.node.map_arg(args, remap), fx.node.map_arg(kwargs, remap), name=node.name)
+        if val is not None or VAL in node.meta:
+            new.meta[VAL] = val
+        env[node] = new
+    return SimpleNamespace(graph=g)
