@@ -32,6 +32,7 @@ STAT_KEYS = (
     "symmetric_arena_bytes",
     "compile_seconds",
     "refused_fusions",
+    "refused_zero_copy",
 )
 
 

@@ -19,9 +19,11 @@ from .config import Config
 from .copies import graph_copy_bytes
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
+from .lowering.crops import LowerCrops
 from .passes.assign import AssignBackends
 from .passes.fusion import FuseGroups, verify_groups
 from .passes.memory import arena_intervals, arena_peak_bytes, plan_memory, verify_memory_plan
+from .passes.padcat import ZeroCopyCatPad
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .pipeline import PassError, PassManager
 from .plan import Group, Plan, group_outputs
@@ -47,9 +49,10 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> li
     """fxforge's pipeline, with the user passes of ``config.passes`` at their named points."""
     backend = registry.select(config, device_types(gm))
     return [
-        DedupeGetitems(), EliminateDeadCode(), *config.passes_at("after_lowering"),
+        DedupeGetitems(), EliminateDeadCode(), LowerCrops(), *config.passes_at("after_lowering"),
         AssignBackends(backend, config), *config.passes_at("after_assignment"),
         FuseGroups(backend, config), *config.passes_at("after_fusion"),
+        *([ZeroCopyCatPad(backend, config)] if config.zero_copy else []),
     ]
 
 
@@ -157,6 +160,7 @@ def compile_graph(
         eager_live_peak_bytes=eager_peak,
         copy_bytes=graph_copy_bytes(groups, memory.hint),
         refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),
+        refused_zero_copy=dict(sum((Counter(r.stats.get("refused_zero_copy", {})) for r in records), Counter())),
         refused=[x for r in records for x in r.stats.get("refused", [])],
         **sched_stats,
         stage_seconds=stages,

@@ -61,6 +61,9 @@ class Config:
     # allocated just before its first buffer is written and dropped after its last buffer's last
     # use; False: one arena per device, held for the whole call.
     arena_windows: bool = True
+    # Write each input of a cat or pad straight into its place in the result, so cat copies
+    # nothing and pad fills only its border (passes/padcat.py); False: copy them.
+    zero_copy: bool = True
     # Fill every arena with 0xFF bytes (NaN for floats) on each call: exposes reads of unwritten bytes.
     poison_arena: bool = False
     # Directory where an HTML report is written for every compiled graph (None: no reports).
@@ -82,7 +85,7 @@ class Config:
         a = self.alignment
         if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a & (a - 1):
             raise ValueError(f"Config.alignment={a!r}: expected a power of two (an int such as 16 or 64)")
-        for knob in ("autotune", "inplace", "arena_windows", "poison_arena", "debug"):
+        for knob in ("autotune", "inplace", "arena_windows", "zero_copy", "poison_arena", "debug"):
             v = getattr(self, knob)
             if not isinstance(v, bool):
                 raise ValueError(f"Config.{knob}={v!r}: expected True or False (a bool, not {type(v).__name__})")

@@ -57,8 +57,13 @@ def node_moves_data(node) -> bool:
 def graph_copy_bytes(groups, hint) -> int:
     """Bytes the data-movement nodes of ``groups`` (``plan.Group``) write in one call, at the traced
     sizes (``hint`` evaluates a size): every such node of an unfused group, and such nodes whose
-    values leave a fused kernel (inside one, nothing reaches memory)."""
-    from .graph import VAL, expr, node_kind
+    values leave a fused kernel (inside one, nothing reaches memory).  A cat or pad whose inputs
+    are written in place (``meta[ZERO_COPY]``) writes only the inputs copied and a pad's border."""
+    from .graph import VAL, ZERO_COPY, expr, node_kind
+    from .regions import PAD, container_inputs, pad_border
+
+    def nbytes(shape, dtype) -> int:
+        return hint(math.prod([expr(s) for s in shape]) * dtype.itemsize)
 
     total = 0
     for g in groups:
@@ -67,6 +72,12 @@ def graph_copy_bytes(groups, hint) -> int:
             if node_kind(n) != "compute" or not node_moves_data(n) or (written is not None and n not in written):
                 continue
             val = n.meta[VAL]
+            if ZERO_COPY in n.meta:
+                total += sum(nbytes(a.meta[VAL].shape, val.dtype)
+                             for a, taken in zip(container_inputs(n), n.meta[ZERO_COPY]) if not taken)
+                if n.target is PAD:
+                    total += sum(nbytes(shape, val.dtype) for _, shape in pad_border(n))
+                continue
             for t in ([val] if isinstance(val, torch.Tensor) else [v for v in val if isinstance(v, torch.Tensor)]):
-                total += hint(math.prod([expr(s) for s in t.shape]) * t.element_size())
+                total += nbytes(t.shape, t.dtype)
     return total

@@ -31,6 +31,8 @@ BACKEND = "fxforge_backend"
 FALLBACK = "fxforge_fallback"
 BUFFER = "fxforge_buffer"
 ALLOCATES = "fxforge_allocates"
+SLICE_OF = "fxforge_slice_of"
+ZERO_COPY = "fxforge_zero_copy"
 
 META_KEYS = {
     VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
@@ -39,6 +41,10 @@ META_KEYS = {
     FALLBACK: "str: why no codegen backend accepted the node (present only on fallback nodes)",
     BUFFER: "str: name of the planned buffer holding the node's output storage (passes/memory.py)",
     ALLOCATES: "bool: the node's kernel allocates its own outputs, which get no planned buffer",
+    SLICE_OF: "(str, tuple): the node writes its output in place into the region starting at these "
+              "per-dim offsets of the named cat/pad node's result (passes/padcat.py)",
+    ZERO_COPY: "tuple[bool, ...]: on a cat / constant_pad_nd node, which inputs are written in place into its "
+               "result; the wrapper moves only the others (copies) and a pad's border (fills)",
 }
 
 FALLBACK_BACKEND = "fallback"
@@ -66,6 +72,8 @@ def expr(x: Any) -> sympy.Expr:
         env = getattr(x.node, "shape_env", None)
         # replacements: symbols the ShapeEnv proved equal to others (s77 == s33) are rewritten
         return env.replace(x.node.expr) if env is not None else x.node.expr
+    if isinstance(x, sympy.Basic):
+        return x
     if isinstance(x, bool):
         return sympy.true if x else sympy.false
     if isinstance(x, int):

@@ -55,7 +55,8 @@ class Buffer:
     shape: tuple[sympy.Expr, ...]
     stride: tuple[sympy.Expr, ...]
     nbytes: sympy.Expr
-    # "arena": a region of ``arena`` at ``offset``; "fresh": allocated per call (escapes to caller).
+    # "arena": a region of ``arena`` at ``offset``; "fresh": allocated per call (escapes to caller);
+    # "slice": a region of buffer ``base`` (zero-copy cat/pad: its producer writes into its place).
     kind: str
     start: int
     end: int
@@ -63,6 +64,10 @@ class Buffer:
     offset: sympy.Expr | None = None
     # The buffer whose bytes this one takes over in place (it dies where this one is written).
     reuses: str | None = None
+    # kind "slice": the buffer this one is a region of, and the region's start in each of its dims
+    # (the region has this buffer's shape; its strides are the base's).
+    base: str | None = None
+    region: tuple[sympy.Expr, ...] | None = None
 
 
 @dataclass
@@ -96,6 +101,16 @@ class MemoryPlan:
     def hint(self, e) -> int:
         return hint(e, self.shape_env)
 
+    def root(self, b: Buffer) -> Buffer:
+        """The buffer holding ``b``'s bytes: ``b``, or for a slice the outermost buffer it is a region of."""
+        while b.kind == "slice":
+            b = self.buffers[b.base]
+        return b
+
+    def region_text(self, b: Buffer) -> str:
+        """``b``'s region in its base, at the traced sizes: ``0:64, 48:96``."""
+        return ", ".join(f"{self.hint(s)}:{self.hint(s + n)}" for s, n in zip(b.region, b.shape))
+
     def dump(self) -> str:
         """One line per buffer: name, where it lives, size, live range (at traced sizes)."""
         rows = [("buffer", "where", "offset", "bytes", "live", "dtype", "shape")]
@@ -103,7 +118,7 @@ class MemoryPlan:
             rows.append(
                 (
                     b.name,
-                    b.arena if b.kind == "arena" else "fresh",
+                    b.arena if b.kind == "arena" else f"in {b.base}[{self.region_text(b)}]" if b.kind == "slice" else "fresh",
                     str(self.hint(b.offset)) if b.offset is not None else "-",
                     str(self.hint(b.nbytes)),
                     f"{b.start}..{b.end}" + (f" (in place of {b.reuses})" if b.reuses else ""),

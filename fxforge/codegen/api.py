@@ -104,6 +104,12 @@ class CodegenBackend:
     # "auto" skips an unavailable backend; one named explicitly is used with a warning (its nodes
     # then run as eager fallbacks, each with its reason).
     unavailable: Callable[[frozenset[str]], str | None] | None = None
+    # Zero-copy cat/pad (passes/padcat.py): ``writes_views(node, config)``: the kernel for ``node``
+    # can write its output into a strided region of a larger buffer (None: never);
+    # ``reads_views``: every kernel reads its inputs through their actual strides (a value may then
+    # live in such a region), rather than indexing with the strides traced.
+    writes_views: Callable[[fx.Node, "Config"], bool] | None = None
+    reads_views: bool = False
 
     def __post_init__(self) -> None:
         if self.decompose not in DECOMPOSE_LEVELS:

@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from ..graph import ALLOCATES, VAL, free_symbols, is_mutating, node_kind, op_display, op_path, storage_root, tensor_val
 from ..plan import Group
+from ..iteration import reduction_of
 from ..lowering.out_variant import out_variant, usable_on
 from .api import CodegenBackend, GroupCost, Kernel, KernelContext
 from .pyexpr import format_arg
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # types only: config.py asks the registry (which holds this b
     from ..config import Config
 
 _RUNNABLE_NAMESPACES = ("aten", "prims")
+aten = torch.ops.aten
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
@@ -174,6 +176,19 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
     return GroupCost(num_args=len(params), unique_io_buffers=len(storages))
 
 
+# Extern kernels that write a strided ``out`` in place: BLAS takes a leading dimension, cat and
+# clone (a copy_) walk any strides.  Pointwise ops and reductions are TensorIterator kernels,
+# which do too.
+_WRITES_STRIDED = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.cat.default, aten.clone.default}
+
+
+def writes_views(node: fx.Node, config: Config) -> bool:
+    """The out= call of ``node`` writes a region of a larger buffer as well as a buffer of its own."""
+    if node.meta.get(ALLOCATES) or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    return torch.Tag.pointwise in node.target.tags or node.target in _WRITES_STRIDED or reduction_of(node) is not None
+
+
 BACKEND = CodegenBackend(
     name="torch",
     devices=("cpu", "cuda", "meta", "xpu", "mps"),
@@ -182,5 +197,7 @@ BACKEND = CodegenBackend(
     allocates=allocates,
     fusion_cost=fusion_cost,
     decompose="none",  # each node an ATen kernel eager would run: what out= calls want
+    writes_views=writes_views,
+    reads_views=True,  # ATen kernels read any strides
     description="ATen out= calls into planned buffers (reference backend, default on CPU)",
 )

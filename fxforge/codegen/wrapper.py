@@ -44,7 +44,8 @@ import torch
 import torch.fx as fx
 
 from ..config import Config
-from ..graph import FALLBACK_BACKEND, VAL, aliased_input, expr, node_kind, op_path, output_nodes, storage_root
+from ..graph import FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_path, output_nodes, storage_root
+from ..regions import PAD, container_inputs, pad_border, regions
 from ..plan import Buffer, Group, Plan
 from .pyexpr import PyExprPrinter, format_arg, format_call, literal
 from .api import Kernel, KernelContext
@@ -96,6 +97,7 @@ class _Builder:
         self.arena_pending: dict[str, int] = {}  # arena -> its buffers not yet bound
         self.arena_bound: dict[str, set[str]] = {}  # arena -> its buffers bound and not yet deleted
         self.arena_of: dict[str, str] = {}  # arena buffer name -> arena
+        self.buffers_bound: set[str] = set()  # planned buffers given their names
 
     # ------------------------------------------------------------------ naming
 
@@ -219,10 +221,43 @@ class _Builder:
         return dead + extra
 
     def bind_buffer(self, b: Buffer) -> None:
+        if b.name in self.buffers_bound:
+            return  # a cat/pad result, bound already for an input written into it
+        self.buffers_bound.add(b.name)
+        if b.kind == "slice":
+            base = self.plan.memory.buffers[b.base]
+            self.bind_buffer(base)
+            self.assign(b.name, self.region(base.name, base, b.region, b.shape))
+            return
         self.assign(b.name, self.alloc(b))
         if b.kind == "arena":
             self.arena_pending[b.arena] -= 1
             self.arena_bound[b.arena].add(b.name)
+
+    def region(self, var: str, base: Buffer, start, shape) -> str:
+        """Source for the view of ``var`` (laid out as ``base``) starting at ``start`` with ``shape``."""
+        index = []
+        for s, n, full in zip(start, shape, base.shape):
+            index.append(":" if s == 0 and sympy.expand(n - full) == 0 else f"{self.size(s)}:{self.size(s + n)}")
+        while index and index[-1] == ":":
+            index.pop()
+        return f"{var}[{', '.join(index)}]" if index else var
+
+    def emit_zero_copy(self, g: Group) -> None:
+        """A cat/pad whose inputs were written in place (passes/padcat.py): copy the others into
+        their regions, fill a pad's border."""
+        (n,) = [m for m in g.nodes if node_kind(m) == "compute"]
+        b = self.plan.memory.of(n, None)
+        self.bind_buffer(b)
+        self.lines.append(f"# {n.name}: {op_path(n.target)[len('torch.ops.'):]} in place "
+                          f"({sum(n.meta[ZERO_COPY])} of {len(n.meta[ZERO_COPY])} inputs written into it)")
+        for a, start, taken in zip(container_inputs(n), regions(n), n.meta[ZERO_COPY]):
+            if not taken:
+                self.lines.append(f"{self.region(b.name, b, start, _shape(a))}.copy_({format_arg(a, self.ref, self.const)})")
+        if n.target is PAD:
+            value = n.args[2] if len(n.args) > 2 else n.kwargs.get("value", 0)
+            for start, shape in pad_border(n):
+                self.lines.append(f"{self.region(b.name, b, start, shape)}.fill_({format_arg(value, self.ref, self.const)})")
 
     def planned(self, g: Group) -> list[Buffer]:
         """The planned buffers the group's kernel writes."""
@@ -305,6 +340,9 @@ class _Builder:
                 pass
             elif kind == "get_attr":
                 self.globals[n.name] = _fetch_attr(self.gm, n.target)
+            elif g is not None and any(ZERO_COPY in m.meta for m in g.nodes):
+                if n is g.nodes[-1]:
+                    self.emit_zero_copy(g)
             elif g is not None and g.backend != FALLBACK_BACKEND:
                 if n is g.nodes[-1]:
                     self.emit_group(g)
@@ -361,6 +399,11 @@ class _Builder:
             for n in g.nodes:
                 self.lines.append(f"# {n.name}: eager fallback (kernel failed to compile)")
                 self.assign(n.name, self.call_source(n))
+                b = self.plan.memory.of(n, None) if node_kind(n) == "compute" else None
+                if b is not None and b.kind == "slice":  # its cat/pad expects it in place
+                    base = self.plan.memory.buffers[b.base]
+                    self.bind_buffer(base)
+                    self.lines.append(f"{self.region(base.name, base, b.region, b.shape)}.copy_({n.name})")
             return
         for b in self.planned(g):
             self.bind_buffer(b)
@@ -374,6 +417,10 @@ class _Builder:
             self.bound.update(k.returns)
         else:
             self.lines.append(call)
+
+
+def _shape(n: fx.Node) -> tuple:
+    return tuple(expr(s) for s in n.meta[VAL].shape)
 
 
 def _tuple(items) -> str:

@@ -22,7 +22,7 @@ import torch.fx as fx
 from ..config import Config
 from ..iteration import schema_bind
 from ..lowering.out_variant import out_variant
-from ..graph import ALLOCATES, FALLBACK_BACKEND, VAL, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
+from ..graph import ALLOCATES, FALLBACK_BACKEND, SLICE_OF, VAL, ZERO_COPY, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, verify_plan
 from .schedule import fused_positions
@@ -61,8 +61,8 @@ def collect_buffers(gm: fx.GraphModule, groups: list[Group], pos: dict[fx.Node, 
     escaping |= {storage_root(n.args[0]) for n in gm.graph.nodes if n.target in _STORAGE_OFFSET_OPS}
     buffers: dict[str, Buffer] = {}
     for g in groups:
-        if g.backend == FALLBACK_BACKEND:
-            continue
+        if g.backend == FALLBACK_BACKEND and not any(ZERO_COPY in n.meta for n in g.nodes):
+            continue  # (a zero-copy cat/pad is run by the wrapper, whoever would have run it)
         written = set(g.outputs) if g.fused else None
         for node in g.nodes:
             if node_kind(node) != "compute" or node.meta.get(ALLOCATES):
@@ -86,7 +86,25 @@ def collect_buffers(gm: fx.GraphModule, groups: list[Group], pos: dict[fx.Node, 
                     start=start,
                     end=end,
                 )
+    place_slices(buffers)
     return buffers
+
+
+def place_slices(buffers: dict[str, Buffer]) -> None:
+    """Inputs a cat or pad takes in place (``meta[SLICE_OF]``, passes/padcat.py) become regions
+    of its buffer, which then lives from the first of them written to the last read."""
+    slices = []
+    for b in buffers.values():
+        at = b.producer.meta.get(SLICE_OF)
+        if at is not None and b.index is None and at[0] in buffers:
+            base = buffers[at[0]]
+            b.kind, b.base, b.region, b.stride = "slice", base.name, tuple(at[1]), base.stride
+            slices.append(b)
+    for b in slices:
+        root = b
+        while root.kind == "slice":
+            root = buffers[root.base]
+        root.start, root.end = min(root.start, b.start), max(root.end, b.end)
 
 
 # Row-wise kernels whose output may overwrite one input (by argument index): they read a whole row
@@ -98,14 +116,17 @@ _ROWWISE_INPLACE = {
 }
 
 
-def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: dict[fx.Node, int]) -> Buffer | None:
+def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: dict[fx.Node, int],
+                   home: dict[str, str] | None = None) -> Buffer | None:
     """An arena buffer a pointwise node (or a row-wise kernel of ``_ROWWISE_INPLACE``, over its
     one allowed input, or an op whose out variant declares that its out may alias an input:
     ``g.out(Tensor(a) x, *, Tensor(a!) out)``) may overwrite with its output: read only here, by this node, through
     exactly one reference to its root (the root itself, or a view of it, e.g. a reshape), that
     reference laid out as the output (same shape and strides, from the buffer's first byte, so
     each output element lands on the bytes of the input element it is computed from), and the
-    buffer of the output's dtype and size."""
+    buffer of the output's dtype and size.  ``home`` maps a region of another buffer (zero-copy
+    cat/pad) to the buffer holding its bytes: a reference to a region counts as one to that buffer."""
+    home = home or {}
     tensor_inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get(VAL), torch.Tensor)]
     if torch.Tag.pointwise in getattr(node.target, "tags", ()):
         candidates = tensor_inputs
@@ -124,12 +145,18 @@ def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: 
             and src.kind == "arena"
             and src.index is None
             and src.end == pos[node]
-            and sum(storage_root(b) is root for b in tensor_inputs) == 1
+            and sum(home.get(storage_root(b).name, storage_root(b).name) == root.name for b in tensor_inputs) == 1
             and _same_layout(a.meta[VAL], out)  # e.g. t(t(mm)), or a reshape of the loss's gradient
             and (src.dtype, src.nbytes) == (out.dtype, out.nbytes)
         ):
             return src
     return None
+
+
+def _root(b: Buffer, buffers: dict[str, Buffer]) -> Buffer:
+    while b.kind == "slice":
+        b = buffers[b.base]
+    return b
 
 
 def _same_layout(val: torch.Tensor, b: Buffer) -> bool:
@@ -185,7 +212,7 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.
     user inputs) are held by the caller; in any other graph the caller holds every input, a
     constant that does not move the peak, so inputs are left out."""
     env = shape_env_of(gm)
-    skip = {b.name for b in buffers.values() if b.kind == "arena"}
+    skip = {b.name for b in buffers.values() if b.kind in ("arena", "slice")}
     placeholders = [n for n in schedule if n.op == "placeholder"]
     backward = any(n.name.startswith("tangents_") for n in placeholders)
     skip |= {n.name for n in placeholders if not backward or n.name.startswith("primals_")}
@@ -208,10 +235,11 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
         # one kernel reading and writing several values at different indices may not overwrite
         # its own inputs
         multi = {n for g in groups if g.fused and len(g.nodes) > 1 for n in g.nodes}
+        home = {b.name: _root(b, buffers).name for b in buffers.values() if b.kind == "slice"}
         reused: set[str] = set()
         for b in sorted(buffers.values(), key=lambda b: b.start):
-            if b.index is None and b.producer not in multi:
-                src = inplace_source(b.producer, b, buffers, pos)
+            if b.index is None and b.producer not in multi and b.kind != "slice" and ZERO_COPY not in b.producer.meta:
+                src = inplace_source(b.producer, b, buffers, pos, home)
                 if src is None or src.name in reused or (b.kind == "fresh" and src.reuses is not None):
                     continue
                 if b.kind == "fresh":
@@ -265,12 +293,38 @@ def arena_intervals(plan: MemoryPlan, arena: str) -> list[Interval]:
     return [Interval(k, plan.hint(n), s, e) for k, (n, s, e) in spans.items()]
 
 
+def verify_slices(plan: MemoryPlan) -> None:
+    by_base: dict[str, list[Buffer]] = {}
+    for b in plan.buffers.values():
+        if b.kind != "slice":
+            continue
+        base, root = plan.buffers[b.base], plan.root(b)
+        lo = [plan.hint(s) for s in b.region]
+        hi = [x + plan.hint(n) for x, n in zip(lo, b.shape)]
+        if len(lo) != len(base.shape) or any(x < 0 or y > plan.hint(n) for x, y, n in zip(lo, hi, base.shape)):
+            raise PlanError(f"{b.name} is the region {plan.region_text(b)} of {base.name}, which has shape "
+                            f"{tuple(plan.hint(n) for n in base.shape)}")
+        if not root.start <= b.start <= b.end <= root.end:
+            raise PlanError(f"{b.name} lives over {b.start}..{b.end}, but {root.name}, holding its bytes, "
+                            f"over {root.start}..{root.end}")
+        for o in by_base.setdefault(b.base, []):
+            olo = [plan.hint(s) for s in o.region]
+            ohi = [x + plan.hint(n) for x, n in zip(olo, o.shape)]
+            empty = any(x >= y for x, y in zip(lo, hi)) or any(x >= y for x, y in zip(olo, ohi))
+            if not empty and all(x < y2 and x2 < y for x, y, x2, y2 in zip(lo, hi, olo, ohi)):
+                raise PlanError(f"regions {b.name} and {o.name} of {b.base} overlap")
+        by_base[b.base].append(b)
+
+
 def verify_memory_plan(plan: MemoryPlan) -> None:
     """Raise ``offsets.PlanError`` if two buffers live at once share bytes (at the traced sizes),
     a buffer leaves its arena (in bytes, or in time: its live range outside the arena's), or an
     offset is misaligned.  Buffers of different arenas never share bytes (separate allocations).
-    A buffer written in place over an input it replaces shares that input's bytes by design;
-    every other overlap is an error."""
+    A buffer written in place over an input it replaces shares that input's bytes by design, and
+    a region of a buffer (zero-copy cat/pad) shares its base's: it must lie inside the base, live
+    while the buffer holding its bytes does, and not overlap another region of the same base.
+    Every other overlap is an error."""
+    verify_slices(plan)
     for a in plan.arenas:
         members = blocks([b for b in plan.buffers.values() if b.arena == a.name])
         outside = [m.name for ms in members.values() for m in ms if not a.start <= m.start <= m.end <= a.end]

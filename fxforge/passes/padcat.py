@@ -1,0 +1,200 @@
+"""Zero-copy cat and pad: each input's producer writes straight into the region of the result it
+occupies, so ``aten.cat`` moves nothing and ``aten.constant_pad_nd`` only fills its border.
+
+Runs after fusion (it asks who runs each producer and each reader; crops, pads by negative
+amounts, are already slice views: ``lowering/crops.py``).  Every cat and pad node (a
+*container*), in program order, takes each of its inputs in place when that is safe and the
+kernels involved can do it, and copies the others.  An input ``a`` is refused, with the
+reason counted in ``stats["refused_zero_copy"]`` and logged at DEBUG, when
+
+==================  ===============================================================================
+``graph_input``     it is an input, parameter or constant of the graph (the caller's memory)
+``repeated``        the container reads it twice (``cat([a, a])``)
+``view``            it is a view or a getitem (its producer's output is already laid out elsewhere)
+``graph_output``    it, or a view of it, is returned (outputs must not alias each other)
+``dtype``           its dtype is not the container's
+``shared``          it is already in place in another container
+``mutated``         something writes into it, or into the container
+``producer``        its producer cannot write into a strided region of a larger buffer (a fallback,
+                    a kernel that allocates its result, an op the backend does not write that way)
+``reader``          a reader needs it laid out as traced (a ``view`` that cannot view the region, an
+                    ``as_strided``, a kernel that indexes with the traced strides)
+``layout``          the container is not laid out row-major, or the input's rank is not its rank
+``pad_sign``        a pad amount of unknown sign (symbolic)
+==================  ===============================================================================
+
+An input taken in place gets ``meta[SLICE_OF] = (container, region start per dim)``; the container
+gets ``meta[ZERO_COPY]`` (which inputs are in place).  Containers nest: a cat of cats, a pad of a
+cat, each inner one a region of the outer, all in one buffer.  The memory plan makes each such
+input's buffer a region of its container's (``Buffer.kind == "slice"``) living as long as any of
+them, and the wrapper moves only what is left: the refused inputs (``copy_``) and a pad's border
+(``fill_``), all counted in ``stats["copy_bytes"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import sympy
+import torch
+import torch.fx as fx
+
+from ..codegen.api import CodegenBackend
+from ..config import Config
+from ..graph import ALLOCATES, BACKEND, FALLBACK_BACKEND, SLICE_OF, VAL, ZERO_COPY, expr, is_mutating, node_kind, output_nodes
+from ..pipeline import PassResult
+from ..regions import CAT, PAD, container_inputs, is_container, regions, size_expr
+
+log = logging.getLogger("fxforge")
+aten = torch.ops.aten
+# Readers whose result depends on the strides of what they read, not only on its values.
+_LAYOUT_READERS = {aten.as_strided.default, aten.as_strided_copy.default, aten.as_strided_scatter.default,
+                   aten.view.dtype}
+_VIEW_OPS = {aten.view.default, aten._unsafe_view.default}
+
+
+class ZeroCopyCatPad:
+    """The pass: crops to views, then in-place decisions for every cat/pad (module docstring)."""
+
+    name = "zero_copy_cat_pad"
+
+    def __init__(self, backend: CodegenBackend, config: Config):
+        self.backend = backend
+        self.config = config
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        refused: Counter = Counter()
+        placed = 0
+        outputs = set(output_nodes(gm))
+        for n in list(gm.graph.nodes):
+            if not is_container(n):
+                continue
+            n.meta.pop(ZERO_COPY, None)
+            why_not = self.container_refusal(n)
+            inputs = container_inputs(n)
+            taken = []
+            for i, (a, region) in enumerate(zip(inputs, regions(n) if why_not is None else [None] * len(inputs))):
+                why = why_not or self.refusal(n, a, inputs, outputs)
+                if why is None:
+                    a.meta[SLICE_OF] = (n.name, region)
+                    if is_container(a) and ZERO_COPY not in a.meta:
+                        # an inner cat/pad none of whose inputs is in place: the wrapper still
+                        # builds it, by copies, in its region of this one
+                        a.meta[ZERO_COPY] = (False,) * len(container_inputs(a))
+                        a.meta.pop(ALLOCATES, None)
+                    placed += 1
+                else:
+                    refused[why] += 1
+                    log.debug("fxforge: %s input %d (%s) is copied, not written in place: %s", n.name, i,
+                              getattr(a, "name", a), why)
+                taken.append(why is None)
+            if any(taken):
+                n.meta[ZERO_COPY] = tuple(taken)
+                n.meta.pop(ALLOCATES, None)  # its result is a planned buffer its inputs write into
+        return PassResult(gm, placed > 0, {"zero_copy_inputs": placed, "refused_zero_copy": dict(refused)})
+
+    # ------------------------------------------------------------------ refusals
+
+    def container_refusal(self, n: fx.Node) -> str | None:
+        val = n.meta[VAL]
+        if not _row_major(val):
+            return "layout"
+        if _mutated(n):
+            return "mutated"
+        if n.target is PAD and not all(size_expr(p).is_nonnegative for p in n.args[1]):
+            return "pad_sign"
+        return None
+
+    def refusal(self, n: fx.Node, a, inputs: list, outputs: set) -> str | None:
+        if not isinstance(a, fx.Node):
+            return "graph_input"
+        if a.op in ("placeholder", "get_attr"):
+            return "graph_input"
+        if sum(x is a for x in inputs) > 1:
+            return "repeated"
+        if node_kind(a) != "compute":
+            return "view"
+        if SLICE_OF in a.meta:
+            return "shared"
+        va, vn = a.meta.get(VAL), n.meta[VAL]
+        if not isinstance(va, torch.Tensor) or va.dtype != vn.dtype:
+            return "dtype"
+        if va.dim() != vn.dim():
+            return "layout"
+        if any(x in outputs for x in _aliases(a)):
+            return "graph_output"
+        readers = _readers(a)
+        if _mutated(a):
+            return "mutated"
+        if not self.writes_in_place(a):
+            return "producer"
+        if not all(self.reads_in_place(r, n) for r in readers):
+            return "reader"
+        return None
+
+    def writes_in_place(self, a: fx.Node) -> bool:
+        """``a``'s kernel can write its output into a strided region of a larger buffer."""
+        if is_container(a):
+            return True  # a container's result is a region it fills (or copies into)
+        if a.meta.get(BACKEND) in (None, FALLBACK_BACKEND) or a.meta.get(ALLOCATES):
+            return False
+        return self.backend.writes_views is not None and bool(self.backend.writes_views(a, self.config))
+
+    def reads_in_place(self, r: fx.Node, container: fx.Node) -> bool:
+        """Reader ``r`` (of the value, or of a view of it) computes the same from a strided region."""
+        if r is container or r.op == "output":
+            return True
+        if r.target in _LAYOUT_READERS or (r.target in _VIEW_OPS and not _views_region(r, container)):
+            return False
+        if node_kind(r) == "view":
+            return True  # views read through strides (what reads the view is a reader too)
+        backend = r.meta.get(BACKEND)
+        return backend == FALLBACK_BACKEND or (backend == self.backend.name and self.backend.reads_views)
+
+
+def _row_major(v: torch.Tensor) -> bool:
+    inner = sympy.Integer(1)
+    for s, st in zip(reversed([expr(x) for x in v.shape]), reversed([expr(x) for x in v.stride()])):
+        if s != 1 and sympy.expand(st - inner) != 0:
+            return False
+        inner = inner * s
+    return expr(v.storage_offset()) == 0
+
+
+def _aliases(a: fx.Node) -> list[fx.Node]:
+    """``a`` and every view of it (transitively): the values sharing its storage."""
+    out, stack = [], [a]
+    while stack:
+        x = stack.pop()
+        if x not in out:
+            out.append(x)
+            stack.extend(u for u in x.users if node_kind(u) == "view")
+    return out
+
+
+def _readers(a: fx.Node) -> list[fx.Node]:
+    """Every node reading ``a``'s storage: the users of ``a`` and of its views (views included)."""
+    return list(dict.fromkeys(u for x in _aliases(a) for u in x.users))
+
+
+def _mutated(a: fx.Node) -> bool:
+    return any(is_mutating(r) for r in _readers(a))
+
+
+def _views_region(r: fx.Node, container: fx.Node) -> bool:
+    """A ``view`` of an input placed in ``container`` works on the region: whether a view is
+    legal depends on strides (the region has the container's), decided here on a meta tensor;
+    only for static sizes and for a view of the input itself."""
+    src, region = r.args[0], container.meta[VAL]
+    if not (isinstance(src, fx.Node) and isinstance(src.meta.get(VAL), torch.Tensor)):
+        return False
+    sizes = list(src.meta[VAL].shape) + list(region.stride()) + list(r.meta[VAL].shape)
+    if not all(isinstance(s, int) for s in sizes) or src.meta[VAL].dim() != region.dim():
+        return False
+    probe = torch.empty_strided(tuple(src.meta[VAL].shape), tuple(region.stride()), device="meta")
+    try:
+        probe.view(tuple(r.meta[VAL].shape))
+    except (RuntimeError, ValueError):  # "cannot view a tensor with shape ... and strides ..."
+        return False
+    return True
