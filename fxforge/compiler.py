@@ -186,11 +186,10 @@ def compile_graph(
     log.debug("fxforge: compiled %s graph %d: %d nodes, %d kernels, %d fallbacks, %.3f s", kind, graph_id,
               nodes_in, stats["kernels"], stats["fallback_nodes"], stats["compile_seconds"])
     on_compiled(compiled)  # compile watchers; tlparse artifacts when TORCH_TRACE is set
-    report_dir = config.report_dir or os.environ.get("FXFORGE_REPORT_DIR") or None
-    if report_dir:
-        path = os.path.join(report_dir, f"{kind}-{graph_id}.html")
+    if config.report_dir:
+        path = os.path.join(config.report_dir, f"{kind}-{graph_id}.html")
         try:
-            os.makedirs(report_dir, exist_ok=True)
+            os.makedirs(config.report_dir, exist_ok=True)
             compiled.write_report(path)
         except Exception as e:  # the compiled graph is good; only its report is lost
             if config.debug and not isinstance(e, OSError):

@@ -67,7 +67,7 @@ class Config:
     # Fill every arena with 0xFF bytes (NaN for floats) on each call: exposes reads of unwritten bytes.
     poison_arena: bool = False
     # Directory where an HTML report is written for every compiled graph (None: no reports).
-    report_dir: str | None = None
+    report_dir: str | None = field(default_factory=lambda: os.environ.get("FXFORGE_REPORT_DIR") or None)
     # User passes inserted at named points of the pipeline: {"after_fusion": [my_pass], ...}
     # (points: ``PASS_POINTS``).  A pass takes a GraphModule and returns what PassManager accepts;
     # it is timed, recorded in stats["passes"] and, in debug mode, verified like fxforge's own.
