@@ -5,6 +5,7 @@ Public API:
     fxforge.backend(fxforge.Config(...))              # a backend whose .compiled lists every graph
     fxforge.compile_exported(ep, fxforge.Config())    # torch.export programs
     fxforge.apply_passes(ep_or_gm, [pass1, pass2])    # run passes by hand, verified in debug mode
+    fxforge.partition(ep, mesh, {"fc1.weight": [Shard(0)]})  # this rank's part of a program (DTensor placements)
     fxforge.register_backend(CodegenBackend(...))     # plug in a codegen backend
     fxforge.register_out_variant(op, out_op)          # an out form living in another packet
 """
@@ -17,6 +18,7 @@ from .config import Config
 from .export import apply_passes, compile_exported
 from .inputs import InputError
 from .lowering.out_variant import register_out_variant
+from .spmd import Partitioned, partition
 from .pipeline import PassError, PassManager, PassResult, verify_graph
 
 __all__ = [
@@ -32,9 +34,11 @@ __all__ = [
     "PassError",
     "PassManager",
     "PassResult",
+    "Partitioned",
     "apply_passes",
     "backend",
     "compile_exported",
+    "partition",
     "register_backend",
     "register_out_variant",
     "verify_graph",

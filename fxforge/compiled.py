@@ -30,6 +30,7 @@ STAT_KEYS = (
     "eager_live_peak_bytes",
     "copy_bytes",
     "symmetric_arena_bytes",
+    "collective_bytes",
     "compile_seconds",
     "refused_fusions",
     "refused_zero_copy",

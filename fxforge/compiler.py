@@ -16,6 +16,7 @@ from .codegen import wrapper
 from .codegen.registry import DEFAULT_REGISTRY, Registry
 from .compiled import STAT_KEYS, Compiled, KernelInfo
 from .config import Config
+from .collectives import collective_stats
 from .copies import graph_copy_bytes
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
@@ -145,7 +146,7 @@ def compile_graph(
     arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas for iv in arena_intervals(memory, a.name)]
     # every node that runs eagerly, and why: refused by the backend, or its kernel failed to compile
     demoted = dict(w.demoted)
-    fallbacks = {g.nodes[0].name: g.reason for g in groups if g.backend == FALLBACK_BACKEND}
+    fallbacks = {n.name: g.reason for g in groups if g.backend == FALLBACK_BACKEND for n in g.nodes}
     fallbacks.update({n.name: demoted[g.id] for g in groups if g.id in demoted for n in g.nodes})
     stats: dict[str, Any] = {k: 0 for k in STAT_KEYS}
     stats.update(
@@ -159,6 +160,7 @@ def compile_graph(
         lower_bound_bytes=peak_live_bytes(arena_live),
         eager_live_peak_bytes=eager_peak,
         copy_bytes=graph_copy_bytes(groups, memory.hint),
+        collectives=collective_stats(gm),
         refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),
         refused_zero_copy=dict(sum((Counter(r.stats.get("refused_zero_copy", {})) for r in records), Counter())),
         refused=[x for r in records for x in r.stats.get("refused", [])],
@@ -167,6 +169,7 @@ def compile_graph(
         passes=[r.as_dict() for r in records],
         fallbacks=fallbacks,
     )
+    stats["collective_bytes"] = sum(c["bytes"] for c in stats["collectives"])
     # arena bytes beyond the buffers' own peak, as a fraction of it
     stats["fragmentation"] = stats["arena_bytes"] / stats["lower_bound_bytes"] - 1 if stats["lower_bound_bytes"] else 0.0
     stats["compile_seconds"] = time.perf_counter() - t0

@@ -272,12 +272,36 @@ def liveness(
             start[n] = pos.get(base, i) if isinstance(base, fx.Node) else i
             end[n] = i
         for user in n.users:
-            if user in pos:
-                end[r] = max(end.get(r, i), pos[user])
+            for reader in _read_until(user):
+                if reader in pos:
+                    end[r] = max(end.get(r, i), pos[reader])
     last = max(pos.values(), default=-1) if position is not None else len(schedule) - 1
     for o in outputs:
         end[storage_root(o)] = last
     return {r: Live(r, start[r], end[r]) for r in start}
+
+
+def _read_until(user: fx.Node) -> list[fx.Node]:
+    """Where ``user`` has finished reading its inputs: itself, or for a collective that reads its
+    input asynchronously (all-gather, reduce-scatter, all-to-all...) also its ``wait_tensor``s."""
+    if user.op != "call_function" or user.target not in _async_collectives():
+        return [user]
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    waits, stack = [], list(user.users)
+    while stack:
+        u = stack.pop()
+        if u.target is wait:
+            waits.append(u)
+        elif u.target is operator.getitem:  # the coalesced forms return a list
+            stack.extend(u.users)
+    return [user, *waits]
+
+
+@functools.cache
+def _async_collectives() -> frozenset:
+    from .collectives import async_input_ops
+
+    return frozenset(async_input_ops())
 
 
 def peak_live_bytes(ranges: Iterable[tuple[int, int, int]]) -> int:

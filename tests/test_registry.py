@@ -7,7 +7,7 @@ import torch
 
 import fxforge
 from fxforge import CodegenBackend, Config, Kernel
-from fxforge.codegen.registry import Registry, DEFAULT_REGISTRY
+from fxforge.codegen.registry import DEFAULT_REGISTRY
 
 
 # ---- a toy backend, as a third party would write it (the README shows the same) ----

@@ -46,7 +46,7 @@ import torch.fx as fx
 
 from ..codegen.api import CodegenBackend
 from ..config import Config
-from ..graph import BACKEND, GROUP, VAL, aliased_input, node_kind, output_nodes, storage_root
+from ..graph import BACKEND, GROUP, aliased_input, node_kind, output_nodes, storage_root
 from ..iteration import Iteration, iteration_of, joined_iteration, kind_of
 from ..lowering.cleanup import has_side_effects
 from ..pipeline import PassResult
@@ -459,8 +459,9 @@ def group_vertex(n: fx.Node, gid: dict[fx.Node, int]):
     return ("g", g) if g is not None else n
 
 
-def group_graph(gm: fx.GraphModule) -> "networkx.DiGraph":
-    """Kernel groups (and ungrouped nodes) as a graph: an edge wherever one's value feeds another."""
+def group_graph(gm: fx.GraphModule):
+    """Kernel groups (and ungrouped nodes) as a ``networkx.DiGraph``: an edge wherever one's value
+    feeds another."""
     import networkx as nx  # only checks use it: not loaded by import fxforge
 
     g = nx.DiGraph()

@@ -44,7 +44,7 @@ from ..codegen.api import CodegenBackend
 from ..config import Config
 from ..graph import ALLOCATES, BACKEND, FALLBACK_BACKEND, SLICE_OF, VAL, ZERO_COPY, expr, is_mutating, node_kind, output_nodes
 from ..pipeline import PassResult
-from ..regions import CAT, PAD, container_inputs, is_container, regions, size_expr
+from ..regions import PAD, container_inputs, is_container, regions, size_expr
 
 log = logging.getLogger("fxforge")
 aten = torch.ops.aten

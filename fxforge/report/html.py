@@ -136,7 +136,7 @@ def _graph_section(c, uid: str) -> tuple[str, dict]:
 
 def _passes_section(c, uid: str) -> tuple[str, dict]:
     pv = pass_view(c)
-    rows, attrs = [], []
+    rows = []
     for i, p in enumerate(pv["passes"]):
         changed = []
         if p.get("meta"):
