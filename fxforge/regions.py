@@ -34,8 +34,9 @@ def size_expr(v) -> sympy.Expr:
     return expr(v)
 
 
-def regions(n: fx.Node) -> list[tuple[sympy.Expr, ...]] | None:
-    """Where each input of container ``n`` starts in its result (per dim), or None if unknown."""
+def regions(n: fx.Node) -> list[tuple[sympy.Expr, ...]]:
+    """Where each input of container ``n`` starts in its result (per dim).  (A legacy empty 1-D
+    input of a cat of higher rank takes no room.)"""
     out = n.meta[VAL]
     rank = out.dim()
     if n.target is CAT:

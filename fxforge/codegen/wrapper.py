@@ -45,10 +45,10 @@ import torch.fx as fx
 
 from ..config import Config
 from ..graph import FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_path, output_nodes, storage_root
-from ..regions import PAD, container_inputs, pad_border, regions
 from ..plan import Buffer, Group, Plan
-from .pyexpr import PyExprPrinter, format_arg, format_call, literal
+from ..regions import PAD, container_inputs, pad_border, regions
 from .api import Kernel, KernelContext
+from .pyexpr import PyExprPrinter, format_arg, format_call, literal
 from .registry import Registry
 
 log = logging.getLogger("fxforge")
