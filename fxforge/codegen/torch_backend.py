@@ -99,7 +99,7 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     def ref(n: fx.Node) -> str:
         if n in members and node_kind(n) == "compute":
             return n.name if n.meta.get(ALLOCATES) else param(ctx.buffer(n, None))
-        if n.target is operator.getitem and n.args[0] in members:
+        if node_kind(n) == "getitem" and n.args[0] in members:  # an output of a multi-output op
             if n.args[0].meta.get(ALLOCATES):
                 return f"{n.args[0].name}[{n.args[1]}]"
             return param(ctx.buffer(n.args[0], n.args[1]))
