@@ -6,6 +6,7 @@ import operator
 
 import pytest
 import torch
+import torch.fx as fx
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +28,17 @@ FAMILY_TARGETS = {
     "multi_output": {aten.split.Tensor, aten.split_with_sizes.default, aten.var_mean.correction, aten.topk.default,
                      aten.native_layer_norm.default},
     "matmul": {aten.mm.default, aten.addmm.default, aten.bmm.default},
+    "convert": {aten._to_copy.default},
+    "index": {aten._unsafe_index.Tensor, aten.index.Tensor, aten.gather.default},
 }
+# helper ops a family's ops also emit (index math: positions, weights, broadcasting)
+FAMILY_AUX = {
+    "convert": {aten.clamp.default, aten.add.Tensor},
+    "index": {aten.arange.start_step, aten._to_copy.default, aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor,
+              aten.clamp_min.default, aten.clamp.default, aten.floor.default, aten.unsqueeze.default,
+              aten.expand.default, aten.view.default, aten.remainder.Scalar, operator.sub},
+}
+INDEXING = FAMILY_TARGETS["index"]
 # 30% of fxforge's profile budget (60 under "ci"): each example builds a graph and runs it
 FEW = settings(profile(), max_examples=max(1, profile().max_examples * 3 // 10))
 
@@ -63,7 +74,9 @@ def test_drawn_graphs_are_well_formed_and_run(example):
     assert [n.name for n in phs] == [f"arg{i}_1" for i in range(len(phs))]
     assert nodes[:len(phs)] == phs, "placeholders come first"
     assert all("val" in n.meta for n in nodes)
-    assert all(isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem for n in compute(gm))
+    # operator.sub: size arithmetic on symbolic sizes (an index clamped to size - 1), as dynamo writes it
+    assert all(isinstance(n.target, torch._ops.OpOverload) or n.target in (operator.getitem, operator.sub)
+               for n in compute(gm))
     outs = gm(*inputs)
     metas = nodes[-1].meta["val"]
     assert len(outs) == len(metas)
@@ -83,7 +96,7 @@ def test_each_family_is_drawn(family):
 def test_every_op_builds_at_every_dtype_it_claims(op):
     for dtype in op.dtypes:
         gm, inputs = _first(graphs(ops=[op], dtypes=[dtype], max_ops=3), lambda ex: len(compute(ex[0])) >= 2)
-        assert targets(gm) - HELPERS <= FAMILY_TARGETS[op.family], (op.name, targets(gm))
+        assert targets(gm) - HELPERS <= FAMILY_TARGETS[op.family] | FAMILY_AUX.get(op.family, set()), (op.name, targets(gm))
         outs = gm(*inputs)
         assert all(o.dtype == dtype for o in outs)  # one dtype per graph, and ops keep it
 
@@ -100,6 +113,63 @@ def test_values_have_several_consumers(family):
     # the consumer of a shared value is what rewrites forget; every family must see it
     _first(graphs(), lambda ex: any(len(p.users) > 1 for n in compute(ex[0]) if n.target in FAMILY_TARGETS[family]
                                     for p in n.all_input_nodes))
+
+
+def _ancestors(node):
+    seen, todo = set(), [node]
+    while todo:
+        for p in todo.pop().all_input_nodes:
+            if p not in seen:
+                seen.add(p)
+                todo.append(p)
+    return seen
+
+
+def _computed_indices(n):
+    """The index tensors of an indexing node (an index list, or gather's index)."""
+    idx = n.args[2] if n.target is aten.gather.default else n.args[1]
+    return [i for i in (idx if isinstance(idx, (list, tuple)) else [idx]) if i is not None]
+
+
+def test_indices_are_computed_in_the_graph_like_bilinear():
+    # bilinear's shape: four gathers with distinct pairs of index tensors, the indices computed
+    # from arange through a float scale and a conversion to int64, the gathered values blended
+    # with weights computed from the same positions
+    def bilinear(ex):
+        nodes = [n for n in compute(ex[0]) if n.target in INDEXING and n.target is not aten.gather.default]
+        pairs = {tuple(_computed_indices(n)) for n in nodes}
+        return len({p for p in pairs if len(p) == 2}) >= 4 and all(
+            any(a.target is aten.arange.start_step for a in _ancestors(i)) and
+            any(a.target is aten._to_copy.default and a.meta["val"].dtype == torch.int64 for a in _ancestors(i) | {i})
+            for p in pairs for i in p)
+
+    gm, inputs = _first(graphs(ops=["index"], dtypes=[torch.float32], dynamic=False), bilinear)
+    blend = [n for n in compute(gm) if n.target is aten.mul.Tensor and any(p.target in INDEXING for a in n.all_input_nodes
+                                                                          for p in _ancestors(a) | {a})]
+    assert blend, gm.code
+    gm(*inputs)
+
+
+@pytest.mark.parametrize("target", sorted(INDEXING, key=str), ids=str)
+def test_each_indexing_op_is_drawn_static_and_symbolic(target):
+    for dynamic in (False, True):
+        gm, inputs = _first(graphs(ops=["index"], dynamic=dynamic), has(target))
+        gm(*inputs)
+    # symbolic: some index is clamped to a symbolic size - 1, or taken modulo one
+    def symbolic_bound(n):
+        return n.target in (operator.sub, aten.remainder.Scalar) and any(
+            isinstance(a, fx.Node) and isinstance(a.meta["val"], torch.SymInt) for a in n.args)
+
+    _first(graphs(ops=["index"], dynamic=True),
+           lambda ex: has(target)(ex) and any(symbolic_bound(n) for n in compute(ex[0])))
+
+
+def test_conversions_round_trip_through_other_dtypes():
+    for dtype, other in ((torch.float32, torch.int64), (torch.float32, torch.bool), (torch.int64, torch.int32),
+                         (torch.int64, torch.uint8), (torch.float16, torch.float32)):
+        gm, inputs = _first(graphs(ops=["convert"], dtypes=[dtype]), lambda ex: any(
+            n.target is aten._to_copy.default and n.meta["val"].dtype == other for n in compute(ex[0])))
+        assert all(o.dtype == dtype for o in gm(*inputs))
 
 
 def test_cat_and_pad_trees():

@@ -473,8 +473,110 @@ def test_fused_pointwise_group_rounds_like_eager():
         aot_check_new(start)
 
 
+# --------------------------------------------------------------------------- conversions inside kernels
+#
+# A type conversion (`_to_copy`, `convert_element_type`) fused into a kernel must change the value
+# for the members reading it, not only where it is stored: bilinear upsampling computes its
+# weights as ``src - int64(src)`` in the same kernel as the truncation, and got 0 (wrong results
+# up to 12.5 in the OpInfo samples).
+
+
+def _compare(fn, *args, fallback_ok=True, atol=1e-5, rtol=1.3e-5):
+    b, out = run_compiled(fn, *args)
+    exp = fn(*args)
+    torch.testing.assert_close(out, exp, atol=atol, rtol=rtol, equal_nan=True)
+    assert triton_kernels(b) > 0
+    if not fallback_ok:
+        assert not fallbacks(b), fallbacks(b)
+    return b
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("shape,size", [
+    ((1, 1, 3, 3), (5, 4)),   # the reported case: error 1.49 (False) / 1.65 (True)
+    ((2, 3, 4, 5), (7, 9)),   # up, batch and channels
+    ((2, 3, 8, 6), (3, 4)),   # down
+    ((1, 2, 5, 7), (5, 5)),   # one dim kept, one down
+    ((3, 1, 2, 9), (6, 5)),
+])
+def test_bilinear_interpolate_matches_eager(shape, size, align_corners):
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    fn = lambda x: F.interpolate(x, size=size, mode="bilinear", align_corners=align_corners)
+    b = _compare(fn, x)
+    assert triton_nodes(b) >= 10  # the index and weight math runs fused in Triton
+
+
+@pytest.mark.parametrize("mode", ["linear", "bilinear", "trilinear"])
+def test_linear_modes_with_scale_factor_match_eager(mode):
+    torch.manual_seed(1)
+    shape = {"linear": (2, 3, 7), "bilinear": (2, 2, 5, 6), "trilinear": (1, 2, 3, 4, 5)}[mode]
+    x = torch.randn(shape)
+    for scale in (1.7, 0.6):
+        _compare(lambda x: F.interpolate(x, scale_factor=scale, mode=mode), x)
+
+
+def test_upsample_bilinear_matches_eager():
+    # the op F.upsample_bilinear (align_corners=True) and F.interpolate dispatch to
+    x = torch.randn(2, 3, 4, 5)
+    _compare(lambda x: torch.ops.aten.upsample_bilinear2d.vec(x, None, True, [1.5, 2.0]), x)
+
+
+def test_float_to_int_conversion_truncates_inside_a_kernel():
+    x = torch.randn(4, 6) * 5
+    _compare(lambda a: a - a.to(torch.int64), x, fallback_ok=False)  # the fractional part
+    _compare(lambda a: (a * 1.5).to(torch.int32) * 0.5, x, fallback_ok=False)
+    _compare(lambda a: (a * 2).floor().to(torch.int64) + (a * 2).to(torch.int64), x, fallback_ok=False)
+
+
+_X = torch.tensor([[0.0, -0.0, 2.7, -2.7, 0.4, -0.6], [1e-3, 3.5, -7.25, 9.99, 100.5, -0.5]])
+_XI = torch.tensor([[2**31 + 5, -(2**31) - 3, 2**40 + 7, -1, 0, 255], [256, 257, -129, 127, 2**63 - 2, -(2**63)]])
+# doubles where rounding straight to bf16 / fp16 differs from eager's rounding through fp32
+_XD = torch.tensor([1 + 2**-8 + 2**-40, 1 + 2**-11 + 2**-40, -(1 + 2**-8 + 2**-40), 0.1, 3.3, 1e-30], dtype=torch.float64)
+CONVERSIONS = {
+    "float_to_bool": (lambda a: (a * 1.0).to(torch.bool).to(torch.float32) + 1, _X),  # tests != 0
+    "fp64_to_fp32": (lambda a: (a * 1.1).to(torch.float32).to(torch.float64) * 3, _X.double()),  # rounds
+    "int64_to_int32": (lambda a: (a + 1).to(torch.int32).to(torch.int64) * 1, _XI),  # wraps
+    "int64_to_uint8": (lambda a: (a + 1).to(torch.uint8).to(torch.int64) * 2, _XI),  # wraps
+    "int64_to_int8": (lambda a: (a + 1).to(torch.int8) - a, _XI),  # wraps, then promoted back
+    "int64_to_float": (lambda a: (a * 1).to(torch.float32).to(torch.int64) - a, _XI[:, :4]),  # rounds
+    "fp64_to_bf16": (lambda a: (a * 1).to(torch.bfloat16), _XD),  # through fp32, as eager
+    "fp64_to_fp16": (lambda a: (a * 1).to(torch.float16).to(torch.float64) + 0, _XD),  # through fp32, as eager
+    "fp16_constant": (lambda a: torch.full((2, 6), 0.1, dtype=torch.float16) + a, _X.half()),  # a literal has no .to()
+}
+
+
+@pytest.mark.parametrize("name", CONVERSIONS)
+def test_conversions_change_the_value_for_later_members(name):
+    fn, a = CONVERSIONS[name]
+    _compare(fn, a, fallback_ok=False, atol=0, rtol=0)
+
+
+def test_bool_addition_is_logical_or():
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    _compare(lambda a, b: ((a > 0) + (b > 0)).float() * 2, x, y, fallback_ok=False)
+
+
+def test_gathers_with_indices_computed_in_the_graph():
+    # nearest / linear sampling by hand: indices from arange, scaled, converted, clamped; the
+    # gathers themselves run eagerly, the index math and the blends in Triton kernels
+    x = torch.randn(2, 5, 6)
+
+    def f(x):
+        src = ((torch.arange(7, dtype=torch.float32) + 0.5) * 0.8 - 0.5).clamp_min(0)
+        i0 = src.to(torch.int64)
+        i1 = (i0 + 1).clamp(max=5)
+        lam = (src - i0).clamp(0, 1)
+        rows = (torch.arange(3) * 1.7).floor().to(torch.int64).clamp(0, 4)
+        g = x[:, rows][..., i0] * (1 - lam) + x[:, rows][..., i1] * lam
+        idx = i0.view(1, 1, 7).expand(2, 5, 7)
+        return g, torch.gather(x, 2, idx) * lam + torch.gather(x, 2, (idx + 1).clamp(max=5)) * (1 - lam)
+
+    _compare(f, x)
+
+
 @settings(profile(), max_examples=30, deadline=None)
-@given(graphs(ops=("unary", "binary", "reduction", "view", "var_mean", "native_layer_norm"),
+@given(graphs(ops=("unary", "binary", "reduction", "view", "var_mean", "native_layer_norm", "convert", "index"),
               exclude=("remainder", "sign"), dtypes=(torch.float32, torch.int64), max_ops=6, max_dim=5))
 def test_random_graphs_fuse_into_triton_kernels_that_match_eager(example):
     """Random pointwise/reduction/view graphs: fusion forms groups, the emitter lowers each as one

@@ -7,9 +7,12 @@ eager).  Samples torch.compile itself cannot run
 compiled ahead of time for sm_80 and sm_90.
 
 * ``test_triton_op``: the default subset (``DEFAULT_OPS``, 1 sample each), must be lowered.
-* ``test_triton_op_sweep`` (``-m slow``): every float32 entry of ``unary_ufuncs``,
-  ``binary_ufuncs`` and ``reduction_ops``, 2 samples; ``python tests/test_triton_opinfo.py``
-  prints the lowered / fallback / skipped counts.
+* ``test_triton_op_sweep`` (``-m slow``): every float32 entry of ``op_db``, each variant on its
+  own (``nn.functional.interpolate.bilinear``...: a miscompile of bilinear upsampling once hid in
+  a variant), minus what the OpInfo sweep never runs (``not_applicable``); ``SWEEP_SAMPLES``
+  (4) samples each, 7-10 minutes with ``-n 2`` on 2 shared cores.  With ``--junitxml`` each case
+  records its kind and per-sample counts; ``python tests/test_triton_opinfo.py [names]`` prints
+  the kinds and the entry / op / variant / sample counts.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton import (see test_triton_codegen)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "0")
 
+import collections  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
 
@@ -35,30 +39,19 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_opinfo import Unsupported, build_fn, clone_inputs, flat_tensors, not_applicable, op_id, samples  # noqa: E402
 
 
-# Pointwise and reduction-shaped entries of op_db outside the ufunc / reduction lists.
-EXTRA_OPS = {
-    "where", "clamp", "nn.functional.gelu", "nn.functional.silu", "nn.functional.hardtanh",
-    "nn.functional.relu", "nn.functional.relu6", "nn.functional.leaky_relu", "nn.functional.mish",
-    "nn.functional.softplus", "nn.functional.hardsigmoid", "nn.functional.hardswish", "nn.functional.logsigmoid",
-    "softmax", "log_softmax", "nn.functional.layer_norm", "var_mean", "std_mean",
-    "max.reduction_with_dim", "min.reduction_with_dim", "max.reduction_no_dim", "min.reduction_no_dim",
-    "logsumexp", "addcmul", "addcdiv", "lerp", "fill", "full_like", "ones_like", "zeros_like", "clone",
-}
-
-
 @functools.lru_cache(maxsize=None)
 def sweep_ops() -> dict[str, object]:
+    """Every float32 entry of ``op_db``, each variant on its own (``op_id``: ``name.variant``),
+    minus those the OpInfo sweep never runs (``not_applicable``)."""
     out = {}
-    for op in list(cmi.unary_ufuncs) + list(cmi.binary_ufuncs) + list(cmi.reduction_ops) + list(cmi.op_db):
-        if op.name.startswith("_refs") or torch.float32 not in op.supported_dtypes("cpu"):
-            continue
-        if op in cmi.op_db and op_id(op) not in EXTRA_OPS and not (
-            op in cmi.unary_ufuncs or op in cmi.binary_ufuncs or op in cmi.reduction_ops
-        ):
-            continue
-        if not_applicable(op) is None:
+    for op in cmi.op_db:
+        if torch.float32 in op.supported_dtypes("cpu") and not_applicable(op) is None:
             out[op_id(op)] = op
     return out
+
+
+# Samples per entry in the sweep (-m slow); FXFORGE_SWEEP_SAMPLES overrides it.
+SWEEP_SAMPLES = int(os.environ.get("FXFORGE_SWEEP_SAMPLES", "4"))
 
 
 def _close(got, exp) -> None:
@@ -90,13 +83,17 @@ def run_triton(op, sample) -> str:
     return "partial" if any(c.stats["fallback_nodes"] for c in b.compiled) else "lowered"
 
 
-def classify(op, n: int, dtype=torch.float32) -> str:
+def classify(op, n: int, dtype=torch.float32, tally: dict | None = None) -> str:
+    """The best kind any of the first ``n`` samples reached ("skipped": none could run);
+    ``tally`` (a Counter), if given, counts every sample's kind."""
     kinds, skipped = [], []
     for s in samples(op, n, dtype):
         try:
             kinds.append(run_triton(op, s))
         except Unsupported as e:
             skipped.append(str(e))
+    if tally is not None:
+        tally.update(kinds + ["skipped"] * len(skipped))
     if not kinds:
         return "skipped"
     for k in ("lowered", "partial", "fallback"):  # the best any sample reached
@@ -138,29 +135,53 @@ def test_triton_op_low_precision(name, dtype):
     assert classify(op, 1, dtype) == "lowered"
 
 
+# Sweep entries that fail for a reason outside the Triton backend (strict: a fix shows up as XPASS).
+KNOWN_FAILURES = {
+    "take": "compile error, not a wrong value: torch's `take` decomposition (in the core table every "
+            "decompose='core' backend uses) indexes with a 0-d index tensor, which fake tracing turns into "
+            "a data-dependent int (GuardOnDataDependentSymNode); samples 3-4 (`take(x0d, i0d)`). "
+            "Config(codegen='torch', decompose='core') fails the same way",
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(sweep_ops()))
-def test_triton_op_sweep(name):
-    if classify(sweep_ops()[name], 2) == "skipped":
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(SWEEP_SAMPLES >= 3, strict=True, reason=KNOWN_FAILURES[n]))
+    if n in KNOWN_FAILURES else n
+    for n in sorted(sweep_ops())])
+def test_triton_op_sweep(name, record_property):
+    tally = collections.Counter()
+    kind = classify(sweep_ops()[name], SWEEP_SAMPLES, tally=tally)
+    record_property("kind", kind)  # in --junitxml: the counts of a sweep run with -n 2
+    for k, v in tally.items():
+        record_property(f"samples_{k}", v)
+    if kind == "skipped":
         pytest.skip("torch.compile cannot run its samples")
 
 
-if __name__ == "__main__":
-    import collections
+def main(names: list[str]) -> None:
+    """Classify ``names`` (default: the whole sweep) and print per-entry kinds and the counts."""
     import time
 
-    counts = collections.Counter()
+    counts, tally = collections.Counter(), collections.Counter()
     failed = {}
     t0 = time.time()
-    names = sorted(sweep_ops()) if len(sys.argv) < 2 else sys.argv[1:]
+    names = names or sorted(sweep_ops())
     for name in names:
         try:
-            k = classify(sweep_ops()[name], 2)
-        except Exception as e:  # a mismatch or a crash: a bug to report
-            k = "FAILED"
+            k = classify(sweep_ops()[name], SWEEP_SAMPLES, tally=tally)
+        except Exception as e:  # a mismatch or a crash: a bug to report (unless already known)
+            k = "xfail" if name in KNOWN_FAILURES else "FAILED"
             failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         counts[k] += 1
         print(f"{k:9s} {name}", flush=True)
-    print(dict(counts), f"{time.time() - t0:.0f}s")
+    ops = {sweep_ops()[n].name for n in names}
+    variants = sum(1 for n in names if sweep_ops()[n].variant_test_name)
+    print(f"{len(names)} entries ({len(ops)} ops, {variants} variants); entries: {dict(counts)}; "
+          f"samples: {dict(tally)}; {time.time() - t0:.0f}s")
     for k, v in failed.items():
-        print("FAILED", k, v)
+        print("xfail" if k in KNOWN_FAILURES else "FAILED", k, v)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

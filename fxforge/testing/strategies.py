@@ -429,6 +429,168 @@ def _addmm(draw, b, dt):
     return b.call(aten.addmm.default, bias, x, w)
 
 
+# -- conversions and indexing with indices computed in the graph ----------------------------
+def _aux(b, dt, target, *args, **kwargs) -> fx.Node:
+    """A helper node of an op: an operand candidate for later ops only when it has the graph's
+    dtype (a graph stays of one dtype: its inputs and outputs)."""
+    node = b.call(target, *args, **kwargs)
+    if isinstance(node.meta["val"], torch.Tensor) and node.meta["val"].dtype != dt:
+        b.values.remove(node)
+    return node
+
+
+def _convert_targets(dt):
+    if dt.is_floating_point:
+        # float -> int truncates (clamped first: an out-of-range conversion is undefined), -> bool
+        # tests != 0, -> bf16/fp32/fp64 round
+        return (torch.int64, torch.int32, torch.bool, torch.bfloat16 if dt == torch.float32 else torch.float32,
+                torch.float64)
+    # int64 -> narrower ints wraps (the inputs hold +-2**31 and the extremes), -> bool tests != 0
+    return (torch.int32, torch.uint8, torch.bool, torch.int8, torch.int16)
+
+
+def _convert(draw, b, dt):
+    """A round trip through another dtype, `_to_copy(_to_copy(x, other), dt)`, sometimes with an
+    op in the other dtype between: the value must really change (truncate, wrap, round) where
+    the graph goes on computing with it, not only where it is stored."""
+    x = b.operand(draw, dt)
+    other = draw(st.sampled_from(_convert_targets(dt)))
+    if dt.is_floating_point and not other.is_floating_point and other != torch.bool:
+        x = _aux(b, dt, aten.clamp.default, x, -3e4, 3e4)  # fits fp16 and int32
+    y = _aux(b, dt, aten._to_copy.default, x, dtype=other)
+    if other != torch.bool and draw(st.booleans()):
+        y = _aux(b, dt, aten.add.Tensor, y, draw(st.sampled_from((1, 3))) if not other.is_floating_point else 0.5)
+    return b.call(aten._to_copy.default, y, dtype=dt)
+
+
+def _source_coords(draw, b, dt, size, out, linear: bool):
+    """Where each of `out` outputs samples a dim of `size` elements (`size`, `out`: an int or a
+    sym_size node), computed in the graph as upsampling does: ``src = (arange(out) + 0.5) *
+    scale - 0.5`` (the half-pixel shifts and the scale are drawn), ``i0 = int64(src)``
+    (truncation, or floor first) clamped to ``[0, size - 1]``; with `linear` also the neighbour
+    ``i1 = clamp(int64(src) + 1, 0, size - 1)`` and, in float graphs, the weight ``lam =
+    clamp(src - int64(src), 0, 1)`` (float32; the unclamped conversion, as upsampling has it).
+    Gives (i0, i1, lam), None for what is not computed.  Every draw shrinks towards fewer
+    nodes: the simplest is ``clamp(int64(arange(out)), 0, size - 1)``."""
+    f32 = torch.float32
+    cpu = dict(layout=torch.strided, device=torch.device("cpu"), pin_memory=False)
+    if draw(st.booleans()):  # int64 positions converted to float
+        src = _aux(b, dt, aten._to_copy.default, _aux(b, dt, aten.arange.start_step, 0, out, 1, **cpu), dtype=f32)
+    else:
+        src = _aux(b, dt, aten.arange.start_step, 0, out, 1, dtype=f32, **cpu)
+    half_pixel = draw(st.booleans())  # align_corners=False
+    scale = draw(st.sampled_from((1.0, 0.75, 1.5, 0.6, 2.0, 1 / 3)))
+    if half_pixel:
+        src = _aux(b, dt, aten.add.Tensor, src, 0.5)
+    if scale != 1.0:
+        src = _aux(b, dt, aten.mul.Tensor, src, scale)
+    if half_pixel:
+        src = _aux(b, dt, aten.sub.Tensor, src, 0.5)
+        if draw(st.booleans()):
+            src = _aux(b, dt, aten.clamp_min.default, src, 0.0)
+    last = size - 1 if isinstance(size, int) else _aux(b, dt, operator.sub, size, 1)
+    floor = draw(st.booleans())
+    raw = _aux(b, dt, aten._to_copy.default, _aux(b, dt, aten.floor.default, src) if floor else src, dtype=torch.int64)
+    # the weight from the converted position itself, as upsampling computes it (float - int64)
+    lam = None
+    if linear and dt.is_floating_point:  # integer graphs blend without weights
+        lam = _aux(b, dt, aten.clamp.default, _aux(b, dt, aten.sub.Tensor, src, raw), 0.0, 1.0)
+    # src may be negative (floor: -1) or past the end: clamp both neighbours into range
+    i1 = _aux(b, dt, aten.clamp.default, _aux(b, dt, aten.add.Tensor, raw, 1), 0, last) if linear else None
+    return _aux(b, dt, aten.clamp.default, raw, 0, last), i1, lam
+
+
+def _out_size(draw, b, x, d):
+    """How many samples along dim d of x: a static count, or (symbolic graphs) a size the graph
+    already has, as ``expand`` does, so no fresh static size meets an equal symbolic one."""
+    if not b.dynamic:
+        return draw(st.integers(1, b.max_dim))
+    syms = [(v, k) for v in b.values for k in range(v.meta["val"].dim()) if not b.is_static(v, k)]
+    if not syms or draw(st.integers(0, 3)) == 0:
+        return 1
+    return b.size_arg(*draw(st.sampled_from(syms)))
+
+
+def _blend(draw, b, dt, a, c, lam, shape_after):
+    """``a + (c - a) * lam`` (floats; lam viewed to broadcast over the dims after its own), or
+    for integers ``a + c`` or ``a - c``."""
+    if not dt.is_floating_point:
+        return _aux(b, dt, aten.add.Tensor if draw(st.booleans()) else aten.sub.Tensor, a, c)
+    if lam.meta["val"].dtype != dt:
+        lam = _aux(b, dt, aten._to_copy.default, lam, dtype=dt)
+    for _ in range(shape_after):
+        lam = _aux(b, dt, aten.unsqueeze.default, lam, -1)
+    return _aux(b, dt, aten.add.Tensor, a, _aux(b, dt, aten.mul.Tensor, _aux(b, dt, aten.sub.Tensor, c, a), lam))
+
+
+def _resample(draw, b, dt):
+    """Nearest or linear/bilinear resampling of one dim or two adjacent dims, as upsample
+    decomposes: indices (and weights) computed in the graph (`_source_coords`), a gather per
+    corner (`_unsafe_index` or `index.Tensor`; two dims: index tensors of shapes (out_h, 1) and
+    (out_w,) broadcast against each other, four of them for bilinear's four corners), blended
+    with the weights."""
+    x = b.operand(draw, dt, _rank_at_least(1))
+    r = len(b.shape(x))
+    n = draw(st.integers(1, min(2, r)))
+    d0 = draw(st.integers(0, r - n))
+    target = draw(st.sampled_from((aten._unsafe_index.Tensor, aten.index.Tensor)))
+    linear = draw(st.integers(0, 3)) > 0  # mostly linear; shrinks to nearest (one gather)
+    per_dim, outs = [], []
+    for k, d in enumerate(range(d0, d0 + n)):
+        outs.append(_out_size(draw, b, x, d))
+        coords = _source_coords(draw, b, dt, b.size_arg(x, d), outs[-1], linear)
+        if k < n - 1:  # the first of two dims: (out, 1), broadcast against the second's (out,)
+            coords = tuple(None if t is None else _aux(b, dt, aten.unsqueeze.default, t, -1) for t in coords)
+        per_dim.append(coords)
+    after = r - d0 - n
+
+    def gather(*picks):
+        if b.dynamic and n == 2:  # the index meta cannot broadcast symbolic index shapes itself
+            picks = [_aux(b, dt, aten.expand.default, i, outs) for i in picks]
+        return _aux(b, dt, target, x, [None] * d0 + list(picks))
+
+    if not linear:  # nearest
+        return gather(*(i0 for i0, _, _ in per_dim))
+    if n == 1:
+        ((i0, i1, lam),) = per_dim
+        return _blend(draw, b, dt, gather(i0), gather(i1), lam, after)
+    (h0, h1, lh), (w0, w1, lw) = per_dim
+    top = _blend(draw, b, dt, gather(h0, w0), gather(h0, w1), lw, after)
+    bottom = _blend(draw, b, dt, gather(h1, w0), gather(h1, w1), lw, after)
+    return _blend(draw, b, dt, top, bottom, lh, after)
+
+
+def _gather(draw, b, dt):
+    """`gather` along a dim with an index tensor computed in the graph: sample positions as in
+    `_resample`, viewed and expanded to the index shape (rank > 1), one gather (nearest) or the
+    two neighbours gathered and blended; or, in int64 graphs, one gather at an int64 value taken
+    modulo the dim's size (negative and extreme values included)."""
+    x = b.operand(draw, dt, _rank_at_least(1))
+    r = len(b.shape(x))
+    d = draw(st.integers(0, r - 1))
+    size = b.size_arg(x, d)
+    if not dt.is_floating_point and draw(st.booleans()):
+        y = b.operand(draw, dt, lambda t: len(t) == 1, st.integers(1, b.max_dim).map(lambda m: (m,)))
+        i0, i1, lam = _aux(b, dt, aten.remainder.Scalar, y, size), None, None
+        # the index's length: needed (as a size argument) only to expand it over other dims
+        out = b.size_arg(y, 0) if r > 1 else None
+    else:
+        out = _out_size(draw, b, x, d)
+        i0, i1, lam = _source_coords(draw, b, dt, size, out, draw(st.integers(0, 3)) > 0)
+    sizes = [b.size_arg(x, k) if k != d else out for k in range(r)]
+    shape = [1] * r
+    shape[d] = out
+
+    def gather(i):
+        if r > 1:
+            i = _aux(b, dt, aten.expand.default, _aux(b, dt, aten.view.default, i, shape), sizes)
+        return _aux(b, dt, aten.gather.default, x, d, i)
+
+    if i1 is None:
+        return gather(i0)
+    return _blend(draw, b, dt, gather(i0), gather(i1), lam, r - d - 1)
+
+
 # Order matters for shrinking: families and ops shrink towards the front of their list.
 OPS: tuple[Op, ...] = (
     unary(aten.neg.default, ALL_DTYPES), unary(aten.relu.default, ALL_DTYPES), unary(aten.abs.default, ALL_DTYPES),
@@ -449,6 +611,8 @@ OPS: tuple[Op, ...] = (
     Op("topk", "multi_output", ALL_DTYPES, _topk), Op("native_layer_norm", "multi_output", FLOATS, _layer_norm),
     Op("mm", "matmul", ALL_DTYPES, _mm), Op("addmm", "matmul", ALL_DTYPES, _addmm),
     Op("bmm", "matmul", ALL_DTYPES, _bmm),
+    Op("_to_copy", "convert", ALL_DTYPES, _convert),
+    Op("resample", "index", ALL_DTYPES, _resample), Op("gather", "index", ALL_DTYPES, _gather),
 )
 FAMILIES = tuple(dict.fromkeys(op.family for op in OPS))
 

@@ -639,8 +639,12 @@ class Emitter:
         shape, dom = shape_of(n.meta[VAL]), self.dom(n)
         v = self.lower_node(n, lambda a: self.operand(a, shape, dom))
         dt = n.meta[VAL].dtype
+        # the value has the node's dtype from here on (rounded like eager between ops): a
+        # conversion (float -> int truncates, int64 -> int32 wraps, -> bool tests != 0, fp64 ->
+        # fp32 rounds) takes effect for the members reading it, not only at a store
+        v = cast(v, dt)
         if dt in LOW_PRECISION:
-            v = cast(cast(v, dt), compute_dtype(dt))  # rounded like eager between ops
+            v = cast(v, compute_dtype(dt))
         if not _is_literal(v.expr):
             name = f"v_{n.name}"
             self.body.append(f"{name} = {v.expr}")
@@ -681,7 +685,7 @@ class Emitter:
         b = _schema_bind(n)
         out_dt = n.meta[VAL].dtype
         raw = [b.get(a) for a in low.operands]
-        if low.promotion is None:  # conversions: one operand, converted at the store
+        if low.promotion is None:  # conversions: one operand, converted by value() (to the node dtype)
             x = operand(raw[0])
             return V(x.expr, x.dtype)
         fake_args = []

@@ -45,11 +45,32 @@ class V:
     dtype: torch.dtype
 
 
+def _literal(expr: str) -> bool | int | float | None:
+    """The Python value of a literal constant expression (None: a runtime value)."""
+    if expr in ("True", "False"):
+        return expr == "True"
+    if expr.startswith('float("') and expr.endswith('")'):
+        return float(expr[7:-2])
+    for conv in (int, float):
+        try:
+            return conv(expr)
+        except ValueError:
+            pass
+    return None
+
+
 def cast(v: V, dt: torch.dtype) -> V:
     if v.dtype == dt:
         return v
+    lit = _literal(v.expr)
+    if lit is not None:  # a literal has no .to(): convert the value here, as eager would
+        return const(torch.tensor(lit, dtype=v.dtype).to(dt).item(), dt)
     if dt == torch.bool:
         return V(f"({v.expr} != 0)", dt)
+    if dt in LOW_PRECISION and v.dtype != torch.float32:
+        # eager converts to fp16/bf16 from float (c10::Half/BFloat16(float)): fp64 and ints
+        # round to fp32 first (and the interpreter's direct fp64 -> bf16 cast is garbage)
+        v = cast(v, torch.float32)
     if dt == torch.bfloat16 and v.dtype == torch.float32:
         return V(f"_to_bf16({v.expr})", dt)
     return V(f"{v.expr}.to({TL_DTYPE[dt]})", dt)
@@ -195,7 +216,7 @@ def _alpha(b: V, alpha: Any) -> V:
     return V(f"({b.expr} * {const(alpha, b.dtype).expr})", b.dtype)
 
 
-_reg("add.Tensor add.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(f"({a.expr} + {_alpha(b, kw.get('alpha')).expr})", a.dtype)))
+_reg("add.Tensor add.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(f"({a.expr} + {_alpha(b, kw.get('alpha')).expr})", a.dtype) if a.dtype != torch.bool else V(f"({a.expr} | {_alpha(b, kw.get('alpha')).expr})", a.dtype)))  # bool + bool is `or` in eager (i1 + i1 wraps)
 _reg("sub.Tensor sub.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(f"({a.expr} - {_alpha(b, kw.get('alpha')).expr})", a.dtype)))
 _reg("rsub.Tensor rsub.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(f"({b.expr} - {_alpha(a, kw.get('alpha')).expr})", a.dtype)))
 _reg("mul.Tensor mul.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(f"({a.expr} * {b.expr})", a.dtype) if a.dtype != torch.bool else V(f"({a.expr} & {b.expr})", a.dtype)))
@@ -261,7 +282,8 @@ _reg("isnan.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} != {a.ex
 _reg("silu.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} / (1.0 + tl.exp(-{a.expr})))", a.dtype), dtypes="float"))
 _reg("hardtanh.default", OpLowering(("self",), lambda a, kw: _clamp(a, const(kw.get("min_val", -1.0), a.dtype), const(kw.get("max_val", 1.0), a.dtype))))
 
-# conversions and copies: the single operand is converted to the output dtype at the store
+# conversions and copies: the single operand, converted to the node's dtype by Emitter.value (where
+# it is computed, so the members reading it see the converted value, not only the store)
 _reg("_to_copy.default clone.default alias_copy.default convert_element_type.default",
      OpLowering(("self",), lambda a, kw: a, None))
 
