@@ -91,6 +91,49 @@ def check_mlp(mesh, d: int = 16, f: int = 32, batch: int = 2, seq: int = 3, figu
     return out
 
 
+def check_user_pass(mesh) -> dict:
+    """User passes (README 'Your own passes') run on the per-rank graph: an ``after_lowering``
+    pass that switches gelu to its tanh approximation (the partitioned outputs then equal eager
+    with tanh gelu, not exact gelu) and an ``after_fusion`` pass that counts the collectives it
+    sees; each runs once per compile and is recorded in ``stats["passes"]`` with its stats."""
+    calls = {"gelu_to_tanh": 0, "count_collectives": 0}
+
+    def gelu_to_tanh(gm):
+        calls["gelu_to_tanh"] += 1
+        rewritten = 0
+        for node in gm.graph.nodes:
+            if node.target is torch.ops.aten.gelu.default and node.kwargs.get("approximate", "none") != "tanh":
+                node.kwargs = {**node.kwargs, "approximate": "tanh"}
+                rewritten += 1
+        gm.recompile()
+        return fxforge.PassResult(gm, rewritten > 0, {"rewritten": rewritten})
+
+    def count_collectives(gm):
+        calls["count_collectives"] += 1
+        seen = sorted(str(n.target) for n in gm.graph.nodes
+                      if n.op == "call_function" and "_c10d_functional" in str(n.target))
+        return fxforge.PassResult(gm, False, {"collectives_seen": seen})
+
+    torch.manual_seed(0)
+    model = MLP()
+    x = torch.randn(2, 3, 16)
+    ep = torch.export.export(model, (x,))
+    config = fxforge.Config(passes={"after_lowering": [gelu_to_tanh], "after_fusion": [count_collectives]})
+    p = fxforge.partition(ep, mesh, tp(dims=mesh.ndim, at=mesh.ndim - 1), config=config)
+    got = p(x)
+    with torch.no_grad():
+        exact = model(x)
+        tanh = x + model.fc2(F.gelu(model.fc1(model.norm(x)), approximate="tanh"))
+    close(got, tanh, "TP MLP forward with the user pass gelu -> tanh gelu")
+    assert (got - exact).abs().max() > 1e-5, "the user pass had no effect on the partitioned outputs"
+    assert calls == {"gelu_to_tanh": 1, "count_collectives": 1}, calls
+    records = {r["name"]: r for r in p.stats["passes"] if r["name"] in calls}
+    assert set(records) == set(calls), [r["name"] for r in p.stats["passes"]]
+    assert records["gelu_to_tanh"]["modified"] and records["gelu_to_tanh"]["stats"] == {"rewritten": 1}, records
+    assert "approximate = 'tanh'" in p.source or "approximate='tanh'" in p.source, p.source
+    return {name: records[name]["stats"] for name in calls}
+
+
 def check_collectives(mesh) -> dict:
     """Each redistribution as its collective, with the bytes the table in fxforge/dtensor.py gives."""
     Shard, Replicate, Partial = _dt()
@@ -316,6 +359,7 @@ def two_ranks(rank: int, world: int) -> dict:
     mesh = init_device_mesh("cpu", (2,))
     figures = {
         "mlp": check_mlp(mesh),
+        "user_passes": check_user_pass(mesh),
         "collectives": check_collectives(mesh),
         "training": check_training(mesh, tp("block.")),
         "local_map": check_local_map(mesh),

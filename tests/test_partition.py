@@ -41,10 +41,15 @@ def test_two_ranks_mlp_training_local_map_and_readme():
     """2 gloo ranks, 1-D mesh: the TP MLP block forward; all-gather, all-to-all, reduce-scatter,
     an intentionally Partial output; a training step (loss, every parameter's local gradient =
     the slice of the single-process gradient, one SGD step); the attention body under local_map
-    (HOP, inlined and eager DTensor agree); the README example."""
+    (HOP, inlined and eager DTensor agree); user passes on the per-rank graph; the README example."""
     r0, r1 = run_ranks(cases.two_ranks, 2)
     for r in (r0, r1):
         assert r["mlp"]["collectives"] == [("all_reduce", 384)]  # 2 (n-1)/n x [2, 3, 16] fp32
+        assert r["user_passes"] == {
+            "gelu_to_tanh": {"rewritten": 1},
+            "count_collectives": {"collectives_seen": ["_c10d_functional.all_reduce.default",
+                                                       "_c10d_functional.wait_tensor.default"]},
+        }
         assert r["training"]["collectives"] == [("all_reduce", 768), ("all_reduce", 64), ("all_reduce", 64)]
         assert r["local_map"]["collectives"] == [("all_reduce", 640)]
     assert r0 == r1  # SPMD: the same collectives and bytes on both ranks
