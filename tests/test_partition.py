@@ -117,6 +117,20 @@ def test_figures_mlp_2_and_4_ranks(capsys):
     with capsys.disabled():
         for world, r in rows:
             print(f"\n{world} ranks: {r}")
+    # the table of docs/partition.md §Figures says what was measured: bytes as printed above
+    import re
+
+    doc = open(os.path.join(os.path.dirname(cases.README), "docs", "partition.md"), encoding="utf-8").read()
+    table = {}
+    for line in doc[doc.index("## Figures"):].splitlines():
+        m = re.match(r"\| (forward|training step) \| (\d) \| .* \| ([\d,]+) \| ([\d,]+) \(([\d.]+)x\) \| ([\d,]+) \|$", line)
+        if m:
+            kind, world = ("forward" if m[1] == "forward" else "training"), int(m[2])
+            table[kind, world] = tuple(int(v.replace(",", "")) for v in (m[3], m[4], m[6])) + (m[5],)
+    measured = {(kind, world): (r[kind]["collective_bytes"], r[kind]["arena_bytes"], r[kind]["single_arena_bytes"],
+                                f"{r[kind]['arena_bytes'] / r[kind]['single_arena_bytes']:.2f}")
+                for world, r in rows for kind in ("forward", "training")}
+    assert table == measured, f"docs/partition.md §Figures is out of date: it says {table}, measured {measured}"
 
 
 # --------------------------------------------------------------------------- one process, fake group
