@@ -33,10 +33,9 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 cmi = pytest.importorskip("torch.testing._internal.common_methods_invocations", reason="OpInfo needs expecttest")
 
-from fxforge.codegen.triton.testing import run_compiled, triton_kernels  # noqa: E402
-
 sys.path.insert(0, os.path.dirname(__file__))
 from test_opinfo import Unsupported, build_fn, clone_inputs, flat_tensors, not_applicable, op_id, samples  # noqa: E402
+from triton_helpers import run_compiled, triton_kernels  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)

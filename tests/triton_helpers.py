@@ -1,4 +1,5 @@
-"""Helpers for tests of the Triton backend (used by tests/test_triton_*.py).
+"""Helpers for the Triton backend's tests (tests/test_triton_*.py): compile with
+``codegen="triton"``, count what ran in Triton, compile new kernels ahead of time.
 
 ``TRITON_INTERPRET`` is read by ``triton.jit`` when a kernel is loaded, and by this backend's
 capability check, so setting it before the first compile is enough (tests use a fixture).
@@ -11,9 +12,8 @@ import hashlib
 import torch
 
 import fxforge
-
-from . import aot
-from .backend import GENERATED
+from fxforge.codegen.triton import aot
+from fxforge.codegen.triton.backend import GENERATED
 
 _aot_checked: dict[str, dict] = {}
 

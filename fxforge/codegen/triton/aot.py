@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 
 from . import cache
-from .kernel import KERNEL_NAME, Emitted, helper_names, module_text
+from .launch import KERNEL_NAME, Emitted
+from .prelude import helper_names, module_text
 
 @dataclass
 class AotResult:

@@ -1,6 +1,6 @@
 """Choosing a generated kernel's launch configuration by timing a few candidates.
 
-Every kernel has a default configuration chosen from its shape (``kernel.py``: block sizes and
+Every kernel has a default configuration chosen from its shape (``launch.py``: block sizes and
 warps) and a short list of alternatives (``Emitted.configs``, the default first).  With
 ``Config(autotune=True)`` the launch function hands its launch to the kernel's ``Tuner``
 instead of launching with the default:

@@ -21,8 +21,10 @@ from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from . import cache
 from .autotune import Tuner
-from .kernel import KERNEL_NAME, Emitted, Emitter, Unsupported, helper_names, module_text, tensors
-from .ops import SIG_DTYPE, interp_missing
+from .kernel import Emitter, Unsupported, tensors
+from .launch import KERNEL_NAME, Emitted
+from .ops import SIG_DTYPE
+from .prelude import helper_names, interp_missing, module_text
 
 # Every kernel emitted in this process (newest last): what tests and `aot.check_kernel` sweep.
 GENERATED: collections.deque[Emitted] = collections.deque(maxlen=4096)

@@ -13,6 +13,11 @@ Shapes of the kernels:
 Sizes and strides that are symbolic become kernel arguments (``ks0``...) read off the tensors
 at launch; static ones are baked in.  Indices are int64 when a tensor's span or the element
 count may exceed 2**31 - 1 (always for symbolic sizes).
+
+The emitter walks the group's members and writes the kernel body.  What it draws on lives beside
+it: op lowerings and the reduction table (``ops.py``), index printing (``printer.py``), the
+helpers every module starts with (``prelude.py``), launch configurations and the launch function
+(``launch.py``).
 """
 
 from __future__ import annotations
@@ -31,207 +36,17 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 from ...graph import VAL, aliased_input, expr, node_kind
 from ...iteration import numel as _numel, reduction_of, same_size as _same, schema_bind as _schema_bind, shape_of
 from ..pyexpr import PyExprPrinter
-from .ops import LOW_PRECISION, SIG_DTYPE, TL_DTYPE, V, cast, compute_dtype, const, lowering_of, round_to
+from . import launch
+from .launch import Emitted, Param
+from .ops import (LOW_PRECISION, REDUCE_LOWERINGS, SIG_DTYPE, TL_DTYPE, ReduceLowering, V, accumulator_dtype, cast,
+                  compute_dtype, const, identity_of, lowering_of, round_to)
 from .printer import TritonPrinter
 
 INT32_MAX = 2**31 - 1
-# Rows of at most this many elements (static) reduce in one block; longer or symbolic rows loop.
-PERSISTENT_RBLOCK_MAX = 1024
-LOOP_RBLOCK = 1024
-POINTWISE_XBLOCK = 1024
-
-PRELUDE = '''import triton
-import triton.language as tl
-from triton.language.extra import libdevice
-
-
-def _remainder(a, b):
-    # Python / torch.remainder: the result takes the divisor's sign (Triton's % is C fmod)
-    r = a % b
-    return tl.where(r == 0, r, tl.where((r < 0) != (b < 0), r + b, r))
-
-
-def _div_floor_f(a, b):
-    # torch's div_floor_floating: floor of the exact quotient, computed from fmod
-    mod = a % b
-    div = (a - mod) / b
-    div = tl.where(mod == 0, div, tl.where((b < 0) != (mod < 0), div - 1.0, div))
-    fl = tl.floor(div)
-    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
-    fl = tl.where(div == 0, 0.0 * (a / b), fl)
-    return tl.where(b == 0, a / b, fl)
-
-
-def _max_nan(a, b):
-    # NaN wins (eager propagates it); no `|` of scalars (the interpreter rejects it)
-    return tl.where(a != a, a, tl.where(a > b, a, b))
-
-
-def _min_nan(a, b):
-    return tl.where(a != a, a, tl.where(a < b, a, b))
-
-
-def _sum_combine(a, b):
-    return a + b
-
-
-def _prod_combine(a, b):
-    return a * b
-
-
-def _argmax_combine(v1, i1, v2, i2):
-    # NaN is the largest value; ties go to the first index (eager's argmax)
-    n1 = v1 != v1
-    n2 = v2 != v2
-    pick = tl.where(n1, tl.where(n2, i1 < i2, True),
-                    tl.where(n2, False, tl.where(v1 > v2, True, tl.where(v1 == v2, i1 < i2, False))))
-    return tl.where(pick, v1, v2), tl.where(pick, i1, i2)
-
-
-def _argmin_combine(v1, i1, v2, i2):
-    n1 = v1 != v1
-    n2 = v2 != v2
-    pick = tl.where(n1, tl.where(n2, i1 < i2, True),
-                    tl.where(n2, False, tl.where(v1 < v2, True, tl.where(v1 == v2, i1 < i2, False))))
-    return tl.where(pick, v1, v2), tl.where(pick, i1, i2)
-'''
-
-# Math functions outside core `tl`: libdevice on GPU; the interpreter has no libdevice, so
-# under TRITON_INTERPRET=1 the same names are defined from core `tl` functions (accurate to a
-# few ulp; ops with no formula here are refused under the interpreter, see ops.INTERP_MISSING).
-LIBDEVICE_GPU = "\n\n".join(
-    f"def _ld_{n}({', '.join(a)}):\n    return libdevice.{n}({', '.join(a)})"
-    for n, a in [("tanh", "x"), ("pow", "ab"), ("trunc", "x"), ("expm1", "x"), ("log1p", "x"), ("log10", "x"),
-                 ("nearbyint", "x"), ("sinh", "x"), ("cosh", "x"), ("tan", "x"), ("erfc", "x"), ("asin", "x"),
-                 ("acos", "x"), ("atan", "x"), ("asinh", "x"), ("acosh", "x"), ("atanh", "x"), ("erfinv", "x"),
-                 ("lgamma", "x"), ("atan2", "ab"), ("sqrt", "x")]
-) + '''
-
-def _to_bf16(x):
-    return x.to(tl.bfloat16)
-'''
-
-LIBDEVICE_INTERP = '''def _ld_tanh(x):
-    ax = tl.abs(x)
-    e = tl.exp(-2.0 * ax)
-    big = (1.0 - e) / (1.0 + e)
-    x2 = x * x
-    small = ax * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
-    r = tl.where(ax < 0.1, small, big)
-    return tl.where(x < 0, -r, r)
-
-
-def _ld_pow(a, b):
-    r = tl.exp2(b * tl.log2(tl.abs(a)))
-    bint = tl.floor(b) == b
-    odd = tl.where(bint, tl.floor(b * 0.5) != b * 0.5, False)
-    r = tl.where(a < 0, tl.where(bint, tl.where(odd, -r, r), float("nan")), r)
-    return tl.where((b == 0) | (a == 1), 1.0, r)
-
-
-def _ld_trunc(x):
-    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
-
-
-def _ld_expm1(x):
-    u = tl.exp(x)
-    um1 = u - 1.0
-    r = tl.where(u == 1.0, x, tl.where(um1 == -1.0, -1.0, um1 * x / tl.log(u)))
-    return tl.where(u == float("inf"), u, r)
-
-
-def _ld_log1p(x):
-    u = 1.0 + x
-    r = tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
-    return tl.where(u == float("inf"), u, r)
-
-
-def _ld_log10(x):
-    return tl.log(x) * 0.4342944819032518
-
-
-def _ld_nearbyint(x):
-    f = tl.floor(x)
-    d = x - f
-    even = tl.floor(f * 0.5) == f * 0.5
-    return tl.where(d > 0.5, f + 1.0, tl.where(d < 0.5, f, tl.where(even, f, f + 1.0)))
-
-
-def _ld_sinh(x):
-    m = _ld_expm1(x)
-    small = 0.5 * (m + m / (m + 1.0))  # no cancellation near 0
-    return tl.where(tl.abs(x) < 1.0, small, 0.5 * (tl.exp(x) - tl.exp(-x)))
-
-
-def _ld_cosh(x):
-    e = tl.exp(tl.abs(x))
-    return 0.5 * (e + 1.0 / e)
-
-
-def _ld_tan(x):
-    return tl.sin(x) / tl.cos(x)
-
-
-def _ld_erfc(x):
-    return 1.0 - tl.math.erf(x)
-
-
-def _ld_sqrt(x):
-    return tl.sqrt_rn(x)
-
-
-def _to_bf16(x):
-    # the interpreter truncates fp32 -> bf16; round to nearest even on the bits, like eager
-    u = x.to(tl.uint32, bitcast=True)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    r = tl.where(x != x, u, r)
-    return r.to(tl.float32, bitcast=True).to(tl.bfloat16)
-'''
-
-HELPERS = ["_remainder", "_div_floor_f", "_max_nan", "_min_nan", "_sum_combine", "_prod_combine",
-           "_argmax_combine", "_argmin_combine"]
-
-
-def helper_names(mode: str) -> list[str]:
-    text = LIBDEVICE_GPU if mode == "gpu" else LIBDEVICE_INTERP
-    return HELPERS + [l[4:l.index("(")] for l in text.splitlines() if l.startswith("def ")]
-
-
-def module_text(kernel_source: str, mode: str) -> str:
-    """The cache module for ``mode`` ("gpu": libdevice helpers, "interp": core-tl helpers)."""
-    return PRELUDE + "\n\n" + (LIBDEVICE_GPU if mode == "gpu" else LIBDEVICE_INTERP) + "\n\n" + kernel_source
-
-
-KERNEL_NAME = "kernel"
 
 
 class Unsupported(Exception):
     """The emitter cannot lower this group (the capability check should have said so)."""
-
-
-@dataclass
-class Param:
-    name: str  # kernel parameter
-    sig: str  # Triton signature type ("*fp32", "i64", "i1", ...)
-    launch: str  # launch-function expression passing it
-
-
-@dataclass
-class Emitted:
-    """A generated kernel: the module source, its launch function and what AOT checks need."""
-
-    kernel_source: str  # the kernel function; module_text() adds the helpers
-    launch_source: str  # defines ``name(*args)``
-    name: str
-    args: list[str]  # wrapper variables, in launch-function parameter order
-    params: list[Param]
-    constexprs: dict[str, int]
-    num_warps: int
-    kind: str  # "pointwise" | "persistent_reduction" | "looped_reduction"
-    node_count: int = 1
-    unique_io_buffers: int = 0
-    configs: list = None  # launch configurations: the default (``constexprs``, ``num_warps``) first
-    n_out: int = 0  # the first n_out parameters are the output pointers
 
 
 # --------------------------------------------------------------------------- emitter
@@ -249,10 +64,6 @@ def _is_literal(e: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def _next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def _trailing(shape: tuple, dims: list[int]) -> bool:
@@ -762,7 +573,7 @@ class Emitter:
         self.frame = self.frame_of()
         fr = self.frame
         self.check_int64([t for n in self.members for t in tensors(n.meta.get(VAL))] + ins)
-        persistent = fr.reduction and _is_int(fr.rnumel) and int(fr.rnumel) <= PERSISTENT_RBLOCK_MAX
+        persistent = launch.is_persistent(fr.reduction, fr.rnumel)
         if fr.reduction:  # the rows' coordinates, once at the top level
             ks = [self.size(s) for s in fr.shape]
             self.coords([ks[d] for d in range(len(ks)) if d not in fr.layouts[fr.shape]], X)
@@ -783,7 +594,7 @@ class Emitter:
                 for n in full:
                     self.store(n, None, n.meta[VAL], self.value(n), "xr")
             store_full() if persistent else self.loop(store_full)
-        return self.launch(persistent)
+        return self.launch()
 
     def frame_of(self) -> "Frame":
         if not self.reductions:
@@ -827,46 +638,44 @@ class Emitter:
 
     def reduce(self, n: fx.Node, persistent: bool) -> None:
         """Emit reduction ``n`` (at the kernel's top level): its row results, stored if it is an
-        output, and remembered for the members after it."""
+        output, and remembered for the members after it.  How it folds a row is the kind's
+        ``REDUCE_LOWERINGS`` entry."""
         r = reduction_of(n)
+        low = REDUCE_LOWERINGS[r.kind]
         val = n.meta[VAL]
         multi = isinstance(val, (tuple, list))
         out_vals = list(val) if multi else [val]
-        kind = r.kind
-        in_dt = r.inp.meta[VAL].dtype
-        out_dt = out_vals[0].dtype
-        if kind in ("sum", "prod", "mean"):
-            acc_dt = torch.float64 if out_dt == torch.float64 else (torch.float32 if out_dt.is_floating_point else torch.int64)
-        elif kind in ("var", "var_mean"):
-            acc_dt = torch.float64 if in_dt == torch.float64 else torch.float32
-        elif kind in ("any", "all"):
-            acc_dt = torch.int32
-        else:
-            acc_dt = compute_dtype(in_dt)
-            if acc_dt == torch.bool:
-                acc_dt = torch.int32
-        tacc = TL_DTYPE[acc_dt]
-        if acc_dt.is_floating_point:
-            lowest, highest = 'float("-inf")', 'float("inf")'
-        else:
-            ii = torch.iinfo(acc_dt)
-            lowest, highest = str(ii.min), str(ii.max)
-        identity = {"sum": "0", "mean": "0", "var": "0", "var_mean": "0", "prod": "1", "amax": lowest, "amin": highest,
-                    "argmax": lowest, "argmin": highest, "max_dim": lowest, "min_dim": highest, "any": "0", "all": "1"}[kind]
-        combine = {"sum": "_sum_combine", "mean": "_sum_combine", "prod": "_prod_combine", "amax": "_max_nan",
-                   "amin": "_min_nan", "any": "_max_nan", "all": "_min_nan"}.get(kind)
-        argk = {"argmax": "_argmax_combine", "max_dim": "_argmax_combine", "argmin": "_argmin_combine",
-                "min_dim": "_argmin_combine"}.get(kind)
-        inp_shape = shape_of(r.inp.meta[VAL])
+        acc_dt = accumulator_dtype(low, r.inp.meta[VAL].dtype, out_vals[0].dtype)
+        accs = self.fold(r, low, acc_dt, persistent)
+        results = [self.reduce_result(k, accs, acc_dt, r.correction) for k in low.results]
+        if len(results) != len(out_vals):
+            raise Unsupported(f"{r.kind}: {len(out_vals)} outputs")
+        rounded = []
+        for i, (ov, res) in enumerate(zip(out_vals, results)):
+            res = cast(res, ov.dtype)
+            if not res.expr.isidentifier():
+                name = self.fresh("red")
+                self.body.append(f"{name} = {res.expr}")
+                res = V(name, res.dtype)
+            if n in self.out_set:
+                self.store(n, i if multi else None, ov, res, "x")
+            rounded.append(cast(res, compute_dtype(ov.dtype)))
+        self.remember(("v", n), rounded if multi else rounded[0])
+        self.check_rows_not_empty(r.kind)
+
+    def fold(self, r, low: ReduceLowering, acc_dt: torch.dtype, persistent: bool) -> dict[str, str]:
+        """Emit the fold of each row (one block, or a loop over blocks): the names of the
+        accumulators it leaves, ``[XBLOCK, 1]`` each (see ``ReduceLowering.results``)."""
+        body, combine = self.body, low.combine
+        identity, tacc = identity_of(low, acc_dt), TL_DTYPE[acc_dt]
         rn = TritonPrinter()(self.frame.rnumel)
-        body = self.body
-        acc, accv, acci, mean, m2 = (self.fresh(p) for p in ("acc", "accv", "acci", "mean", "m2"))
+        inp_shape = shape_of(r.inp.meta[VAL])
 
         def block() -> str:
             """The [XBLOCK, RBLOCK] block of the input, as the accumulator's type, masked to the identity."""
             x = self.operand(r.inp, inp_shape, "xr")
             x = V(self.block(x, "xr"), x.dtype) if _is_literal(x.expr) else x
-            v = f"({x.expr} != 0).to(tl.int32)" if kind in ("any", "all") else cast(x, acc_dt).expr
+            v = f"({x.expr} != 0).to(tl.int32)" if low.accumulate == "flag" else cast(x, acc_dt).expr
             name = self.fresh("rv")
             body.append(f"{name} = tl.where(rmask & xmask, {v}, {identity})")
             return name
@@ -875,117 +684,94 @@ class Emitter:
             body.append("ridx = tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)")
             return "ridx"
 
-        def m2_block(v: str) -> str:
+        if low.strategy == "combine":
+            acc = self.fresh("acc")
+            if persistent:
+                body.append(f"{acc} = tl.reduce({block()}, 1, {combine})[:, None]")
+            else:
+                body.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
+                self.loop(lambda: body.append(f"{acc} = {combine}({acc}, {block()})"))
+                body.append(f"{acc} = tl.reduce({acc}, 1, {combine})[:, None]")
+            return {"acc": acc}
+        if low.strategy == "arg":
+            v, i = self.fresh("accv"), self.fresh("acci")
+            if persistent:
+                body.append(f"{v}, {i} = tl.reduce(({block()}, {ridx()}), 1, {combine})")
+            else:
+                body.append(f"{v} = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
+                body.append(f"{i} = tl.full([XBLOCK, RBLOCK], {INT32_MAX}, tl.int64)")
+                self.loop(lambda: body.append(f"{v}, {i} = {combine}({v}, {i}, {block()}, {ridx()})"))
+                body.append(f"{v}, {i} = tl.reduce(({v}, {i}), 1, {combine})")
+            body += [f"{v} = {v}[:, None]", f"{i} = {i}[:, None]"]
+            return {"value": v, "index": i}
+        # moments: the mean, then the squared deviations from it
+        mean, m2 = self.fresh("mean"), self.fresh("m2")
+
+        def deviation2(v: str) -> str:
             d = self.fresh("d")
             body.append(f"{d} = tl.where(rmask & xmask, {v} - {mean}, 0.0)")
             return f"{d} * {d}"
 
-        if persistent:
+        if persistent:  # two passes over the block in registers
             v = block()
-            if combine:
-                body.append(f"{acc} = tl.reduce({v}, 1, {combine})[:, None]")
-            elif argk:
-                body.append(f"{accv}, {acci} = tl.reduce(({v}, {ridx()}), 1, {argk})")
-                body.append(f"{accv} = {accv}[:, None]")
-                body.append(f"{acci} = {acci}[:, None]")
-            else:  # var / var_mean: two passes over the block in registers
-                body.append(f"{mean} = (tl.reduce({v}, 1, _sum_combine) / {rn})[:, None]")
-                body.append(f"{m2} = tl.reduce({m2_block(v)}, 1, _sum_combine)[:, None]")
+            body.append(f"{mean} = (tl.reduce({v}, 1, {combine}) / {rn})[:, None]")
+            body.append(f"{m2} = tl.reduce({deviation2(v)}, 1, {combine})[:, None]")
         else:
-            if combine:
-                body.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
-                self.loop(lambda: body.append(f"{acc} = {combine}({acc}, {block()})"))
-                body.append(f"{acc} = tl.reduce({acc}, 1, {combine})[:, None]")
-            elif argk:
-                body.append(f"{accv} = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
-                body.append(f"{acci} = tl.full([XBLOCK, RBLOCK], {INT32_MAX}, tl.int64)")
-                self.loop(lambda: body.append(f"{accv}, {acci} = {argk}({accv}, {acci}, {block()}, {ridx()})"))
-                body.append(f"{accv}, {acci} = tl.reduce(({accv}, {acci}), 1, {argk})")
-                body.append(f"{accv} = {accv}[:, None]")
-                body.append(f"{acci} = {acci}[:, None]")
-            else:
-                body.append(f"{acc} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
-                self.loop(lambda: body.append(f"{acc} = {acc} + {block()}"))
-                body.append(f"{mean} = (tl.reduce({acc}, 1, _sum_combine) / {rn})[:, None]")
-                body.append(f"{m2} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
-                self.loop(lambda: body.append(f"{m2} = {m2} + {m2_block(block())}"))
-                body.append(f"{m2} = tl.reduce({m2}, 1, _sum_combine)[:, None]")
-        if kind in ("sum", "prod", "amax", "amin"):
-            results = [V(acc, acc_dt)]
-        elif kind == "mean":
-            results = [V(f"({acc} / {rn})", acc_dt)]
-        elif kind in ("any", "all"):
-            results = [V(f"({acc} != 0)", torch.bool)]
-        elif kind in ("argmax", "argmin"):
-            results = [V(acci, torch.int64)]
-        elif kind in ("max_dim", "min_dim"):
-            results = [V(accv, acc_dt), V(acci, torch.int64)]
+            acc = self.fresh("acc")
+            body.append(f"{acc} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
+            self.loop(lambda: body.append(f"{acc} = {acc} + {block()}"))
+            body.append(f"{mean} = (tl.reduce({acc}, 1, {combine}) / {rn})[:, None]")
+            body.append(f"{m2} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
+            self.loop(lambda: body.append(f"{m2} = {m2} + {deviation2(block())}"))
+            body.append(f"{m2} = tl.reduce({m2}, 1, {combine})[:, None]")
+        return {"mean": mean, "m2": m2}
+
+    def reduce_result(self, kind: str, accs: dict[str, str], acc_dt: torch.dtype, correction: float) -> V:
+        """One result of a fold (``ReduceLowering.results``) from its accumulators."""
+        rn = TritonPrinter()(self.frame.rnumel)
+        if kind == "acc":
+            return V(accs["acc"], acc_dt)
+        if kind == "mean":
+            return V(f"({accs['acc']} / {rn})", acc_dt)
+        if kind == "nonzero":
+            return V(f"({accs['acc']} != 0)", torch.bool)
+        if kind == "value":
+            return V(accs["value"], acc_dt)
+        if kind == "index":
+            return V(accs["index"], torch.int64)
+        if kind == "avg":
+            return V(accs["mean"], acc_dt)
+        if _is_int(self.frame.rnumel):  # "var"
+            denom = repr(float(max(int(self.frame.rnumel) - correction, 0.0)))
         else:
-            if _is_int(self.frame.rnumel):
-                denom = repr(float(max(int(self.frame.rnumel) - r.correction, 0.0)))
-            else:
-                denom = f"tl.maximum({rn}.to(tl.float32) - {r.correction!r}, 0.0)"
-            var = V(f"({m2} / {denom})", acc_dt)
-            results = [var] if kind == "var" else [var, V(mean, acc_dt)]
-        if len(results) != len(out_vals):
-            raise Unsupported(f"{kind}: {len(out_vals)} outputs")
-        rounded = []
-        for i, (ov, res) in enumerate(zip(out_vals, results)):
-            res = cast(res, ov.dtype)
-            if not res.expr.isidentifier():
-                name = self.fresh("red")
-                body.append(f"{name} = {res.expr}")
-                res = V(name, res.dtype)
-            if n in self.out_set:
-                self.store(n, i if multi else None, ov, res, "x")
-            rounded.append(cast(res, compute_dtype(ov.dtype)))
-        self.remember(("v", n), rounded if multi else rounded[0])
-        if not (_is_int(self.frame.rnumel) and int(self.frame.rnumel) > 0):
-            if _is_int(self.frame.rnumel):
-                raise Unsupported("empty reduction")
-            if kind in ("amax", "amin", "argmax", "argmin", "max_dim", "min_dim"):
-                # eager raises; sum/prod/mean/var/any/all of an empty row are the loop's identity
-                rp = PyExprPrinter({s: s.name for s in self.all_symbols()})(self.frame.rnumel)
-                self.launch_checks += [f"if {rp} <= 0:", f"    raise IndexError('{kind}(): cannot reduce over an empty dimension')"]
+            denom = f"tl.maximum({rn}.to(tl.float32) - {correction!r}, 0.0)"
+        return V(f"({accs['m2']} / {denom})", acc_dt)
+
+    def check_rows_not_empty(self, kind: str) -> None:
+        """Rows of a static length 0 are refused; rows of a symbolic length may be empty at run
+        time: sum/prod/mean/var/any/all then give the fold's identity (as eager), min/max and
+        arg folds raise like eager, from the launch function."""
+        rnumel = self.frame.rnumel
+        if _is_int(rnumel) and int(rnumel) > 0:
+            return
+        if _is_int(rnumel):
+            raise Unsupported("empty reduction")
+        if REDUCE_LOWERINGS[kind].identity in ("lowest", "highest"):
+            rp = PyExprPrinter({s: s.name for s in self.all_symbols()})(rnumel)
+            self.launch_checks += [f"if {rp} <= 0:", f"    raise IndexError('{kind}(): cannot reduce over an empty dimension')"]
 
     def all_symbols(self):
         return list(self.sym_names.values()) + list(self.expr_syms.values())
 
-    def launch(self, persistent: bool) -> Emitted:
-        """Head, launch function and launch configurations (the default first, then the
-        alternatives an autotuner may time: block sizes and warps)."""
+    def launch(self) -> Emitted:
+        """The kernel module and its launch function (``launch.assemble``)."""
         fr = self.frame
         py = PyExprPrinter({s: s.name for s in self.all_symbols()})
-        launch_pre = [f"xnumel = {py(fr.xnumel)}", "if xnumel <= 0:", "    return"] + self.launch_checks
-        i64 = ".to(tl.int64)" if self.int64 else ""
-        xn = TritonPrinter()(fr.xnumel)
-        xmax = _next_pow2(int(fr.xnumel)) if _is_int(fr.xnumel) else None  # no block beyond the rows
-        if not fr.reduction:
-            xmax = max(16, xmax) if xmax is not None else None
-            pairs = [(min(POINTWISE_XBLOCK, xmax or POINTWISE_XBLOCK), None), (256, 2), (512, 4), (1024, 4), (2048, 8)]
-            configs = [{"XBLOCK": x, "num_warps": w or (4 if x >= 512 else 1)} for x, w in pairs if xmax is None or x <= xmax]
-            head = [f"xoffset = tl.program_id(0){i64} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)",
-                    f"xmask = xindex < {xn}"]
-            kind = "pointwise"
-        else:
-            if persistent:
-                rblock = _next_pow2(int(fr.rnumel))
-                xs = [max(1, min(64, PERSISTENT_RBLOCK_MAX // rblock))] + [x for x in (1, 2, 4, 8, 16, 32)
-                                                                           if x * rblock <= 8 * PERSISTENT_RBLOCK_MAX]
-                pairs = [(x, rblock) for x in xs]
-            else:
-                pairs = [(1, LOOP_RBLOCK), (1, 2 * LOOP_RBLOCK), (2, LOOP_RBLOCK // 2), (4, LOOP_RBLOCK // 4),
-                         (8, LOOP_RBLOCK // 8)]
-            configs = [{"XBLOCK": max(1, min(x, xmax or x)), "RBLOCK": r,
-                        "num_warps": 8 if r >= 1024 else 4 if r >= 128 else 2} for x, r in pairs if r >= 1]
-            head = [f"xoffset = tl.program_id(0){i64} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
-                    f"xmask = xindex < {xn}"]
-            kind = "persistent_reduction" if persistent else "looped_reduction"
-        unique = []
-        for c in configs:
-            if c not in unique:
-                unique.append(c)
-        return self.finish(head, launch_pre, unique, kind)
+        prologue = self.launch_lines + [f"xnumel = {py(fr.xnumel)}", "if xnumel <= 0:", "    return"] + self.launch_checks
+        kind, cfgs = launch.configs(fr.reduction, fr.xnumel, fr.rnumel)
+        lines = launch.head(fr.reduction, TritonPrinter()(fr.xnumel), self.int64) + self.used_body()
+        return launch.assemble(self.name, self.params, self.args, prologue, lines, cfgs, kind, self.autotune,
+                               len(self.nodes), len(self.storages))
 
     def used_body(self) -> list[str]:
         """The body without index locals nothing reads (coordinates a contiguous access skipped)."""
@@ -996,42 +782,3 @@ class Emitter:
             if not dead:
                 return body
             body = [l for l in body if l.strip().split(" = ", 1)[0] not in dead]
-
-    def finish(self, head, launch_pre, configs: list[dict], kind: str) -> Emitted:
-        default = configs[0]
-        constexprs = {k: v for k, v in default.items() if k != "num_warps"}
-        params = [p.name for p in self.params] + [f"{k}: tl.constexpr" for k in constexprs]
-        lines = [f"def {KERNEL_NAME}({', '.join(params)}):"]
-        lines += ["    " + l for l in head + self.used_body()]
-        module = "\n".join(lines) + "\n"
-        jit = f"{self.name}_triton"
-        launch = [f"def {self.name}({', '.join(self.args)}):"]
-        body = list(self.launch_lines) + launch_pre
-        args = ", ".join(p.launch for p in self.params)
-        # no FMA contraction: eager rounds a*b and + c separately (separate ops / kernels)
-        if self.autotune:
-            key = ", ".join(["xnumel"] + [p.name for p in self.params if p.name.startswith("ks")])
-            body.append(f"{self.name}_tuner(({key},), lambda c, a: {jit}[((xnumel + c['XBLOCK'] - 1) // c['XBLOCK'],)]"
-                        f"(*a, **c, enable_fp_fusion=False), ({args},))")
-        else:
-            x = default["XBLOCK"]
-            cfg = ", ".join(f"{k}={v}" for k, v in default.items())
-            body.append(f"{jit}[((xnumel + {x - 1}) // {x},)]({args}, {cfg}, enable_fp_fusion=False)")
-        launch += ["    " + l for l in body]
-        commented = "\n".join("# " + l for l in lines)
-        src = f"# Triton kernel {jit} ({kind}; helpers: PRELUDE in fxforge/codegen/triton/kernel.py)\n{commented}\n"
-        src += "\n".join(launch) + "\n"
-        return Emitted(
-            kernel_source=module,
-            launch_source=src,
-            name=self.name,
-            args=self.args,
-            params=self.params,
-            constexprs=constexprs,
-            num_warps=default["num_warps"],
-            kind=kind,
-            node_count=len(self.nodes),
-            unique_io_buffers=len(self.storages),
-            configs=configs,
-            n_out=sum(1 for p in self.params if p.name.startswith("out_ptr")),
-        )

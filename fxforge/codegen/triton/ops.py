@@ -10,7 +10,6 @@ dtype; pytorch#173987), arithmetic scalars stay in fp32 (eager's opmath).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -288,17 +287,6 @@ _reg("_to_copy.default clone.default alias_copy.default convert_element_type.def
      OpLowering(("self",), lambda a, kw: a, None))
 
 
-def interp_missing(expr_source: str) -> str | None:
-    """The first helper ``expr_source`` calls that the interpreter prelude does not define."""
-    from .kernel import helper_names
-
-    have = set(helper_names("interp"))
-    for name in re.findall(r"\b(_ld_\w+)\(", expr_source):
-        if name not in have:
-            return name
-    return None
-
-
 def lowering_of(op: torch._ops.OpOverload) -> OpLowering | None:
     name = op.name().split("::", 1)[1]
     if "." not in name:
@@ -322,3 +310,63 @@ def _elu(a: V, kw) -> V:
 _reg("elu.default", OpLowering(("self",), _elu, dtypes="float"))
 _reg("leaky_relu.default", OpLowering(("self",), lambda a, kw: V(
     f"tl.where({a.expr} > 0, {a.expr}, {a.expr} * {float(kw.get('negative_slope', 0.01))!r})", a.dtype), dtypes="float"))
+
+
+# --------------------------------------------------------------------------- reductions
+#
+# How a reduction kind reduces a row (Emitter.reduce reads this table).  ``strategy``:
+# "combine" folds blocks with ``combine`` (one accumulator), "arg" folds (value, index) pairs
+# with ``combine`` (ties to the first index, NaN largest), "moments" takes two passes (the mean,
+# then the sum of squared deviations).  ``results`` name what the reduction returns, in order:
+# "acc" the accumulator, "mean" acc / row length, "nonzero" acc != 0, "value"/"index" an arg
+# fold's pair, "var"/"avg" the moments' variance (with the correction) and mean.
+
+
+@dataclass(frozen=True)
+class ReduceLowering:
+    strategy: str
+    identity: str  # "0", "1", "lowest" or "highest" (of the accumulator dtype)
+    combine: str | None  # a PRELUDE helper
+    accumulate: str  # the accumulator dtype: "sum" (wide), "moments", "flag" (int32) or "input"
+    results: tuple[str, ...]
+
+
+REDUCE_LOWERINGS = {
+    "sum": ReduceLowering("combine", "0", "_sum_combine", "sum", ("acc",)),
+    "mean": ReduceLowering("combine", "0", "_sum_combine", "sum", ("mean",)),
+    "prod": ReduceLowering("combine", "1", "_prod_combine", "sum", ("acc",)),
+    "amax": ReduceLowering("combine", "lowest", "_max_nan", "input", ("acc",)),
+    "amin": ReduceLowering("combine", "highest", "_min_nan", "input", ("acc",)),
+    "any": ReduceLowering("combine", "0", "_max_nan", "flag", ("nonzero",)),
+    "all": ReduceLowering("combine", "1", "_min_nan", "flag", ("nonzero",)),
+    "argmax": ReduceLowering("arg", "lowest", "_argmax_combine", "input", ("index",)),
+    "argmin": ReduceLowering("arg", "highest", "_argmin_combine", "input", ("index",)),
+    "max_dim": ReduceLowering("arg", "lowest", "_argmax_combine", "input", ("value", "index")),
+    "min_dim": ReduceLowering("arg", "highest", "_argmin_combine", "input", ("value", "index")),
+    "var": ReduceLowering("moments", "0", "_sum_combine", "moments", ("var",)),
+    "var_mean": ReduceLowering("moments", "0", "_sum_combine", "moments", ("var", "avg")),
+}
+
+
+def accumulator_dtype(low: ReduceLowering, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
+    """The dtype a row is accumulated in: sums and products in fp32/fp64/int64 (eager's
+    accumulate types), moments in fp32 (fp64 input: fp64), any/all as int32 flags, min/max and
+    arg folds in the input's compute dtype (bool as int32)."""
+    if low.accumulate == "sum":
+        return torch.float64 if out_dt == torch.float64 else (torch.float32 if out_dt.is_floating_point else torch.int64)
+    if low.accumulate == "moments":
+        return torch.float64 if in_dt == torch.float64 else torch.float32
+    if low.accumulate == "flag":
+        return torch.int32
+    acc = compute_dtype(in_dt)
+    return torch.int32 if acc == torch.bool else acc
+
+
+def identity_of(low: ReduceLowering, acc: torch.dtype) -> str:
+    """The fold's identity as a literal of ``acc``."""
+    if low.identity in ("0", "1"):
+        return low.identity
+    if acc.is_floating_point:
+        return 'float("-inf")' if low.identity == "lowest" else 'float("inf")'
+    ii = torch.iinfo(acc)
+    return str(ii.min if low.identity == "lowest" else ii.max)
