@@ -207,7 +207,7 @@ def _codegen(name: Any) -> str:
 
     if name not in DEFAULT_REGISTRY.names():
         raise ValueError(
-            f"Config.codegen={name!r}: unknown codegen backend; expected 'auto' or one of "
-            f"{', '.join(DEFAULT_REGISTRY.names())} (register yours with fxforge.register_backend first)"
+            f"Config.codegen={name!r}: unknown codegen backend; expected 'auto' or one of: "
+            f"{DEFAULT_REGISTRY.describe()} (register yours with fxforge.register_backend first)"
         )
     return name

@@ -78,6 +78,9 @@ def test_unknown_backend_is_a_clear_error():
         DEFAULT_REGISTRY.get("nope")
     with pytest.raises(ValueError, match="Config.codegen='nope': unknown codegen backend.*torch.*register_backend"):
         Config(codegen="nope")
+    # each registered backend is listed with what it declares it does
+    with pytest.raises(ValueError, match=r"torch \(ATen out= calls.*triton \(Triton kernels"):
+        Config(codegen="nope")
 
 
 def test_auto_picks_torch_on_cpu():

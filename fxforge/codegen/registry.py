@@ -45,10 +45,15 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._backends)
 
+    def describe(self) -> str:
+        """One entry per backend: its name and what it declares it does."""
+        return "; ".join(f"{n} ({self._backends[n].description})" if self._backends[n].description else n
+                         for n in self.names())
+
     def get(self, name: str) -> CodegenBackend:
         if name not in self._backends:
             raise ValueError(
-                f"unknown codegen backend {name!r}; registered: {', '.join(self.names())} "
+                f"unknown codegen backend {name!r}; registered: {self.describe()} "
                 "(register one with fxforge.register_backend)"
             )
         return self._backends[name]
