@@ -19,7 +19,7 @@ import fxforge
 from fxforge.demo import GPT, GPTConfig
 from fxforge.report import hooks
 from fxforge.report.html import render, write_report
-from fxforge.report.memory import W, curves
+from fxforge.report.memory import KIND_PATTERN, Panel, W, curves
 
 
 class Page(HTMLParser):
@@ -79,10 +79,17 @@ def check_graph(page: Page, i: int, c: fxforge.Compiled) -> None:
     assert len(rects) == len(buffers) > 0
     assert sorted(int(r["data-i"]) for r in rects) == list(range(len(buffers)))
     steps = len(c.plan.schedule)
+    patterns = {f"url(#{p['id']})": kind for kind in KIND_PATTERN for p in page.find("pattern", f"kind-{kind}", i)}
+    data = page.json[i]
     for r in rects:
         b = buffers[int(r["data-i"])]
         assert float(r["x"]) == pytest.approx(b.start * W / steps, abs=0.01), b.name
         assert float(r["x"]) + float(r["width"]) == pytest.approx(max((b.end + 1) * W / steps, float(r["x"]) + 0.3), abs=0.02)
+        # slices (and future symmetric buffers) wear their kind's pattern and class; others a hue
+        if b.kind in KIND_PATTERN:
+            assert patterns.get(r["fill"]) == b.kind and b.kind in r["class"].split(), (b.name, r)
+        else:
+            assert r["fill"].startswith("hsl(") and r["fill"] not in patterns, (b.name, r)
     assert len(page.find("rect", "arena", i)) == len(mem.arenas)
     assert len(page.find("line", "lb", i)) == (1 if c.stats["lower_bound_bytes"] else 0)
     assert len(page.find("path", "curve", i)) == 3
@@ -92,7 +99,6 @@ def check_graph(page: Page, i: int, c: fxforge.Compiled) -> None:
     assert len(page.find("details", "code", i)) == len(c.stats["passes"])
     assert len(page.find("details", "ksrc", i)) == len(c.kernels)
     assert len(page.find("rect", "grp", i)) == len([g for g in c.plan.groups if g.nodes])
-    data = page.json[i]
     assert len(data["buffers"]) == len(buffers) and [b[0] for b in data["buffers"]] == [b.name for b in buffers]
     assert len(data["nodes"]) == len(c.plan.schedule)
     assert f"<pre>{html.escape(c.source)}</pre>" in page.text  # the generated source, escaped, as it runs
@@ -133,6 +139,41 @@ def test_report_draws_the_plan(demo_graphs, demo_report):
     one = Page(render(demo_graphs[2]))
     check_graph(one, 0, demo_graphs[2])
     assert not one.find("nav", "tabs")
+
+
+def test_zero_copy_cat_slices_are_hatched_one_rect_per_slice_buffer():
+    """Nested zero-copy cats: each slice buffer of the plan (a region of the cat result its
+    producer writes in place) is one rect filled with the slice hatch, outlined, over its base;
+    no other rect wears it; the legend shows the hatch."""
+    def f(a, b, d):
+        x, y, z = a.exp(), b.cos(), d * 3
+        inner = torch.cat([x, y], 0)
+        outer = torch.cat([inner, z], 0)
+        return outer.sum(1), inner.mean(), x.sum(), z.amax()
+
+    args = [torch.randn(64, 48) for _ in range(3)]
+    b = fxforge.backend(fxforge.Config(codegen="torch"))
+    with torch.no_grad():
+        got = torch.compile(f, backend=b, fullgraph=True)(*args)
+    torch.testing.assert_close(got, f(*args))
+    (c,) = b.compiled
+    buffers = list(c.plan.memory.buffers.values())
+    slices = [i for i, buf in enumerate(buffers) if buf.kind == "slice"]
+    assert len(slices) >= 4, [(buf.name, buf.kind) for buf in buffers]
+    page = Page(render(c))
+    check_graph(page, 0, c)
+    hatch = {f"url(#{p['id']})" for p in page.find("pattern", "kind-slice")}
+    assert hatch
+    hatched = [r for r in page.find("rect", "buf") if r["fill"] in hatch]
+    assert sorted(int(r["data-i"]) for r in hatched) == slices
+    assert all(r["class"].split() == ["buf", "slice"] or r["class"].split() == ["buf", "reuse", "slice"] for r in hatched)
+    assert re.search(r"svg \.buf\.slice\{stroke:#[0-9a-f]{6};stroke-width:1\.5\}", page.text)  # the outline
+    (sw,) = page.find("span", "kind-slice")
+    assert "repeating-linear-gradient" in sw["style"]
+    # the kind kept for the symmetric arena has a pattern of its own
+    panel = Panel(4, 100, 50.0, "test", "u")
+    assert panel.fill("symmetric", 0, {}) == "url(#u-symmetric)" != panel.fill("slice", 0, {})
+    assert '<pattern id="u-symmetric" class="kind-symmetric"' in panel.svg("mem")
 
 
 def test_report_shows_stats_and_fragmentation(demo_graphs):

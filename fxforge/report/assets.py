@@ -32,7 +32,7 @@ svg .tick{text-anchor:end}svg .xticks text{text-anchor:middle}
 svg .arena{fill:#e4e6ee;stroke:#8b8fa0;stroke-width:1;vector-effect:non-scaling-stroke}
 svg .buf{stroke:rgba(0,0,0,.25);stroke-width:.5;vector-effect:non-scaling-stroke}
 svg .buf.reuse{stroke:#111;stroke-dasharray:3 2;stroke-width:1}
-svg .buf.slice{stroke:#3b0764;stroke-width:1;fill-opacity:.85}
+svg .buf.slice{stroke:#3b0764;stroke-width:1.5}svg .buf.symmetric{stroke:#134e4a;stroke-width:1.5}
 svg .buf.on{stroke:#000;stroke-width:2}
 svg .lb{stroke:#111;stroke-dasharray:6 4;stroke-width:1.2;vector-effect:non-scaling-stroke}
 svg .ab{stroke:#e5484d;stroke-width:1.2;vector-effect:non-scaling-stroke}

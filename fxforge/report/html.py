@@ -82,8 +82,8 @@ def _memory_section(c, uid: str) -> tuple[str, dict]:
     mv = memory_view(c, uid)
     cv = curves(c)
     s = c.stats
-    legend = "".join(f'<span class="sw" style="background:{col}"></span>{esc(k)}' + (" (a hue per buffer)" if k == "arena" else "")
-                     for k, col in mv["legend"])
+    legend = "".join(f'<span class="sw kind-{esc(k)}" style="background:{css}"></span>{esc(k)}' + (f" ({esc(note)})" if note else "")
+                     for k, css, note in mv["legend"])
     n_arena = mv["in_arenas"]
     note = (f'{len(mv["buffers"])} buffers ({n_arena} in {len(mv["arenas"])} arenas, {len(mv["buffers"]) - n_arena} in fresh allocations) '
             f'over {mv["steps"]} schedule steps. Arenas hold {esc(fmt_bytes(s.get("arena_bytes", 0)))} at most at once; the '

@@ -5,8 +5,12 @@ arena is a band, placed where it would sit in one address space (first fit over 
 window, so arenas that never live together share addresses); each arena buffer is a rectangle at
 its offset over its live range.  Buffers allocated fresh (graph outputs, escaping views) are
 packed the same way in a panel of their own.  One ``<rect class="buf">`` per planned buffer, in
-``plan.memory.buffers`` order, so the picture can be checked against the plan.  A dashed line
-marks the lower bound (most bytes of arena buffers live at once), a solid one the arena bytes.
+``plan.memory.buffers`` order, so the picture can be checked against the plan.  Arena buffers get
+a hue each; kinds in ``KIND_PATTERN`` (``slice``: a region of a zero-copy cat/pad result, drawn
+over it; ``symmetric`` reserved for the symmetric arena) are filled with a pattern of their own
+(``<pattern class="kind-KIND">``) and a dark outline, so they stay apart from any hue.  A dashed
+line marks the lower bound (most bytes of arena buffers live at once), a solid one the arena
+bytes.
 
 Panel 2 (``curves``): bytes of all storages the graph creates, live at each step, in the input
 graph's own (eager) order and in fxforge's schedule, plus the arenas allocated at each step.
@@ -26,6 +30,11 @@ from .record import rebuild
 W = 1000.0  # viewBox width of every x axis
 KIND_HUE = {"arena": None, "fresh": 28}  # None: hue per buffer; other kinds get EXTRA_HUES in turn
 EXTRA_HUES = (285, 350, 120, 55)
+# Kinds drawn with a pattern instead of a hue: (pattern, background, ink, legend text).
+KIND_PATTERN = {
+    "slice": ("hatch", "#f3e8ff", "#6b21a8", "hatched: a region of a cat/pad result, written in place"),
+    "symmetric": ("dots", "#ccfbf1", "#0f766e", "dotted: in the symmetric arena"),
+}
 MIN_H = 0.8  # least height drawn, in viewBox units, so a small buffer stays visible and hoverable
 
 
@@ -73,6 +82,26 @@ def _colour(kind: str, i: int, extra: dict[str, int]) -> str:
     return f"hsl({hue},70%,{50 + (i % 3) * 7}%)"
 
 
+def _pattern_svg(pid: str, kind: str) -> str:
+    shape, bg, ink, _ = KIND_PATTERN[kind]
+    if shape == "hatch":
+        return (f'<pattern id="{pid}" class="kind-{kind}" patternUnits="userSpaceOnUse" width="6" height="6" '
+                f'patternTransform="rotate(45)"><rect width="6" height="6" fill="{bg}"/>'
+                f'<rect width="2.4" height="6" fill="{ink}"/></pattern>')
+    return (f'<pattern id="{pid}" class="kind-{kind}" patternUnits="userSpaceOnUse" width="5" height="5">'
+            f'<rect width="5" height="5" fill="{bg}"/><circle cx="2.5" cy="2.5" r="1.3" fill="{ink}"/></pattern>')
+
+
+def swatch_css(kind: str, colour: str = "") -> str:
+    """The legend swatch's CSS background: the kind's pattern as a CSS gradient, else ``colour``."""
+    if kind not in KIND_PATTERN:
+        return colour
+    shape, bg, ink, _ = KIND_PATTERN[kind]
+    if shape == "hatch":
+        return f"repeating-linear-gradient(45deg,{ink} 0 2px,{bg} 2px 4.5px)"
+    return f"radial-gradient({ink} 35%,{bg} 40%) 0 0/5px 5px"
+
+
 def _ticks(top: float, n: int = 4, binary: bool = True) -> list[float]:
     """Tick values from 0 to ``top``: round numbers of bytes (KiB, MiB... multiples) or of steps."""
     if top <= 0:
@@ -98,6 +127,16 @@ class Panel:
         self.steps, self.top, self.h, self.label, self.uid = max(steps, 1), max(top, 1), height, label, uid
         self.plot: list[str] = []
         self.axis: list[str] = []
+        self.defs: dict[str, str] = {}
+
+    def fill(self, kind: str, i: int, extra: dict[str, int]) -> str:
+        """The fill of buffer ``i`` of ``kind``: its pattern (defined once in this panel) or colour."""
+        if kind not in KIND_PATTERN:
+            return _colour(kind, i, extra)
+        pid = f"{self.uid}-{kind}"
+        if kind not in self.defs:
+            self.defs[kind] = _pattern_svg(pid, kind)
+        return f"url(#{pid})"
 
     def x(self, step: float) -> float:
         return step * W / self.steps
@@ -121,6 +160,7 @@ class Panel:
         clip = f"clip-{self.uid}"
         return (f'<svg class="{cls}" viewBox="-72 -10 {W + 80:g} {self.h + 26:g}" role="img" '
                 f'aria-label="{html.escape(self.label)}" data-steps="{self.steps}"{data_attrs}>'
+                + (f'<defs>{"".join(self.defs.values())}</defs>' if self.defs else "") +
                 f'<clipPath id="{clip}"><rect x="0" y="-10" width="{W:g}" height="{self.h + 10:g}"/></clipPath>'
                 f'<g clip-path="url(#{clip})"><g class="plot">' + "".join(self.plot) + "</g></g>"
                 + "".join(self.axis) + f'<g class="xticks" transform="translate(0,{self.h + 13:g})"></g></svg>')
@@ -189,9 +229,9 @@ def memory_view(compiled, uid: str = "g0") -> dict[str, Any]:
         addr = (f_at[root.name] if in_fresh else base.get(root.arena, 0) + hint(root.offset or 0)) + off
         x0, x1 = p.x(b.start), p.x(b.end + 1)
         y0, y1 = p.y(addr + n), p.y(addr)
-        cls = "buf" + (" reuse" if b.reuses else "") + (" slice" if b.kind == "slice" else "")
+        cls = "buf" + (" reuse" if b.reuses else "") + (f" {b.kind}" if b.kind in KIND_PATTERN else "")
         p.plot.append(f'<rect class="{cls}" x="{x0:.2f}" y="{y0:.2f}" width="{max(x1 - x0, 0.3):.2f}" '
-                      f'height="{max(y1 - y0, MIN_H):.2f}" fill="{_colour(b.kind, i, extra)}" data-i="{i}"/>')
+                      f'height="{max(y1 - y0, MIN_H):.2f}" fill="{p.fill(b.kind, i, extra)}" data-i="{i}"/>')
     for i, b in enumerate(buffers):
         rows.append([b.name, "(" + ", ".join(str(s) for s in b.shape) + ")", str(b.dtype).replace("torch.", ""),
                      b.producer.name if b.producer is not None else "", b.start, b.end, hint(b.nbytes),
@@ -202,7 +242,8 @@ def memory_view(compiled, uid: str = "g0") -> dict[str, Any]:
     if lb:
         arena_panel.hline(lb, "lb", f"lower bound {fmt_bytes(lb)}")
     kinds = sorted({b.kind for b in buffers} | {"arena"})
-    legend = [(k, _colour(k, 0, extra)) for k in kinds]
+    notes = {"arena": "a hue per buffer", **{k: v[3] for k, v in KIND_PATTERN.items()}}
+    legend = [(k, swatch_css(k, _colour(k, 0, extra)), notes.get(k, "")) for k in kinds]
     return {
         "arena_svg": arena_panel.svg("mem arenas-svg"),
         "fresh_svg": fresh_panel.svg("mem fresh-svg") if f_at else "",
