@@ -90,6 +90,12 @@ def check_graph(page: Page, i: int, c: fxforge.Compiled) -> None:
             assert patterns.get(r["fill"]) == b.kind and b.kind in r["class"].split(), (b.name, r)
         else:
             assert r["fill"].startswith("hsl(") and r["fill"] not in patterns, (b.name, r)
+        # the hover: name, dtype and shape; producer; lifetime in steps
+        tip = data["tips"][int(r["data-i"])]
+        shape = "(" + ", ".join(str(d) for d in b.shape) + ")"
+        assert tip[0] == f"{b.name}  {str(b.dtype).removeprefix('torch.')} {shape}", tip
+        assert tip[1] == f"producer: {b.producer.name}", tip
+        assert tip[2] == f"live: steps {b.start}..{b.end} ({b.end - b.start + 1} steps)", tip
     assert len(page.find("rect", "arena", i)) == len(mem.arenas)
     assert len(page.find("line", "lb", i)) == (1 if c.stats["lower_bound_bytes"] else 0)
     assert len(page.find("path", "curve", i)) == 3
@@ -174,6 +180,8 @@ def test_zero_copy_cat_slices_are_hatched_one_rect_per_slice_buffer():
     panel = Panel(4, 100, 50.0, "test", "u")
     assert panel.fill("symmetric", 0, {}) == "url(#u-symmetric)" != panel.fill("slice", 0, {})
     assert '<pattern id="u-symmetric" class="kind-symmetric"' in panel.svg("mem")
+    tips = page.json[0]["tips"]
+    assert all(buffers[i].base in tips[i][4] and "cat/pad" in tips[i][4] for i in slices)
 
 
 def test_report_shows_stats_and_fragmentation(demo_graphs):
@@ -367,6 +375,9 @@ def test_report_renders_in_headless_chromium_without_errors(demo_report, tmp_pat
     assert html_tag.get("data-ready") == "1" and "data-errors" not in html_tag
     result = json.loads(html_tag["data-selftest"])
     assert result["graphs"] == 3 and result["buffers"] == 3 and result["emptyPre"] == 0
+    # the hover the browser showed over each graph's first buffer is the page's text for it
+    assert [t["lines"] for t in result["tips"]] == [dom.json[k]["tips"][t["i"]] for k, t in enumerate(result["tips"])]
+    assert all(len(t["lines"]) == 6 for t in result["tips"])
     assert result["nodes"] > 0 and result["opened"] > 3 * 6
     assert len(dom.find("g", "node")) > 0  # the node window was drawn
 

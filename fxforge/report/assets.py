@@ -3,7 +3,8 @@
 ``ERRORS_JS`` runs first and records script errors on ``<html data-errors>``; ``JS`` draws the
 lazy views and sets ``<html data-ready="1">`` when it has run to its end.  Opening the page with
 ``#fx-selftest`` exercises every view (tabs, hovers, zoom, the node window, each kind of
-collapsible source) and sets ``data-selftest`` to what it checked: the browser test uses it.
+collapsible source) and sets ``data-selftest`` to what it checked, with the hover text it saw
+over each graph's first buffer: the browser test uses it.
 """
 
 CSS = r"""
@@ -155,12 +156,7 @@ function setupMemory(st){
     svg.addEventListener("mouseover",function(ev){
       var t=ev.target,i=t.getAttribute&&t.getAttribute("data-i"),a=t.getAttribute&&t.getAttribute("data-a");
       if(i!==null&&i!==undefined&&i!==""){
-        var b=d.buffers[+i];t.classList.add("on");
-        showTip(ev,[b[0]+"  "+b[2]+" "+b[1],"producer: "+b[3],"live: steps "+b[4]+".."+b[5]+" ("+(b[5]-b[4]+1)+" steps)",
-          "size: "+fmtB(b[6])+" ("+b[6].toLocaleString()+" B)",
-          b[9]==="slice"?b[8]+" (written in place into a cat/pad result)":b[8]==="fresh"?"allocated fresh per call (kind "+b[9]+")":
-            "in "+b[8]+" at offset "+(b[7]===null?"?":b[7].toLocaleString()),
-          b[10]?"written in place over "+b[10]:"click: show the producer in the graph"]);
+        t.classList.add("on");showTip(ev,d.tips[+i]);
       }else if(a!==null&&a!==undefined&&a!==""){
         var A=d.arenas[+a];showTip(ev,[A[0]+" on "+A[1],"size: "+fmtB(A[2]),"live: steps "+A[3]+".."+A[4],"planner: "+A[5]]);
       }
@@ -335,12 +331,14 @@ function fire(target,type,x,y){
   target.dispatchEvent(new MouseEvent(type,{bubbles:true,cancelable:true,clientX:x,clientY:y,view:window}));
 }
 function selfTest(){
-  var report={graphs:0,buffers:0,nodes:0,opened:0};
+  var report={graphs:0,buffers:0,nodes:0,opened:0,tips:[]};
   document.querySelectorAll("nav.tabs button").forEach(function(b){fire(b,"click",0,0);});
   sections.forEach(function(sec){
     sec.hidden=false;var st=init(sec);report.graphs++;
     var r=sec.querySelector("rect.buf");
-    if(r){var bb=r.getBoundingClientRect();fire(r,"mouseover",bb.left+1,bb.top+1);fire(r,"click",bb.left+1,bb.top+1);report.buffers++;}
+    if(r){var bb=r.getBoundingClientRect();fire(r,"mouseover",bb.left+1,bb.top+1);
+      report.tips.push({i:+r.getAttribute("data-i"),lines:Array.prototype.map.call(tip.children,function(c){return c.textContent;})});
+      fire(r,"click",bb.left+1,bb.top+1);report.buffers++;}
     var cu=sec.querySelector("svg.curves-svg");
     if(cu){var cb=cu.getBoundingClientRect();fire(cu,"mousemove",cb.left+cb.width/2,cb.top+cb.height/2);}
     var ar=sec.querySelector("svg.arenas-svg");

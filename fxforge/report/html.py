@@ -101,7 +101,7 @@ def _memory_section(c, uid: str) -> tuple[str, dict]:
             f'(input graph, peak {esc(fmt_bytes(max(cv.get("eager", [0]) or [0])))})'
             f'<span class="ln schedule"></span>fxforge schedule (peak {esc(fmt_bytes(max(cv["schedule"] or [0])))})'
             f'<span class="ln arenas"></span>arenas allocated</p>{curves_svg(cv, uid)}</section>')
-    return body, {"buffers": mv["buffers"], "arenas": mv["arenas"], "curves": cv}
+    return body, {"buffers": mv["buffers"], "tips": mv["tips"], "arenas": mv["arenas"], "curves": cv}
 
 
 def _graph_section(c, uid: str) -> tuple[str, dict]:

@@ -8,9 +8,9 @@ packed the same way in a panel of their own.  One ``<rect class="buf">`` per pla
 ``plan.memory.buffers`` order, so the picture can be checked against the plan.  Arena buffers get
 a hue each; kinds in ``KIND_PATTERN`` (``slice``: a region of a zero-copy cat/pad result, drawn
 over it; ``symmetric`` reserved for the symmetric arena) are filled with a pattern of their own
-(``<pattern class="kind-KIND">``) and a dark outline, so they stay apart from any hue.  A dashed
-line marks the lower bound (most bytes of arena buffers live at once), a solid one the arena
-bytes.
+(``<pattern class="kind-KIND">``) and a dark outline, so they stay apart from any hue.  What a
+buffer's hover shows is ``hover_lines``, sent with the page.  A dashed line marks the lower
+bound (most bytes of arena buffers live at once), a solid one the arena bytes.
 
 Panel 2 (``curves``): bytes of all storages the graph creates, live at each step, in the input
 graph's own (eager) order and in fxforge's schedule, plus the arenas allocated at each step.
@@ -100,6 +100,21 @@ def swatch_css(kind: str, colour: str = "") -> str:
     if shape == "hatch":
         return f"repeating-linear-gradient(45deg,{ink} 0 2px,{bg} 2px 4.5px)"
     return f"radial-gradient({ink} 35%,{bg} 40%) 0 0/5px 5px"
+
+
+def hover_lines(row: Sequence[Any]) -> list[str]:
+    """What hovering a buffer shows, from its row in ``memory_view(...)["buffers"]``: name, dtype
+    and shape; producer; lifetime in schedule steps; size; where its bytes are."""
+    name, shape, dtype, producer, start, end, nbytes, offset, where, kind, reuses = row
+    if kind == "slice":
+        place = f"{where} (written in place into a cat/pad result)"
+    elif where == "fresh":
+        place = f"allocated fresh per call (kind {kind})"
+    else:
+        place = f"in {where} at offset " + ("?" if offset is None else f"{offset:,}")
+    return [f"{name}  {dtype} {shape}", f"producer: {producer or '-'}",
+            f"live: steps {start}..{end} ({end - start + 1} steps)", f"size: {fmt_bytes(nbytes)} ({nbytes:,} B)",
+            place, f"written in place over {reuses}" if reuses else "click: show the producer in the graph"]
 
 
 def _ticks(top: float, n: int = 4, binary: bool = True) -> list[float]:
@@ -248,6 +263,7 @@ def memory_view(compiled, uid: str = "g0") -> dict[str, Any]:
         "arena_svg": arena_panel.svg("mem arenas-svg"),
         "fresh_svg": fresh_panel.svg("mem fresh-svg") if f_at else "",
         "buffers": rows,
+        "tips": [hover_lines(r) for r in rows],
         "arenas": [[a.name, str(a.device), a_items[i][2], a.start, a.end, a.planner] for i, a in enumerate(arenas)],
         "legend": legend,
         "packed_bytes": a_top,
