@@ -49,11 +49,12 @@ def device_types(gm: fx.GraphModule) -> set[str]:
 def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> list:
     """fxforge's pipeline, with the user passes of ``config.passes`` at their named points."""
     backend = registry.select(config, device_types(gm))
+    extern = registry.get(backend.extern) if backend.extern and backend.extern != backend.name else None
     return [
         DedupeGetitems(), EliminateDeadCode(), LowerCrops(), *config.passes_at("after_lowering"),
-        AssignBackends(backend, config), *config.passes_at("after_assignment"),
+        AssignBackends(backend, config, extern), *config.passes_at("after_assignment"),
         FuseGroups(backend, config), *config.passes_at("after_fusion"),
-        *([ZeroCopyCatPad(backend, config)] if config.zero_copy else []),
+        *([ZeroCopyCatPad(registry, config)] if config.zero_copy else []),
     ]
 
 

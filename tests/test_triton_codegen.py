@@ -47,8 +47,8 @@ def _interpret(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("FXFORGE_CACHE_DIR", os.environ["FXFORGE_TEST_CACHE"])
 
 
-def check(fn, *args, fallback_ok=False, atol=1e-5, rtol=1.3e-5, dynamic=False):
-    b, out = run_compiled(fn, *args, dynamic=dynamic)
+def check(fn, *args, fallback_ok=False, atol=1e-5, rtol=1.3e-5, dynamic=False, config=None):
+    b, out = run_compiled(fn, *args, dynamic=dynamic, config=config)
     exp = fn(*args)
     torch.testing.assert_close(out, exp, atol=atol, rtol=rtol, equal_nan=True)
     if not fallback_ok:
@@ -366,12 +366,34 @@ def test_dynamic_sizes_one_compile():
 # --------------------------------------------------------------------------- capability
 
 
-def test_unsupported_ops_fall_back_cleanly():
+def test_ops_triton_refuses_run_as_torch_extern_calls_into_planned_buffers():
+    # mm and cumsum have no Triton lowering: the torch backend runs them (its out= calls, writing
+    # planned buffers), not eager fallbacks
     x = torch.randn(4, 4)
-    b = check(lambda a: (torch.mm(a, a) + 1, torch.cumsum(a, 0) * 2), x, fallback_ok=True)
-    fb = fallbacks(b)
-    assert any("mm" in k for k in fb) and any("cumsum" in k for k in fb)
+    b = check(lambda a: (torch.mm(a, a) + 1, torch.cumsum(a, 0) * 2), x)
+    (c,) = b.compiled
+    assert {k.backend for k in c.kernels} == {"triton", "torch"}
+    assert "torch.ops.aten.mm.out(" in c.source and "torch.ops.aten.cumsum.out(" in c.source
+    (assign,) = [p for p in c.stats["passes"] if p["name"] == "assign_backends"]
+    assert assign["stats"]["extern_nodes"] == 2
+    # what neither backend runs is an eager fallback, with both reasons
+    b = check(lambda a: torch.mm(a, a) + 1, x, fallback_ok=True,
+              config=fxforge.Config(codegen="triton", debug=True, fallback_ops=["aten.mm"]))
+    assert list(fallbacks(b).values()) == ["listed in Config.fallback_ops"]
+    b = check(lambda a: _no_out_form(a) + 1, x, fallback_ok=True)
+    (reason,) = fallbacks(b).values()
+    assert "triton: no Triton lowering" in reason and "torch: custom operator" in reason, reason
     check(lambda a: torch.view_as_real(torch.view_as_complex(a.reshape(4, 2, 2)) * 2), x, fallback_ok=True)
+
+
+@torch.library.custom_op("fxforge_tests::no_out_form", mutates_args=())
+def _no_out_form(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@_no_out_form.register_fake
+def _(x):
+    return torch.empty_like(x)
 
 
 def test_cpu_needs_interpreter(monkeypatch):

@@ -68,6 +68,9 @@ class KernelContext:
     buffer: Callable[[fx.Node, int | None], str]  # wrapper variable of a planned output buffer
     const: Callable[[Any], str]  # a global name for a constant that has no literal form
     config: Config
+    # The planned layout of a node's value (output ``index``): (sizes, strides) over the graph's
+    # symbols; the traced layout unless the plan placed it in a region of a larger buffer.
+    layout: Callable[[fx.Node, int | None], tuple[tuple, tuple]] | None = None
 
 
 DECOMPOSE_LEVELS = ("none", "core")
@@ -110,6 +113,12 @@ class CodegenBackend:
     # live in such a region), rather than indexing with the strides traced.
     writes_views: Callable[[fx.Node, "Config"], bool] | None = None
     reads_views: bool = False
+    # ``reads_planned``: a kernel reads a value that lives in such a region at the layout the plan
+    # gives it (``KernelContext.layout``), but indexes views of it with their traced strides.
+    reads_planned: bool = False
+    # The backend that runs the nodes this one refuses (its extern calls: matmuls, sorts, custom
+    # ops with out variants...) into planned buffers, before they fall back to eager; None: none.
+    extern: str | None = None
 
     def __post_init__(self) -> None:
         if self.decompose not in DECOMPOSE_LEVELS:

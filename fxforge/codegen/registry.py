@@ -101,6 +101,9 @@ def _default_registry() -> Registry:
         decompose="core",
         priority=10,
         unavailable=deferred(_TRITON, "unavailable"),
+        writes_views=deferred(_TRITON, "writes_views"),
+        reads_planned=True,
+        extern="torch",
         description="Triton kernels (pointwise, reductions, fused); CPU only under TRITON_INTERPRET=1",
     ))
     return reg

@@ -128,6 +128,16 @@ class _Builder:
             raise KeyError(f"no planned buffer for output {index} of {node.name}")
         return b.name
 
+    def layout(self, node: fx.Node, index: int | None) -> tuple[tuple, tuple]:
+        """The sizes and strides of a node's value as the plan lays it out: a region of a
+        zero-copy cat/pad has its container's strides; every other value is laid out as traced."""
+        src, i = (node.args[0], node.args[1]) if node_kind(node) == "getitem" else (node, index)
+        b = self.plan.memory.of(src, i) if node_kind(src) == "compute" else None
+        if b is not None and b.kind == "slice":
+            return tuple(b.shape), tuple(b.stride)
+        val = node.meta[VAL] if index is None else node.meta[VAL][index]
+        return tuple(expr(s) for s in val.shape), tuple(expr(s) for s in val.stride())
+
     def size(self, e) -> str:
         return self.pexpr(e)
 
@@ -280,7 +290,7 @@ class _Builder:
 
     def compile_group(self, g: Group) -> Kernel | None:
         backend = self.registry.get(g.backend)
-        ctx = KernelContext(self.fresh(f"kernel{g.id}"), self.ref, self.buffer, self.const, self.config)
+        ctx = KernelContext(self.fresh(f"kernel{g.id}"), self.ref, self.buffer, self.const, self.config, self.layout)
         try:
             k = backend.compile(g, ctx)
         except Exception as e:

@@ -1,8 +1,10 @@
 """Assign every compute node a codegen backend (or the eager fallback) and a kernel group.
 
 One group per compute node; the fusion pass merges groups afterwards.  A node the selected
-backend refuses, or that the config forces to fallback, runs as a plain eager call: its reason
-is kept in ``meta[FALLBACK]`` and logged.
+backend refuses goes to the backend it names for its extern calls (``CodegenBackend.extern``:
+the triton backend's matmuls, sorts and custom ops run as the torch backend's out= calls into
+planned buffers).  A node both refuse, or that the config forces to fallback, runs as a plain
+eager call: its reason is kept in ``meta[FALLBACK]`` and logged.
 """
 
 from __future__ import annotations
@@ -31,40 +33,63 @@ def bound_symbols(gm: fx.GraphModule) -> set:
 class AssignBackends:
     name = "assign_backends"
 
-    def __init__(self, backend: CodegenBackend, config: Config):
+    def __init__(self, backend: CodegenBackend, config: Config, extern: CodegenBackend | None = None):
         self.backend = backend
         self.config = config
+        self.extern = extern  # runs what ``backend`` refuses (its ``extern`` entry), if any
 
     def refusal(self, node: fx.Node, inputs_bound: set) -> str | None:
+        """Why no backend may run ``node`` (None: the selected backend or its extern backend may)."""
         name = op_display(node.target)
         if name in self.config.fallback_ops or name.rsplit(".", 1)[0] in self.config.fallback_ops:
             return "listed in Config.fallback_ops"
         if not free_symbols(node.meta.get("val")) <= inputs_bound:
             return "output size depends on values computed inside the graph"
+        return None
+
+    def accepted(self, backend: CodegenBackend, node: fx.Node) -> str | None:
         try:
-            return self.backend.accepts(node, self.config)
+            return backend.accepts(node, self.config)
         except Exception as e:  # a backend's capability check must not take the model down
-            return f"{self.backend.name}.accepts raised {type(e).__name__}: {e}"
+            return f"{backend.name}.accepts raised {type(e).__name__}: {e}"
+
+    def choose(self, node: fx.Node, inputs_bound: set) -> tuple[CodegenBackend | None, str | None]:
+        """The backend running ``node`` (None: eager fallback) and why the selected one does not."""
+        reason = self.refusal(node, inputs_bound)
+        if reason is not None:
+            return None, reason
+        reason = self.accepted(self.backend, node)
+        if reason is None:
+            return self.backend, None
+        if self.extern is not None:
+            why = self.accepted(self.extern, node)
+            if why is None:
+                log.debug("fxforge: %s (%s) runs as a %s extern call: %s", node.name, op_display(node.target),
+                          self.extern.name, reason)
+                return self.extern, reason
+            reason = f"{reason}; {self.extern.name}: {why}"
+        return None, reason
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         bound = bound_symbols(gm)
         gid = 0
-        fallbacks = 0
+        fallbacks = externs = 0
         for node in gm.graph.nodes:
             for k in (GROUP, BACKEND, FALLBACK, ALLOCATES):
                 node.meta.pop(k, None)
             if node_kind(node) != "compute":
                 continue
-            reason = self.refusal(node, bound)
+            backend, reason = self.choose(node, bound)
             node.meta[GROUP] = gid
             gid += 1
-            if reason is None:
-                node.meta[BACKEND] = self.backend.name
-                if self.backend.allocates is not None and self.backend.allocates(node, self.config):
+            if backend is not None:
+                node.meta[BACKEND] = backend.name
+                externs += backend is not self.backend
+                if backend.allocates is not None and backend.allocates(node, self.config):
                     node.meta[ALLOCATES] = True
             else:
                 node.meta[BACKEND] = FALLBACK_BACKEND
                 node.meta[FALLBACK] = reason
                 fallbacks += 1
                 log.info("fxforge: %s (%s) runs as eager fallback: %s", node.name, op_display(node.target), reason)
-        return PassResult(gm, True, {"groups": gid, "fallback_nodes": fallbacks})
+        return PassResult(gm, True, {"groups": gid, "fallback_nodes": fallbacks, "extern_nodes": externs})

@@ -105,6 +105,7 @@ def place_slices(buffers: dict[str, Buffer]) -> None:
         while root.kind == "slice":
             root = buffers[root.base]
         root.start, root.end = min(root.start, b.start), max(root.end, b.end)
+        b.stride = root.stride  # a region of a region (cat of cats) is laid out as the outermost
 
 
 # Row-wise kernels whose output may overwrite one input (by argument index): they read a whole row

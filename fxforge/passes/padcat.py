@@ -59,9 +59,14 @@ class ZeroCopyCatPad:
 
     name = "zero_copy_cat_pad"
 
-    def __init__(self, backend: CodegenBackend, config: Config):
-        self.backend = backend
+    def __init__(self, backends, config: Config):
+        self.backends = backends  # a Registry: ``get(name)`` gives the backend a node's metadata names
         self.config = config
+
+    def backend_of(self, n: fx.Node) -> CodegenBackend | None:
+        """The backend running ``n`` (None: an eager fallback, or not a kernel's node)."""
+        name = n.meta.get(BACKEND)
+        return None if name in (None, FALLBACK_BACKEND) else self.backends.get(name)
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         refused: Counter = Counter()
@@ -129,7 +134,7 @@ class ZeroCopyCatPad:
             return "mutated"
         if not self.writes_in_place(a):
             return "producer"
-        if not all(self.reads_in_place(r, n) for r in readers):
+        if not all(self.reads_in_place(r, n, a) for r in readers):
             return "reader"
         return None
 
@@ -137,20 +142,29 @@ class ZeroCopyCatPad:
         """``a``'s kernel can write its output into a strided region of a larger buffer."""
         if is_container(a):
             return True  # a container's result is a region it fills (or copies into)
-        if a.meta.get(BACKEND) in (None, FALLBACK_BACKEND) or a.meta.get(ALLOCATES):
+        backend = self.backend_of(a)
+        if backend is None or a.meta.get(ALLOCATES):
             return False
-        return self.backend.writes_views is not None and bool(self.backend.writes_views(a, self.config))
+        return backend.writes_views is not None and bool(backend.writes_views(a, self.config))
 
-    def reads_in_place(self, r: fx.Node, container: fx.Node) -> bool:
-        """Reader ``r`` (of the value, or of a view of it) computes the same from a strided region."""
+    def reads_in_place(self, r: fx.Node, container: fx.Node, a: fx.Node) -> bool:
+        """Reader ``r`` (of the value ``a``, or of a view of it) computes the same from a strided region."""
         if r is container or r.op == "output":
             return True
         if r.target in _LAYOUT_READERS or (r.target in _VIEW_OPS and not _views_region(r, container)):
             return False
+        backend = self.backend_of(r)
         if node_kind(r) == "view":
-            return True  # views read through strides (what reads the view is a reader too)
-        backend = r.meta.get(BACKEND)
-        return backend == FALLBACK_BACKEND or (backend == self.backend.name and self.backend.reads_views)
+            # a view run by the wrapper reads through strides (what reads the view is a reader
+            # too); one inside a kernel is indexed as its kernel's backend says
+            return backend is None or not backend.fuses or backend.reads_views
+        if r.meta.get(BACKEND) == FALLBACK_BACKEND:
+            return True
+        if backend is None:
+            return False
+        # reads_planned: the kernel is told the layout of ``a`` itself, not that of a view of it
+        direct = not any(x in r.all_input_nodes for x in _aliases(a)[1:])
+        return backend.reads_views or (backend.reads_planned and direct)
 
 
 def _row_major(v: torch.Tensor) -> bool:

@@ -85,6 +85,12 @@ def accepts(node: fx.Node, config: Config) -> str | None:
     return None
 
 
+def writes_views(node: fx.Node, config: Config) -> bool:
+    """A Triton kernel stores its outputs at whatever layout the plan gives them (offset in the
+    data pointer, the region's strides in the store): any node it runs may write into a region."""
+    return True
+
+
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
     """The emitted kernel's launch arguments and storages, or why no single kernel can be emitted."""
     try:
@@ -106,7 +112,8 @@ def load_kernel(em: Emitted, mode: str | None = None):
 
 
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:
-    em = Emitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, autotune=ctx.config.autotune).emit()
+    em = Emitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, autotune=ctx.config.autotune,
+                 layout=ctx.layout).emit()
     fn = load_kernel(em)
     GENERATED.append(em)
     scope = {f"{em.name}_triton": fn}

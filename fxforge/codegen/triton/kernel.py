@@ -128,12 +128,34 @@ class Frame:
         return "[XBLOCK, 1]" if dom == "x" else "[XBLOCK, RBLOCK]"
 
 
+@dataclass(frozen=True)
+class Placed:
+    """A tensor value as the plan lays it out when that differs from its trace: a region of a
+    larger buffer (zero-copy cat/pad), strided as that buffer.  Its data pointer is the region's
+    first element.  Offers what the emitter reads of a tensor value."""
+
+    dtype: torch.dtype
+    shape: tuple
+    strides: tuple
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def stride(self) -> tuple:
+        return self.strides
+
+    def storage_offset(self) -> int:
+        return 0
+
+
 class Emitter:
     def __init__(self, name: str, ref, buffer, nodes: list[fx.Node], outputs: list[fx.Node] | None = None,
-                 autotune: bool = False):
+                 autotune: bool = False, layout=None):
         self.name = name
         self.autotune = autotune  # the launch asks ``<name>_tuner`` for its configuration
         self.ref, self.buffer = ref, buffer
+        self.layout = layout  # KernelContext.layout (None: every value as traced)
         self.nodes = [n for n in nodes if node_kind(n) == "compute"]
         self.order = list(nodes)  # members in schedule order (what reaches the source follows it)
         self.members = set(nodes)
@@ -177,6 +199,15 @@ class Emitter:
             self.storages.add(var)
             self.readable(var, val)
         return self.tensor_params[key]
+
+    def placed(self, n: fx.Node, index: int | None, val: torch.Tensor):
+        """``val`` (output ``index`` of ``n``) as the kernel indexes it: at the planned layout."""
+        if self.layout is None:
+            return val
+        shape, stride = self.layout(n, index)
+        if all(sympy.expand(a - expr(b)) == 0 for a, b in zip(stride, val.stride())):
+            return val
+        return Placed(val.dtype, tuple(val.shape), tuple(stride))
 
     def readable(self, var: str, val: torch.Tensor) -> None:
         """Sizes/strides of ``val`` that are plain symbols can be read off ``var`` at launch."""
@@ -387,10 +418,15 @@ class Emitter:
         rval = root.meta[VAL]
         if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
             raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
+        rval = self.placed(root, None, rval)
         ptr = self.tensor(self.ref(root), rval, "in")
         base = sympy.Integer(0)
         if root is not a:  # a view of it, with the view's own layout
+            if isinstance(rval, Placed):
+                raise Unsupported(f"{a.name}: a view of {root.name}, which the plan placed in a region of a larger buffer")
             base = self.size(val.storage_offset()) - self.size(rval.storage_offset())
+        else:
+            val = rval
         off = self.offset(val, self.coords_of(shape, dom), len(shape), dom, base)
         name = self.fresh("tmp")
         self.body.append(f"{name} = tl.load({ptr} + ({off}), mask={self.frame.mask(dom)}, other=0)")
@@ -475,6 +511,7 @@ class Emitter:
     def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: V, dom: str) -> None:
         ptr = self.tensor_params[(self.buffer(n, index), "out")]
         shape = shape_of(val)
+        val = self.placed(n, index, val)  # a region of a cat/pad's buffer: its container's strides
         off = self.offset(val, self.coords_of(shape, dom), len(shape), dom)
         self.body.append(f"tl.store({ptr} + ({off}), {self.block(cast(v, val.dtype), dom)}, mask={self.frame.mask(dom)})")
 
@@ -560,19 +597,23 @@ class Emitter:
             if n not in self.reductions and not isinstance(n.meta.get(VAL), torch.Tensor):
                 raise Unsupported("multi-output pointwise node")
         outs = self.outputs_of()
+        outs_placed = []
         for n in outs:
             val = n.meta[VAL]
-            for i, t in enumerate(val if isinstance(val, (tuple, list)) else [val]):
-                self.tensor(self.buffer(n, i if isinstance(val, (tuple, list)) else None), t, "out")
+            multi = isinstance(val, (tuple, list))
+            for i, t in enumerate(val if multi else [val]):
+                t = self.placed(n, i if multi else None, t)
+                self.tensor(self.buffer(n, i if multi else None), t, "out")
+                outs_placed.append(t)
         ins = []
         for n in self.order:
             for a in n.all_input_nodes:
                 if a not in self.members and not self.internal(a) and isinstance(a.meta.get(VAL), torch.Tensor):
-                    ins.append(a.meta[VAL])
-                    self.readable(self.ref(a), a.meta[VAL])
+                    ins.append(self.placed(a, None, a.meta[VAL]))
+                    self.readable(self.ref(a), ins[-1])
         self.frame = self.frame_of()
         fr = self.frame
-        self.check_int64([t for n in self.members for t in tensors(n.meta.get(VAL))] + ins)
+        self.check_int64([t for n in self.members for t in tensors(n.meta.get(VAL))] + outs_placed + ins)
         persistent = launch.is_persistent(fr.reduction, fr.rnumel)
         if fr.reduction:  # the rows' coordinates, once at the top level
             ks = [self.size(s) for s in fr.shape]
