@@ -193,12 +193,17 @@ def test_graph_inputs_are_copied():
     assert _reasons(lambda a, b: torch.cat([a, b * 2], 1) + 1, a64(), a64()) == {"graph_input": 1}
 
 
-def test_the_same_value_twice_is_copied():
+@pytest.mark.parametrize("codegen", BACKENDS)
+def test_the_same_value_twice_is_written_once_and_copied_once(codegen):
     def f(a):
         x = a * 2
-        return torch.cat([x, x], 0).sum(0)
+        return torch.cat([x, x, x * 3], 0).sum(0), torch.cat([x * 3, x], 1)  # x in two cats: one holds it
 
-    assert _reasons(f, a64()) == {"repeated": 2}
+    args = (a64(),)
+    c = run(f, *args, codegen=codegen)
+    assert c.stats["refused_zero_copy"] == {"repeated": 1, "shared": 1}
+    assert measured(c, *args) == 2 * 64 * 48 * F32  # the second x of the first cat, x in the second
+    assert "mul" in slices(c)
 
 
 def test_a_returned_input_is_copied():

@@ -9,7 +9,8 @@ reason counted in ``stats["refused_zero_copy"]`` and logged at DEBUG, when
 
 ==================  ===============================================================================
 ``graph_input``     it is an input, parameter or constant of the graph (the caller's memory)
-``repeated``        the container reads it twice (``cat([a, a])``)
+``repeated``        the container read it already (``cat([a, a])``: the first place holds it, the
+                    others are copies of it)
 ``view``            it is a view or a getitem (its producer's output is already laid out elsewhere)
 ``graph_output``    it, or a view of it, is returned (outputs must not alias each other)
 ``dtype``           its dtype is not the container's
@@ -80,7 +81,7 @@ class ZeroCopyCatPad:
             inputs = container_inputs(n)
             taken = []
             for i, (a, region) in enumerate(zip(inputs, regions(n) if why_not is None else [None] * len(inputs))):
-                why = why_not or self.refusal(n, a, inputs, outputs)
+                why = why_not or self.refusal(n, a, inputs, i, outputs)
                 if why is None:
                     a.meta[SLICE_OF] = (n.name, region)
                     if is_container(a) and ZERO_COPY not in a.meta:
@@ -111,13 +112,13 @@ class ZeroCopyCatPad:
             return "pad_sign"
         return None
 
-    def refusal(self, n: fx.Node, a, inputs: list, outputs: set) -> str | None:
+    def refusal(self, n: fx.Node, a, inputs: list, index: int, outputs: set) -> str | None:
         if not isinstance(a, fx.Node):
             return "graph_input"
         if a.op in ("placeholder", "get_attr"):
             return "graph_input"
-        if sum(x is a for x in inputs) > 1:
-            return "repeated"
+        if any(x is a for x in inputs[:index]):
+            return "repeated"  # its first place holds it; this one is a copy of that
         if node_kind(a) != "compute":
             return "view"
         if SLICE_OF in a.meta:
