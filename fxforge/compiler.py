@@ -160,7 +160,7 @@ def compile_graph(
         arenas=len(memory.arenas),
         lower_bound_bytes=peak_live_bytes(arena_live),
         eager_live_peak_bytes=eager_peak,
-        copy_bytes=graph_copy_bytes(groups, memory.hint),
+        copy_bytes=graph_copy_bytes(groups, memory.hint, memory, demoted),
         collectives=collective_stats(gm),
         refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),
         refused_zero_copy=dict(sum((Counter(r.stats.get("refused_zero_copy", {})) for r in records), Counter())),

@@ -54,21 +54,31 @@ def node_moves_data(node) -> bool:
     return node.op == "call_function" and moves_data(node.target, args, node.kwargs)
 
 
-def graph_copy_bytes(groups, hint) -> int:
+def graph_copy_bytes(groups, hint, memory=None, demoted=()) -> int:
     """Bytes the data-movement nodes of ``groups`` (``plan.Group``) write in one call, at the traced
     sizes (``hint`` evaluates a size): every such node of an unfused group, and such nodes whose
     values leave a fused kernel (inside one, nothing reaches memory).  A cat or pad whose inputs
-    are written in place (``meta[ZERO_COPY]``) writes only the inputs copied and a pad's border."""
+    are written in place (``meta[ZERO_COPY]``) writes only the inputs copied and a pad's border.
+
+    A group in ``demoted`` (ids of groups whose kernel failed to compile: the wrapper runs their
+    nodes eagerly, ``codegen/wrapper.py``) runs every node on its own, and a value of it that the
+    plan (``memory``) put in a region of a cat or pad is copied there after it is computed."""
     from .graph import VAL, ZERO_COPY, expr, node_kind
     from .regions import PAD, container_inputs, pad_border
 
     def nbytes(shape, dtype) -> int:
         return hint(math.prod([expr(s) for s in shape]) * dtype.itemsize)
 
+    demoted = set(demoted)
     total = 0
     for g in groups:
-        written = set(g.outputs) if g.fused else None
+        eager = g.id in demoted
+        written = set(g.outputs) if g.fused and not eager else None
         for n in g.nodes:
+            if eager and memory is not None and node_kind(n) == "compute":
+                b = memory.of(n, None)
+                if b is not None and b.kind == "slice":  # the eager result, copied into its region
+                    total += nbytes(b.shape, b.dtype)
             if node_kind(n) != "compute" or not node_moves_data(n) or (written is not None and n not in written):
                 continue
             val = n.meta[VAL]

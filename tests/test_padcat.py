@@ -358,3 +358,43 @@ def test_random_cat_pad_trees_match_eager_plans_verify_and_counts_agree(case):
 @given(trees())
 def test_random_cat_pad_trees_on_triton_match_eager_and_plans_verify(case):
     _random_trees("triton", case)
+
+
+# --------------------------------------------------------------------------- a kernel that fails to compile
+
+
+def _registry_failing_on(target):
+    """The torch backend, except that compiling a group holding a ``target`` node raises: the
+    wrapper then runs that group's nodes eagerly (not in debug mode, which re-raises)."""
+    import dataclasses
+
+    from fxforge.codegen import torch_backend
+    from fxforge.codegen.registry import Registry
+
+    def compile_group(group, ctx):
+        if any(n.target is target for n in group.nodes):
+            raise RuntimeError("no kernel for you")
+        return torch_backend.compile_group(group, ctx)
+
+    reg = Registry()
+    reg.register(dataclasses.replace(torch_backend.BACKEND, compile=compile_group))
+    return reg
+
+
+@pytest.mark.parametrize("failing", [torch.ops.aten.mul.Tensor, torch.ops.aten.cos.default])
+def test_a_producer_whose_kernel_fails_is_copied_into_its_region_and_counted(failing):
+    def f(a, b, w):
+        x = a * 2  # written into the cat's first region, also read by an mm
+        return torch.cat([x, b.cos()], 1) @ w, x @ w[:48]
+
+    args = (a64(), a64(), torch.randn(96, 32))
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    c = compile_graph(gm, Config(codegen="torch", debug=False), registry=_registry_failing_on(failing))
+    got, want = c(*args), f(*args)
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y)
+    (name,) = [n.name for n in gm.graph.nodes if n.target is failing]
+    assert name in c.stats["fallbacks"] and "failed to compile" in c.stats["fallbacks"][name]
+    assert name in slices(c)  # planned in place; the eager result is copied there
+    assert f".copy_({name})" in c.source
+    assert c.stats["copy_bytes"] == 64 * 48 * F32 == measured(c, *args)
