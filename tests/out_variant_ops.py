@@ -1,5 +1,8 @@
 """Custom operators with out variants, as a third party would define them (tests/test_out_variant.py).
 
+Python implementations, registered as CompositeExplicitAutograd, except ``rms_rows`` and its out
+form: registered for the CPU dispatch key only, as a C++ extension's kernels would be.
+
 ``CALLS`` counts how often each implementation ran: the compiled code must call the out forms.
 """
 
@@ -29,6 +32,10 @@ other.define("soft_into(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")
 # an op whose out form is broken: it raises at run time
 lib.define("fragile(Tensor x) -> Tensor")
 lib.define("fragile.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")
+# two outputs, implemented for the CPU dispatch key only (a kernel, not a composite): each row of x
+# divided by its root mean square, and those root mean squares
+lib.define("rms_rows(Tensor x, float eps) -> (Tensor, Tensor)")
+lib.define("rms_rows.out(Tensor x, float eps, *, Tensor(a!) normed, Tensor(b!) rms) -> (Tensor(a!), Tensor(b!))")
 
 
 def _impl(name, fn):
@@ -68,6 +75,18 @@ def _soft_into(x, *, out):
     return out.copy_(torch.nn.functional.softplus(x))
 
 
+def _rms_rows(x, eps):
+    rms = (x * x).mean(-1).add(eps).sqrt()
+    return x / rms.unsqueeze(-1), rms
+
+
+def _rms_rows_out(x, eps, *, normed, rms):
+    torch.mean(x * x, -1, out=rms)
+    rms.add_(eps).sqrt_()
+    torch.div(x, rms.unsqueeze(-1), out=normed)
+    return normed, rms
+
+
 def _fragile_out(x, *, out):
     raise RuntimeError("fragile.out is broken")
 
@@ -78,6 +97,8 @@ for name, fn in [("scale_add", _scale_add), ("mm_split", _mm_split), ("twice", l
 for name, fn in [("scale_add.out", _scale_add_out), ("mm_split.out", _mm_split_out), ("twice.out", _twice_out),
                  ("fragile.out", _fragile_out)]:
     lib.impl(name, _impl(name, fn), "CompositeExplicitAutograd")
+lib.impl("rms_rows", _impl("rms_rows", _rms_rows), "CPU")
+lib.impl("rms_rows.out", _impl("rms_rows.out", _rms_rows_out), "CPU")
 other.impl("soft_into", _impl("soft_into", _soft_into), "CompositeExplicitAutograd")
 
 
@@ -89,6 +110,11 @@ def _(x, y, a):
 @torch.library.register_fake("fxov::mm_split")
 def _(x, w, a):
     return x.new_empty(x.shape[:-1] + w.shape[-1:]), x.new_empty(x.shape[:-1])
+
+
+@torch.library.register_fake("fxov::rms_rows")
+def _(x, eps):
+    return torch.empty_like(x), x.new_empty(x.shape[:-1])
 
 
 for _name in ("twice", "soft", "fragile"):

@@ -1,7 +1,9 @@
 """Out-variant lowering: custom and ATen ops write straight into planned buffers.
 
 The custom operators live in ``out_variant_ops.py`` (defined with ``torch.library``, Python
-implementations registered as CompositeExplicitAutograd, counting their calls).
+implementations registered as CompositeExplicitAutograd or for the CPU key, counting their calls).
+Cases marked ``codegen`` also run with ``Config(codegen="triton")`` (under TRITON_INTERPRET=1, set
+by conftest.py): there the out calls are the torch backend's extern calls inside a Triton graph.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections import Counter
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxforge
 from fxforge import Config
@@ -35,6 +39,31 @@ def compiled(fn, *, dynamic=None, **config):
 
 def calls(*names):
     return {n: ops.CALLS[n] for n in names}
+
+
+CODEGENS = pytest.mark.parametrize("codegen", ["torch", "triton"])
+
+
+def assert_extern_calls(c, codegen: str, n: int) -> None:
+    """On Triton, the ``n`` out calls are torch-backend extern calls, the rest Triton kernels;
+    nothing falls back to eager on either backend."""
+    assert c.stats["fallback_nodes"] == 0, c.stats["fallbacks"]
+    if codegen == "triton":
+        assert {k.backend for k in c.kernels} == {"triton", "torch"}
+        (assign,) = [p for p in c.stats["passes"] if p["name"] == "assign_backends"]
+        assert assign["stats"]["extern_nodes"] == n
+
+
+class AtenCalls(TorchDispatchMode):
+    """How often each ATen overload reached the dispatcher from Python (the wrapper's calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.name()] += 1
+        return func(*args, **(kwargs or {}))
 
 
 # --------------------------------------------------------------------------- finding the variant
@@ -85,12 +114,13 @@ def test_single_output_custom_op_calls_its_out_form_into_the_plan():
     assert buf.kind == "arena"
 
 
-def test_multi_output_custom_op_with_dynamic_shapes_one_compile():
+@CODEGENS
+def test_multi_output_custom_op_with_dynamic_shapes_one_compile(codegen):
     def f(x, w):
         p, s = fxov.mm_split(x, w, 2.0)
         return torch.sigmoid(p).sum(-1) + s
 
-    b, g = compiled(f, dynamic=True)
+    b, g = compiled(f, dynamic=True, codegen=codegen)
     w = torch.randn(8, 6)
     n0 = calls("mm_split", "mm_split.out")
     for batch in (3, 5, 11):
@@ -102,8 +132,10 @@ def test_multi_output_custom_op_with_dynamic_shapes_one_compile():
     assert len(b.compiled) == 1  # one compile serves every batch size
     c = b.compiled[0]
     assert "torch.ops.fxov.mm_split.out(" in c.source
+    assert_extern_calls(c, codegen, 1)
     outs = [bb for bb in c.plan.memory.buffers.values() if bb.producer.target is fxov.mm_split.default]
     assert len(outs) == 2 and all(bb.kind == "arena" and bb.nbytes.free_symbols for bb in outs)
+    verify_memory_plan(c.plan.memory)
 
 
 def test_an_output_nothing_reads_still_gets_a_short_lived_buffer():
@@ -134,22 +166,35 @@ def test_registered_out_form_from_another_namespace():
         fxforge.lowering.out_variant.OUT_VARIANTS.unregister(fxov.soft.default)
 
 
-def test_chain_of_four_out_variant_ops_uses_two_buffers():
+@CODEGENS
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_chain_of_four_out_variant_ops_uses_two_buffers(codegen, dynamic):
     def f(x, y):
         h = x
         for a in (0.5, 1.5, -2.0, 3.0):
             h = fxov.scale_add(h, y, a)
-        return h.sum()
+        return h.sum(-1)
 
-    b, g = compiled(f)
-    x, y = torch.randn(64, 48), torch.randn(64, 48)
-    want = x
-    for a in (0.5, 1.5, -2.0, 3.0):
-        want = want * a + y
-    torch.testing.assert_close(g(x, y), want.sum())
-    mem = b.compiled[0].plan.memory
+    b, g = compiled(f, dynamic=dynamic or None, codegen=codegen)
+    sizes = (64, 17, 33) if dynamic else (64,)
+    n0 = calls("scale_add", "scale_add.out")
+    for rows in sizes:
+        x, y = torch.randn(rows, 48), torch.randn(rows, 48)
+        want = x
+        for a in (0.5, 1.5, -2.0, 3.0):
+            want = want * a + y
+        torch.testing.assert_close(g(x, y), want.sum(-1), rtol=1e-5, atol=1e-4)  # sums in another order
+    n1 = calls("scale_add", "scale_add.out")
+    assert n1["scale_add.out"] - n0["scale_add.out"] == 4 * len(sizes) and n1["scale_add"] == n0["scale_add"]
+    assert len(b.compiled) == 1
+    c = b.compiled[0]
+    assert c.source.count("torch.ops.fxov.scale_add.out(") == 4
+    assert_extern_calls(c, codegen, 4)
+    mem = c.plan.memory
+    verify_memory_plan(mem)
     chain = [bb for bb in mem.buffers.values() if bb.producer.target is fxov.scale_add.default]
     assert len(chain) == 4 and all(bb.kind == "arena" for bb in chain)
+    assert len({bb.nbytes for bb in chain}) == 1 and bool(next(iter(chain)).nbytes.free_symbols) == dynamic
     regions = {(bb.arena, mem.hint(bb.offset)) for bb in chain}
     assert len(regions) <= 2, mem.dump()
 
@@ -182,21 +227,109 @@ def test_training_through_a_custom_op_with_an_autograd_formula():
     assert "torch.ops.fxov.scale_add.out(" in fw.source
 
 
-def test_aten_multi_output_ops_in_a_compiled_model():
-    def f(x):
-        v, i = torch.topk(x, 3)
-        s, j = torch.sort(x, -1)
-        m, k = torch.max(x, 1)
-        lo, hi = torch.aminmax(x, dim=1)
-        return v * 2, i, s[:, 0] + m + lo + hi, j, k
+# On CPU, the out overloads the torch backend calls for these (real kernels, not composites)
+ATEN_OUT_CALLS = {
+    "topk": ("aten::topk", "aten.topk.values("),
+    "sort_stable": ("aten::sort.stable", "aten.sort.values_stable("),
+    "max_dim": ("aten::max.dim", "aten.max.dim_max("),
+    "min_dim": ("aten::min.dim", "aten.min.dim_min("),
+    "aminmax": ("aten::aminmax", "aten.aminmax.out("),
+}
 
-    b, g = compiled(f)
+
+def aten_model(x):
+    v, i = torch.topk(x, 3)
+    s, j = torch.sort(x, -1)  # sort.default: its CPU out form is composite, so it stays functional
+    ss, sj = torch.sort(x, stable=True)  # sort.stable: a real out kernel
+    m, k = torch.max(x, 1)
+    mn, mk = torch.min(x, 1)
+    lo, hi = torch.aminmax(x, dim=1)
+    return v * 2, i, s[:, 0] + m + lo + hi - mn, j, k, ss.flip(-1), sj, mk
+
+
+def test_aten_multi_output_ops_in_a_compiled_model():
+    b, g = compiled(aten_model)
     x = torch.randn(6, 9)
-    for got, want in zip(g(x), f(x)):
+    for got, want in zip(g(x), aten_model(x)):
         torch.testing.assert_close(got, want)
-    src = b.compiled[0].source
-    for out_call in ("aten.topk.values(", "aten.max.dim_max(", "aten.aminmax.out("):
+    (c,) = b.compiled
+    src = c.source
+    for functional, out_call in ATEN_OUT_CALLS.values():
         assert out_call in src, out_call
+    # sort.default keeps its functional call: no out call for it
+    assert "torch.ops.aten.sort.default(" in src and "aten.sort.values(" not in src
+    assert src.count("aten.sort.values_stable(") == 1
+    # what the wrapper dispatches in one call: each out overload once, none of their functional forms
+    with torch.no_grad(), AtenCalls() as seen:
+        c(x)
+    for functional, out_call in ATEN_OUT_CALLS.values():
+        out_op = "aten::" + out_call.removeprefix("aten.").removesuffix("(")
+        assert seen.ops[out_op] == 1 and seen.ops[functional] == 0, (out_op, seen.ops)
+    assert seen.ops["aten::sort"] == 1 and seen.ops["aten::sort.values"] == 0, seen.ops
+
+
+def extern_model(x):
+    """The ops of ``aten_model`` Triton does not generate kernels for."""
+    v, i = torch.topk(x, 3)
+    s, j = torch.sort(x, -1)
+    ss, sj = torch.sort(x, stable=True)
+    return v * 2, i, s[:, 0] + ss[:, -1], j, sj
+
+
+@CODEGENS
+def test_aten_multi_output_ops_with_dynamic_shapes_one_compile(codegen):
+    # on Triton, max/min/aminmax are reductions in its own kernels: the model keeps the ops that
+    # are torch extern calls there (topk and the stable sort into planned buffers; sort.default
+    # stays functional on both backends)
+    model = aten_model if codegen == "torch" else extern_model
+    b, g = compiled(model, dynamic=True, codegen=codegen)
+    for rows in (4, 7, 12):
+        x = torch.randn(rows, 9)
+        for got, want in zip(g(x), model(x)):
+            torch.testing.assert_close(got, want)
+    assert len(b.compiled) == 1
+    c = b.compiled[0]
+    present = ATEN_OUT_CALLS if codegen == "torch" else {k: ATEN_OUT_CALLS[k] for k in ("topk", "sort_stable")}
+    for functional, out_call in present.values():
+        assert out_call in c.source, out_call
+    assert "torch.ops.aten.sort.default(" in c.source and "aten.sort.values(" not in c.source
+    assert_extern_calls(c, codegen, 3)  # topk, sort, sort.stable
+    values, indices = sorted((bb for bb in c.plan.memory.buffers.values()
+                              if bb.producer.target is torch.ops.aten.topk.default), key=lambda bb: bb.index)
+    # values die inside the graph: an arena buffer; the indices are returned: the output's own buffer
+    assert values.kind == "arena" and indices.kind == "fresh"
+    assert values.nbytes.free_symbols and indices.nbytes.free_symbols
+
+
+@CODEGENS
+def test_custom_op_with_cpu_kernels_calls_its_out_kernel(codegen):
+    """An op implemented for the CPU dispatch key (no composite), with an out overload there too,
+    is called through that out overload; mark_dynamic: one compile for three batch sizes."""
+    assert usable_on(out_variant(fxov.rms_rows.default), "cpu")
+    assert not usable_on(out_variant(fxov.rms_rows.default), "cuda")  # no CUDA kernel registered
+
+    def f(x):
+        normed, rms = fxov.rms_rows(x * 2, 1e-6)
+        return normed + 1, rms * 3 - 1
+
+    b, g = compiled(f, codegen=codegen)
+    n0 = calls("rms_rows", "rms_rows.out")
+    for i, rows in enumerate((5, 8, 13)):
+        x = torch.randn(rows, 10)
+        if i == 0:
+            torch._dynamo.mark_dynamic(x, 0)
+        normed, rms = ops._rms_rows(x * 2, 1e-6)
+        got = g(x)
+        torch.testing.assert_close(got[0], normed + 1)
+        torch.testing.assert_close(got[1], rms * 3 - 1)
+    n1 = calls("rms_rows", "rms_rows.out")
+    assert n1["rms_rows.out"] - n0["rms_rows.out"] == 3 and n1["rms_rows"] == n0["rms_rows"]
+    assert len(b.compiled) == 1
+    c = b.compiled[0]
+    assert "torch.ops.fxov.rms_rows.out(" in c.source
+    assert_extern_calls(c, codegen, 1)
+    outs = [bb for bb in c.plan.memory.buffers.values() if bb.producer.target is fxov.rms_rows.default]
+    assert len(outs) == 2 and all(bb.nbytes.free_symbols for bb in outs)
 
 
 def test_an_out_form_that_raises_falls_back_to_eager_with_a_reason(caplog):
