@@ -38,6 +38,11 @@ class InputCheck:
     copied_bytes: int = 0  # bytes of those copies
 
 
+def _finite(b) -> bool:
+    """A range bound that is a number (torch's ``int_oo`` says ``is_finite`` yet has no int value)."""
+    return isinstance(b, (int, sympy.Integer))
+
+
 def _bound(ranges, sym: sympy.Symbol):
     r = ranges.get(sym) if ranges else None
     return (None, None) if r is None else (r.lower, r.upper)
@@ -66,7 +71,7 @@ def check_inputs(expected: Sequence[Expected], args: Sequence[Any], ranges: dict
                                      f"(the same size {expr} as an earlier input)")
                 return
             lo, hi = _bound(ranges, expr)
-            if (lo is not None and lo.is_finite and got < int(lo)) or (hi is not None and hi.is_finite and got > int(hi)):
+            if (_finite(lo) and got < int(lo)) or (_finite(hi) and got > int(hi)):
                 raise InputError(f"input {e.name}: {what} is {got}, outside the range {lo}..{hi} "
                                  f"the program was exported for ({expr})")
             env[expr] = got

@@ -107,6 +107,21 @@ def test_same_symbol_on_two_inputs_must_agree_and_kwargs_are_named():
     torch.testing.assert_close(c(a, b=b), a * 2 + b)
 
 
+def test_a_dim_without_a_maximum_accepts_any_size_above_its_minimum():
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    batch = torch.export.Dim("batch", min=2)  # upper bound int_oo
+    ep = torch.export.export(Twice(), (torch.randn(4, 3),), dynamic_shapes={"x": {0: batch}})
+    c = fxforge.compile_exported(ep, Config(debug=True))
+    for n in (2, 5, 1000):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(c(x), x * 2)
+    with pytest.raises(InputError, match=r"size\(0\) is 1, outside the range 2\.\.int_oo"):
+        c(torch.randn(1, 3))
+
+
 def test_user_input_mutation_reaches_the_callers_tensor_when_restrided():
     class Bump(torch.nn.Module):
         def forward(self, x):
