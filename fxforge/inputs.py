@@ -98,7 +98,7 @@ def check_inputs(expected: Sequence[Expected], args: Sequence[Any], ranges: dict
         elif isinstance(v, (bool, int, float, str)) and (type(a) is not type(v) or a != v):
             raise InputError(f"input {e.name}: expected {v!r} (a constant of the program), got {a!r}")
     for expr, got, what in derived:
-        want = expr.xreplace(env)
+        want = sympy.sympify(expr.xreplace(env))
         if not want.free_symbols and int(want) != got:
             raise InputError(f"{what} is {got}, expected {int(want)} ({expr})")
 
@@ -120,7 +120,7 @@ def _stride(v: torch.Tensor, a: torch.Tensor, env: dict) -> tuple[int, ...] | No
     want = []
     for st in v.stride():
         if isinstance(st, torch.SymInt):
-            e = st.node.expr.xreplace(env)
+            e = sympy.sympify(st.node.expr.xreplace(env))  # a bare symbol becomes its int
             if e.free_symbols:
                 return None  # a stride the sizes do not determine: nothing to compare with
             st = int(e)

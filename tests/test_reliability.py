@@ -122,6 +122,19 @@ def test_a_dim_without_a_maximum_accepts_any_size_above_its_minimum():
         c(torch.randn(1, 3))
 
 
+def test_a_dynamic_inner_dim_is_accepted():
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    cols = torch.export.Dim("cols", min=2, max=64)  # x's stride(0) is the symbol itself
+    ep = torch.export.export(Twice(), (torch.randn(4, 3),), dynamic_shapes={"x": {1: cols}})
+    c = fxforge.compile_exported(ep, Config(debug=True))
+    for n in (2, 3, 17):
+        x = torch.randn(4, n)
+        torch.testing.assert_close(c(x), x * 2)
+
+
 def test_user_input_mutation_reaches_the_callers_tensor_when_restrided():
     class Bump(torch.nn.Module):
         def forward(self, x):
