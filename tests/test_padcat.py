@@ -162,6 +162,57 @@ def test_cat_over_a_dynamic_batch_one_compile(codegen):
     assert len(slices(c)) == 2 and c.stats["copy_bytes"] == 0 and written_in_place_by(c) == {codegen}
 
 
+class _PadToWidthOf(torch.nn.Module):
+    def forward(self, x, y):
+        torch._check(y.shape[1] >= x.shape[1])  # a guard: the amount below is never negative
+        return F.pad(x * 2, (0, y.shape[1] - x.shape[1])) + y
+
+
+_PAD_SIZES = ((4, 3, 5), (6, 7, 12), (5, 6, 6))  # rows, x's width, y's width
+
+
+def test_a_symbolic_pad_amount_proved_nonnegative_is_zero_copy_one_compile():
+    f = _PadToWidthOf()
+    torch._dynamo.reset()
+    bk = fxforge.backend(Config(codegen="torch", debug=True))
+    g = torch.compile(f, backend=bk, fullgraph=True, dynamic=True)
+    for rows, n, m in _PAD_SIZES:
+        x, y = torch.randn(rows, n), torch.randn(rows, m)
+        torch.testing.assert_close(g(x, y), f(x, y))
+    (c,) = bk.compiled
+    assert c.stats["refused_zero_copy"] == {} and "mul" in slices(c)
+    assert c.stats["copy_bytes"] == 4 * 2 * F32  # the border, at the first call's sizes
+
+
+def test_a_symbolic_pad_amount_proved_nonnegative_fills_only_the_border_at_every_size():
+    # exported, so the counter can run around the compiled call (dynamo refuses to run under it)
+    dim = torch.export.Dim
+    shapes = ({0: dim("rows", min=2), 1: dim("n", min=2)}, {0: dim("rows", min=2), 1: dim("m", min=2)})
+    ep = torch.export.export(_PadToWidthOf(), (torch.randn(4, 3), torch.randn(4, 5)), dynamic_shapes=shapes)
+    c = fxforge.compile_exported(ep, Config(codegen="torch", debug=True))
+    assert c.stats["refused_zero_copy"] == {}
+    for rows, n, m in _PAD_SIZES:
+        x, y = torch.randn(rows, n), torch.randn(rows, m)
+        with CopyCounter() as counter:
+            got = c(x, y)
+        torch.testing.assert_close(got, _PadToWidthOf()(x, y))
+        assert counter.bytes == rows * (m - n) * F32  # the border only
+
+
+def test_a_symbolic_pad_amount_of_unknown_sign_is_copied_and_may_crop():
+    def f(x, y):  # nothing says y is wider: a negative amount crops, which eager does too
+        return F.pad(x * 2, (0, y.shape[1] - x.shape[1])) + y
+
+    torch._dynamo.reset()
+    bk = fxforge.backend(Config(codegen="torch", debug=True))
+    g = torch.compile(f, backend=bk, fullgraph=True, dynamic=True)
+    for n, m in ((3, 5), (4, 9), (7, 2)):  # the last one crops
+        x, y = torch.randn(4, n), torch.randn(4, m)
+        torch.testing.assert_close(g(x, y), f(x, y))
+    (c,) = bk.compiled
+    assert c.stats["refused_zero_copy"] == {"pad_sign": 1} and not slices(c)
+
+
 @pytest.mark.parametrize("codegen", BACKENDS)
 def test_training_through_cat_and_pad(codegen):
     def f(a, b):

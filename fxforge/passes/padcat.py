@@ -21,7 +21,8 @@ reason counted in ``stats["refused_zero_copy"]`` and logged at DEBUG, when
 ``reader``          a reader needs it laid out as traced (a ``view`` that cannot view the region, an
                     ``as_strided``, a kernel that indexes with the traced strides)
 ``layout``          the container is not laid out row-major, or the input's rank is not its rank
-``pad_sign``        a pad amount of unknown sign (symbolic)
+``pad_sign``        a pad amount whose sign the shape environment cannot prove (symbolic: a negative
+                    amount crops, so its region would start outside the input; eager runs either)
 ==================  ===============================================================================
 
 An input taken in place gets ``meta[SLICE_OF] = (container, region start per dim)``; the container
@@ -40,6 +41,7 @@ from collections import Counter
 import sympy
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..codegen.api import CodegenBackend
 from ..config import Config
@@ -108,7 +110,7 @@ class ZeroCopyCatPad:
             return "layout"
         if _mutated(n):
             return "mutated"
-        if n.target is PAD and not all(size_expr(p).is_nonnegative for p in n.args[1]):
+        if n.target is PAD and not all(_nonnegative(p) for p in n.args[1]):
             return "pad_sign"
         return None
 
@@ -166,6 +168,17 @@ class ZeroCopyCatPad:
         # reads_planned: the kernel is told the layout of ``a`` itself, not that of a view of it
         direct = not any(x in r.all_input_nodes for x in _aliases(a)[1:])
         return backend.reads_views or (backend.reads_planned and direct)
+
+
+def _nonnegative(p) -> bool:
+    """Pad amount ``p`` (an int, a SymInt, or a node computing one) is >= 0 for every size this
+    graph runs with: by its expression (sizes are positive), or as a consequence of the guards
+    tracing recorded (``torch._check(y.size(1) >= x.size(1))``, a branch on it), which the
+    caller checks before the graph runs.  ``statically_known_true`` adds no guard of its own."""
+    if size_expr(p).is_nonnegative:
+        return True
+    v = p.meta.get(VAL) if isinstance(p, fx.Node) else p
+    return isinstance(v, torch.SymInt) and statically_known_true(v >= 0)
 
 
 def _row_major(v: torch.Tensor) -> bool:
