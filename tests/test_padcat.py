@@ -257,6 +257,84 @@ def test_the_same_value_twice_is_written_once_and_copied_once(codegen):
     assert "mul" in slices(c)
 
 
+def test_parameters_and_constants_are_copied():
+    class WithParam(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = torch.nn.Parameter(torch.randn(4, 48))
+
+        def forward(self, a):
+            return torch.cat([a * 2, self.p], 0).sum(0)
+
+    m, a = WithParam(), a64()
+    with torch.no_grad():
+        c = run(m, a)  # the parameter is an input of the graph dynamo hands over
+    assert c.stats["refused_zero_copy"] == {"graph_input": 1} and "mul" in slices(c)
+    # the graph's inputs, told apart by their shapes: a is (64, 48), p (4, 48)
+    inputs = [a if n.meta["val"].shape[0] == 64 else m.p.detach() for n in c.graph.graph.find_nodes(op="placeholder")]
+    assert measured(c, *inputs) == 4 * 48 * F32
+
+    const = torch.randn(3, 48)
+
+    def f(a):
+        return torch.cat([a * 2, const], 0) + 1  # a tensor constant of the traced graph
+
+    gm = make_fx(f)(a)
+    assert [n.op for n in gm.graph.nodes if n.op == "get_attr"] == ["get_attr"]
+    c = compile_graph(gm, Config(debug=True))
+    torch.testing.assert_close(c(a), f(a))
+    assert c.stats["refused_zero_copy"] == {"graph_input": 1} and "mul" in slices(c)
+    assert measured(c, a) == 3 * 48 * F32
+
+
+def test_mm_bmm_addmm_and_reductions_write_into_their_regions():
+    def f(a, w, x, y, z):
+        h = torch.cat([a @ w, F.linear(a, w.t(), w[0]), a.sum(1, keepdim=True), a.amax(1, keepdim=True)], 1)
+        return h.exp(), torch.cat([torch.bmm(x, y), z * 2], 2).sin()
+
+    args = (torch.randn(8, 6), torch.randn(6, 5), torch.randn(2, 4, 6), torch.randn(2, 6, 5), torch.randn(2, 4, 3))
+    c = run(f, *args)
+    assert c.stats["refused_zero_copy"] == {} and measured(c, *args) == 0
+    placed = {b.producer.target for b in slices(c).values()}
+    aten = torch.ops.aten
+    assert {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.sum.dim_IntList, aten.amax.default} <= placed
+
+
+def test_producers_that_cannot_write_a_region_are_copied_and_logged(caplog):
+    import logging
+
+    def f(idx, table, a):  # embedding's out= form is a composite (runs embedding, then copies)
+        return torch.cat([F.embedding(idx, table), a + 1], 1).sum(0)
+
+    def g(a, b):  # native_layer_norm: three outputs; only single outputs are placed
+        return torch.cat([F.layer_norm(a * 2, (48,)), b + 1], 1).sum(0)
+
+    idx, table = torch.randint(0, 10, (64,)), torch.randn(10, 48)
+    with caplog.at_level(logging.DEBUG, logger="fxforge"):
+        assert _reasons(f, idx, table, a64()) == {"producer": 1}
+    copied = lambda: [r.getMessage() for r in caplog.records if r.name == "fxforge" and "is copied" in r.getMessage()]  # noqa: E731
+    assert copied() == ["fxforge: cat input 0 (embedding) is copied, not written in place: producer"]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="fxforge"):
+        assert _reasons(g, a64(), a64()) == {"producer": 1}
+    assert copied() == ["fxforge: cat input 0 (getitem) is copied, not written in place: producer"]  # b + 1: in place
+
+
+def test_the_debug_log_names_each_copied_input_and_why(caplog):
+    import logging
+
+    def f(a, b):
+        x = a * 2
+        return torch.cat([a, x, x, b.t()], 1).sum(0)  # a graph input, x twice, a view
+
+    with caplog.at_level(logging.DEBUG, logger="fxforge"):
+        assert _reasons(f, a64(), torch.randn(48, 64)) == {"graph_input": 1, "repeated": 1, "view": 1}
+    said = [r.getMessage() for r in caplog.records if r.name == "fxforge" and "is copied" in r.getMessage()]
+    assert said == ["fxforge: cat input 0 (arg0_1) is copied, not written in place: graph_input",
+                    "fxforge: cat input 2 (mul) is copied, not written in place: repeated",
+                    "fxforge: cat input 3 (t) is copied, not written in place: view"]
+
+
 def test_a_returned_input_is_copied():
     def f(a, b):
         x = a * 2

@@ -11,13 +11,14 @@ reason counted in ``stats["refused_zero_copy"]`` and logged at DEBUG, when
 ``graph_input``     it is an input, parameter or constant of the graph (the caller's memory)
 ``repeated``        the container read it already (``cat([a, a])``: the first place holds it, the
                     others are copies of it)
-``view``            it is a view or a getitem (its producer's output is already laid out elsewhere)
+``view``            it is a view (its producer's output is already laid out elsewhere)
 ``graph_output``    it, or a view of it, is returned (outputs must not alias each other)
 ``dtype``           its dtype is not the container's
 ``shared``          it is already in place in another container
 ``mutated``         something writes into it, or into the container
 ``producer``        its producer cannot write into a strided region of a larger buffer (a fallback,
-                    a kernel that allocates its result, an op the backend does not write that way)
+                    a kernel that allocates its result, an op the backend does not write that way,
+                    an output of a multi-output op such as ``native_layer_norm``)
 ``reader``          a reader needs it laid out as traced (a ``view`` that cannot view the region, an
                     ``as_strided``, a kernel that indexes with the traced strides)
 ``layout``          the container is not laid out row-major, or the input's rank is not its rank
@@ -121,7 +122,10 @@ class ZeroCopyCatPad:
             return "graph_input"
         if any(x is a for x in inputs[:index]):
             return "repeated"  # its first place holds it; this one is a copy of that
-        if node_kind(a) != "compute":
+        kind = node_kind(a)
+        if kind == "getitem":
+            return "producer"  # one output of a multi-output op: only single outputs are placed
+        if kind != "compute":
             return "view"
         if SLICE_OF in a.meta:
             return "shared"
