@@ -1,5 +1,8 @@
-"""Functional collectives (``torch.ops._c10d_functional``): which ops they are, how many bytes a
-rank sends in each, and which keep reading their input after the call returns.
+"""Collectives: which ops they are, how many bytes a rank sends in each, which keep reading their
+input after the call returns, and which read arguments from symmetric memory.
+
+Functional collectives (``torch.ops._c10d_functional``) and symmetric-memory collectives
+(``torch.ops.symm_mem``, and custom ops registering symmetric-memory arguments: passes/symmetric.py).
 
 ``stats["collective_bytes"]`` (what this rank sends per call) and ``stats["collectives"]`` (one
 entry per collective) are computed with these for every compiled graph; the liveness of a
@@ -116,7 +119,11 @@ COLLECTIVE_OPS = _Ops()
 
 
 def collective_bytes(node: fx.Node) -> tuple[str, int] | None:
-    """(collective name, bytes this rank sends) for a functional collective node, else None."""
+    """(collective name, bytes this rank sends) for a collective node, else None.  In a
+    symmetric-memory collective peers read a rank's input: a one-shot all-reduce (g-1) x input,
+    a two-shot one 2(g-1)/g x input, fused all-gather-matmul (g-1) x its operand."""
+    if is_symmetric_collective(node):
+        return _symmetric_bytes(node)
     if node.op != "call_function" or node.target not in COLLECTIVE_OPS:
         return None
     name, count = COLLECTIVE_OPS.table()[node.target]
@@ -151,3 +158,93 @@ def collective_stats(gm: fx.GraphModule) -> list[dict]:
             out.append({"node": n.name, "collective": c[0], "bytes": c[1],
                         "shape": list(v.shape) if isinstance(v, torch.Tensor) else None})
     return out
+
+
+# --------------------------------------------------------------------------- symmetric memory
+
+# symm_mem collectives and the arguments they read from every rank's symmetric memory.
+SYMM_MEM_ARGS = {
+    "one_shot_all_reduce": ("input",),
+    "one_shot_all_reduce_out": ("input",),
+    "one_shot_all_reduce_copy": ("symm_buffer",),
+    "one_shot_all_reduce_copy_out": ("symm_buffer",),
+    "two_shot_all_reduce_": ("input",),
+    "two_shot_all_reduce_out": ("input",),
+    "multimem_all_reduce_": ("input",),
+    "multimem_one_shot_all_reduce": ("input",),
+    "multimem_one_shot_all_reduce_out": ("input",),
+    "reduce_scatter_out": ("input",),
+}
+# symm_mem collectives that manage their own symmetric workspace: fences, no planned buffer.
+SYMM_MEM_COLLECTIVES = {"fused_all_gather_matmul", "fused_matmul_reduce_scatter"}
+
+
+def _packet(op) -> str:
+    return op.name().split("::", 1)[1].split(".", 1)[0]
+
+
+def group_name_of(node: fx.Node) -> str | None:
+    """The process group a collective node runs on (its ``group_name`` argument), else None."""
+    op = node.target
+    if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+        return None
+    for i, a in enumerate(op._schema.arguments):
+        if a.name == "group_name":
+            v = node.kwargs.get("group_name", node.args[i] if i < len(node.args) else None)
+            return str(v) if v is not None else None
+    return None
+
+
+def symmetric_args(node: fx.Node) -> tuple[str, ...]:
+    """Names of the arguments of ``node`` that must live in symmetric memory (empty: none)."""
+    op = node.target
+    if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+        return ()
+    if op.namespace == "symm_mem" and _packet(op) in SYMM_MEM_ARGS:
+        return SYMM_MEM_ARGS[_packet(op)]
+    return _registered_args(op)
+
+
+def _registered_args(op) -> tuple[str, ...]:
+    """Arguments a custom op registered with ``Library.register_symm_mem_args`` (torch >= 2.12)."""
+    try:
+        from torch._library.simple_registry import singleton
+
+        entry = singleton.find(op._schema.name)
+        holder = getattr(entry, "symm_mem_args", None)
+        names = holder.get() if holder is not None else None
+    except (ImportError, AttributeError):
+        return ()
+    return tuple(names) if names else ()
+
+
+def is_symmetric_collective(node: fx.Node) -> bool:
+    """A collective reading symmetric memory, or a symm_mem collective with its own workspace."""
+    op = node.target
+    return bool(symmetric_args(node)) or (
+        isinstance(op, torch._ops.OpOverload) and op.namespace == "symm_mem" and _packet(op) in SYMM_MEM_COLLECTIVES)
+
+
+def symmetric_arg_nodes(node: fx.Node) -> list[tuple[int, fx.Node]]:
+    """(positional index, node) of the arguments of ``node`` that must live in symmetric memory."""
+    names = symmetric_args(node)
+    if not names:
+        return []
+    out = []
+    for i, a in enumerate(node.target._schema.arguments):
+        if a.name in names:
+            v = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+            if isinstance(v, fx.Node):
+                out.append((i, v))
+    return out
+
+
+def _symmetric_bytes(node: fx.Node) -> tuple[str, int]:
+    name = _packet(node.target)
+    g = _group_size(group_name_of(node))
+    data = _val_bytes(node.args[0])
+    if name in ("two_shot_all_reduce_", "two_shot_all_reduce_out", "multimem_all_reduce_", "reduce_scatter_out"):
+        return name, 2 * (g - 1) * data // g
+    if name == "fused_matmul_reduce_scatter":
+        return name, (g - 1) * _val_bytes(node)
+    return name, (g - 1) * data

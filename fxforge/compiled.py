@@ -70,6 +70,7 @@ class Compiled:
         eager: Callable[[list], Any] | None = None,
         debug: bool = False,
         holds_inputs: bool = True,
+        communicates: bool = False,
     ):
         self._fn = fn
         self.source = source
@@ -82,6 +83,8 @@ class Compiled:
         # the caller holds the inputs during a call anyway (not so for a backward graph, whose
         # saved activations the call frees as it goes): a failed call can be re-run eagerly
         self._holds_inputs = holds_inputs
+        # a graph with collectives is never re-run eagerly: the other ranks would not re-run theirs
+        self._communicates = communicates
         self._n_inputs = sum(1 for n in graph.graph.nodes if n.op == "placeholder")
         self.failures: list[str] = []  # why calls of the generated code failed (each ran eagerly)
         self.failed: str | None = None  # why the graph switched to eager for good, if it did
@@ -100,7 +103,9 @@ class Compiled:
           eager's exception propagates, the compiled code staying in use; otherwise the call
           returns eager's result and the failure is logged and kept in ``failures``.  After
           ``MAX_FAILURES`` of them the graph runs eagerly for good (``failed``), logged once;
-        * where the inputs are gone, the error propagates as ``GeneratedCodeError``.
+        * where the inputs are gone, or the graph communicates with other ranks (a re-run on one
+          rank would leave the others waiting in their collectives), the error propagates as
+          ``GeneratedCodeError``.
 
         With ``Config(debug=True)`` every failure raises.
         """
@@ -119,6 +124,12 @@ class Compiled:
         except Exception as e:
             if self._debug:
                 raise
+            if self._communicates:
+                raise GeneratedCodeError(
+                    f"the generated code of this {self.stats.get('graph', 'graph')} graph failed "
+                    f"({type(e).__name__}: {e}); it communicates with other ranks, so it is not re-run "
+                    "eagerly on this rank alone; FXFORGE_DEBUG=1 raises at the failing line of Compiled.source"
+                ) from e
             if kept is None:
                 raise GeneratedCodeError(
                     f"the generated code of this {self.stats.get('graph', 'graph')} graph failed "

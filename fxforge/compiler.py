@@ -23,9 +23,10 @@ from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
 from .lowering.crops import LowerCrops
 from .passes.assign import AssignBackends
 from .passes.fusion import FuseGroups, verify_groups
-from .passes.memory import arena_intervals, arena_peak_bytes, plan_memory, verify_memory_plan
+from .passes.memory import arena_intervals, arena_peak_bytes, plan_memory, symmetric_arena_bytes, verify_memory_plan
 from .passes.padcat import ZeroCopyCatPad
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
+from .passes.symmetric import LowerAllReduceToSymmetric, PlaceSymmetric
 from .pipeline import PassError, PassManager
 from .plan import Group, Plan, group_outputs
 from .report.hooks import on_compiled
@@ -51,9 +52,12 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> li
     backend = registry.select(config, device_types(gm))
     extern = registry.get(backend.extern) if backend.extern and backend.extern != backend.name else None
     return [
-        DedupeGetitems(), EliminateDeadCode(), LowerCrops(), *config.passes_at("after_lowering"),
+        DedupeGetitems(), EliminateDeadCode(), LowerCrops(),
+        *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
+        *config.passes_at("after_lowering"),
         AssignBackends(backend, config, extern), *config.passes_at("after_assignment"),
         FuseGroups(backend, config), *config.passes_at("after_fusion"),
+        PlaceSymmetric(registry, config),
         *([ZeroCopyCatPad(registry, config)] if config.zero_copy else []),
     ]
 
@@ -134,7 +138,7 @@ def compile_graph(
     sched, sched_stats = make_schedule(gm, fused)
     stage("schedule")
     groups = build_groups(gm, sched, registry)
-    memory = plan_memory(gm, sched, groups, config)
+    memory = plan_memory(gm, sched, groups, config, key=kind)
     if config.debug:
         verify_memory_plan(memory)
     stage("memory_plan")
@@ -144,7 +148,8 @@ def compile_graph(
     fn = w.load(f"<fxforge-{kind}-{graph_id}>")
     stage("load")
 
-    arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas for iv in arena_intervals(memory, a.name)]
+    arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas if a.symmetric is None
+                  for iv in arena_intervals(memory, a.name)]
     # every node that runs eagerly, and why: refused by the backend, or its kernel failed to compile
     demoted = dict(w.demoted)
     fallbacks = {n.name: g.reason for g in groups if g.backend == FALLBACK_BACKEND for n in g.nodes}
@@ -161,6 +166,8 @@ def compile_graph(
         lower_bound_bytes=peak_live_bytes(arena_live),
         eager_live_peak_bytes=eager_peak,
         copy_bytes=graph_copy_bytes(groups, memory.hint, memory, demoted),
+        symmetric_arena_bytes=symmetric_arena_bytes(memory),
+        symmetric_copy_ins=dict(sum((Counter(r.stats.get("symmetric_copy_ins", {})) for r in records), Counter())),
         collectives=collective_stats(gm),
         refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),
         refused_zero_copy=dict(sum((Counter(r.stats.get("refused_zero_copy", {})) for r in records), Counter())),
@@ -185,6 +192,7 @@ def compile_graph(
         eager=_boxed(gm),
         debug=config.debug,
         holds_inputs=kind != "backward",  # a backward's inputs (saved activations) are freed as it runs
+        communicates=bool(stats["collectives"]),
     )
     compiled.report_data = recorder.finish(w.kernels)
     log.debug("fxforge: compiled %s graph %d: %d nodes, %d kernels, %d fallbacks, %.3f s", kind, graph_id,

@@ -66,6 +66,10 @@ class Config:
     zero_copy: bool = True
     # Fill every arena with 0xFF bytes (NaN for floats) on each call: exposes reads of unwritten bytes.
     poison_arena: bool = False
+    # Functional all-reduces (sum) of at most this many bytes become one-shot all-reduces on
+    # symmetric memory, their inputs written into a rank-identical arena (passes/symmetric.py);
+    # 0: never.
+    symmetric_all_reduce_bytes: int = 0
     # Directory where an HTML report is written for every compiled graph (None: no reports).
     report_dir: str | None = field(default_factory=lambda: os.environ.get("FXFORGE_REPORT_DIR") or None)
     # User passes inserted at named points of the pipeline: {"after_fusion": [my_pass], ...}
@@ -82,6 +86,9 @@ class Config:
         for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args"):
             self._set(knob, _limit(knob, getattr(self, knob)))
         self._set("max_fusion_peak_growth", _fraction("max_fusion_peak_growth", self.max_fusion_peak_growth))
+        s = self.symmetric_all_reduce_bytes
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ValueError(f"Config.symmetric_all_reduce_bytes={s!r}: expected a byte count >= 0 (0: never)")
         a = self.alignment
         if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a & (a - 1):
             raise ValueError(f"Config.alignment={a!r}: expected a power of two (an int such as 16 or 64)")

@@ -33,6 +33,7 @@ BUFFER = "fxforge_buffer"
 ALLOCATES = "fxforge_allocates"
 SLICE_OF = "fxforge_slice_of"
 ZERO_COPY = "fxforge_zero_copy"
+SYMMETRIC = "fxforge_symmetric"
 
 META_KEYS = {
     VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
@@ -45,6 +46,8 @@ META_KEYS = {
               "per-dim offsets of the named cat/pad node's result (passes/padcat.py)",
     ZERO_COPY: "tuple[bool, ...]: on a cat / constant_pad_nd node, which inputs are written in place into its "
                "result; the wrapper moves only the others (copies) and a pad's border (fills)",
+    SYMMETRIC: "str: the process group whose symmetric-memory arena holds the node's output, which a "
+               "collective reads from every rank (passes/symmetric.py)",
 }
 
 FALLBACK_BACKEND = "fallback"

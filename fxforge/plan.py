@@ -68,6 +68,9 @@ class Buffer:
     # (the region has this buffer's shape; its strides are the base's).
     base: str | None = None
     region: tuple[sympy.Expr, ...] | None = None
+    # In a symmetric arena: the last position a collective reads it (peers may read it until the
+    # next fence; ``end`` holds it that long).
+    released: int | None = None
 
 
 @dataclass
@@ -82,6 +85,13 @@ class Arena:
     # last of its buffers.
     start: int = 0
     end: int = 0
+    # A symmetric-memory arena (passes/symmetric.py): its process group, its allocation id (from
+    # the graph), whether each call starts with a barrier, and the fence points (schedule
+    # positions; a barrier after position p is at p + 0.5).  It persists across calls.
+    symmetric: str | None = None
+    alloc_id: int | None = None
+    start_barrier: bool = False
+    fences: tuple[float, ...] = ()
 
 
 @dataclass
@@ -90,6 +100,8 @@ class MemoryPlan:
     arenas: list[Arena]
     alignment: int
     shape_env: object = None
+    # Barriers the plan needs, as (node after which, symmetric arena): passes/symmetric.py.
+    barriers: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._slots = {(b.producer, b.index): b for b in self.buffers.values()}

@@ -42,6 +42,8 @@ def accepts(node: fx.Node, config: Config) -> str | None:
         return "output size depends on data (unbacked symbol)"
     if op.namespace == "_c10d_functional":
         return "functional collective: communication runs eagerly, as registered"
+    if op.namespace == "symm_mem":
+        return "symmetric-memory collective: runs as registered (on CPU, fxforge's emulation)"
     if op.namespace not in _RUNNABLE_NAMESPACES:
         # a custom operator runs through its out variant, writing planned buffers, or not at all
         found = out_variant(op)

@@ -43,10 +43,12 @@ import sympy
 import torch
 import torch.fx as fx
 
+from ..collectives import symmetric_arg_nodes
 from ..config import Config
 from ..graph import FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_path, output_nodes, storage_root
 from ..plan import Buffer, Group, Plan
 from ..regions import PAD, container_inputs, pad_border, regions
+from . import symmetric
 from .api import Kernel, KernelContext
 from .pyexpr import PyExprPrinter, format_arg, format_call, literal
 from .registry import Registry
@@ -163,6 +165,9 @@ class _Builder:
     # ------------------------------------------------------------------ emission
 
     def call_source(self, node: fx.Node) -> str:
+        emulated = self.emulated_symmetric(node)
+        if emulated is not None:
+            return emulated
         t = node.target
         if t is operator.getitem:
             return f"{self.ref(node.args[0])}[{format_arg(node.args[1], self.ref, self.const)}]"
@@ -173,6 +178,28 @@ class _Builder:
         else:
             fn = self.const(t)
         return format_call(fn, node.args, node.kwargs, self.ref, self.const)
+
+    def emulated_symmetric(self, node: fx.Node) -> str | None:
+        """A symmetric-memory collective on CPU: the call of its emulation (``codegen/symmetric.py``),
+        given the handle of the arena its input lives in."""
+        t = node.target
+        v = node.meta.get(VAL)
+        first = v if isinstance(v, torch.Tensor) else next((x for x in v or () if isinstance(x, torch.Tensor)), None) \
+            if isinstance(v, (tuple, list)) else None
+        if not isinstance(t, torch._ops.OpOverload) or t.namespace != "symm_mem" or first is None \
+                or first.device.type == "cuda":
+            return None
+        name = t.name().split("::", 1)[1].split(".", 1)[0]
+        if name in symmetric.WORKSPACE_EMULATED:
+            return format_call(self.const(symmetric.WORKSPACE_EMULATED[name]), node.args, node.kwargs, self.ref, self.const)
+        args = [a for _, a in symmetric_arg_nodes(node)]
+        b = self.plan.memory.of(args[0], None) if args else None
+        if name not in symmetric.EMULATED or b is None or b.arena is None:
+            return None  # not planned: runs as registered (and raises where it has no kernel)
+        self.allocate_arena(b.arena)
+        parts = [f"{b.arena}_h"] + [format_arg(a, self.ref, self.const) for a in node.args]
+        parts += [f"{k}={format_arg(v, self.ref, self.const)}" for k, v in node.kwargs.items()]
+        return f"{self.const(symmetric.EMULATED[name])}({', '.join(parts)})"
 
     def alloc(self, b: Buffer) -> str:
         shape = _tuple(self.size(s) for s in b.shape)
@@ -208,10 +235,19 @@ class _Builder:
             return
         self.arena_alloced.add(arena)
         a = next(a for a in self.plan.memory.arenas if a.name == arena)
-        self.lines.append(
-            f"{a.name} = torch.empty({self.size(a.nbytes)}, dtype=torch.uint8, device={literal(a.device)})"
-            f"  # {a.name}: live {a.start}..{a.end}"
-        )
+        if a.symmetric is not None:
+            self.globals[f"_{a.name}"] = symmetric.SymmetricArena(
+                a.name, a.device, a.symmetric, a.alloc_id, a.start_barrier,
+                sorted((b.name, self.plan.memory.hint(b.offset), self.plan.memory.hint(b.nbytes))
+                       for b in self.plan.memory.buffers.values() if b.arena == a.name))
+            self.lines.append(f"{a.name}_h = _{a.name}.acquire({self.size(a.nbytes)})  # {a.name}: symmetric memory "
+                              f"of group {a.symmetric!r}, alloc id {a.alloc_id:#x}, kept across calls")
+            self.lines.append(f"{a.name} = {a.name}_h.local")
+        else:
+            self.lines.append(
+                f"{a.name} = torch.empty({self.size(a.nbytes)}, dtype=torch.uint8, device={literal(a.device)})"
+                f"  # {a.name}: live {a.start}..{a.end}"
+            )
         if self.config.poison_arena:
             self.lines.append(f"{a.name}.fill_(255)  # poison: NaN for floats")
 
@@ -313,6 +349,9 @@ class _Builder:
                 self.arena_pending[b.arena] = self.arena_pending.get(b.arena, 0) + 1
                 self.arena_bound.setdefault(b.arena, set())
         outputs = set(output_nodes(self.gm))
+        barriers: dict[str, list[str]] = {}
+        for node_name, arena in plan.memory.barriers:
+            barriers.setdefault(node_name, []).append(arena)
         sched = plan.schedule
         # A group runs where its last node is scheduled; every member is "emitted" there.
         emit_at = {n: i for i, n in enumerate(sched)}
@@ -364,6 +403,8 @@ class _Builder:
                 self.assign(n.name, self.call_source(n))
                 if kind in ("compute", "scalar"):
                     self.bind_symbols_from(n.name, n.meta.get(VAL))
+            for arena in barriers.get(n.name, ()):
+                self.lines.append(f"{arena}_h.barrier()  # every rank is done reading {arena}: its bytes may be written again")
             if i == emit_at.get(next_node.get(n), -1):
                 continue  # more nodes run at this position: release after the last of them
             dead = [d.name for d in dead_at.get(i, ()) if d.name in self.bound]

@@ -22,10 +22,11 @@ import torch.fx as fx
 from ..config import Config
 from ..iteration import schema_bind
 from ..lowering.out_variant import out_variant
-from ..graph import ALLOCATES, FALLBACK_BACKEND, SLICE_OF, VAL, ZERO_COPY, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
+from ..graph import ALLOCATES, FALLBACK_BACKEND, SLICE_OF, SYMMETRIC, VAL, ZERO_COPY, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, verify_plan
 from .schedule import fused_positions
+from .symmetric import plan_symmetric, verify_symmetric
 from .windows import place_windows, placed_peaks, window_options
 
 
@@ -228,7 +229,10 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.
     return np.cumsum(diff[:length])
 
 
-def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config) -> MemoryPlan:
+def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config,
+                key: str = "") -> MemoryPlan:
+    """The memory plan of ``gm`` over ``schedule``; ``key`` (the graph's kind) makes symmetric
+    arenas' allocation ids differ between graphs of one model."""
     pos = positions(schedule, groups)
     live = liveness(schedule, output_nodes(gm), pos)
     buffers = collect_buffers(gm, groups, pos, live)
@@ -239,9 +243,11 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
         home = {b.name: _root(b, buffers).name for b in buffers.values() if b.kind == "slice"}
         reused: set[str] = set()
         for b in sorted(buffers.values(), key=lambda b: b.start):
-            if b.index is None and b.producer not in multi and b.kind != "slice" and ZERO_COPY not in b.producer.meta:
+            if b.index is None and b.producer not in multi and b.kind != "slice" and ZERO_COPY not in b.producer.meta \
+                    and SYMMETRIC not in b.producer.meta:
                 src = inplace_source(b.producer, b, buffers, pos, home)
-                if src is None or src.name in reused or (b.kind == "fresh" and src.reuses is not None):
+                if src is None or src.name in reused or (b.kind == "fresh" and src.reuses is not None) \
+                        or SYMMETRIC in src.producer.meta:  # symmetric bytes are in another arena
                     continue
                 if b.kind == "fresh":
                     # an output written over an arena buffer that dies there: that buffer is
@@ -252,9 +258,10 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
                 b.reuses = src.name
                 reused.add(src.name)
     by_device: dict[str, list[Buffer]] = {}
+    symmetric = []
     for b in buffers.values():
         if b.kind == "arena":
-            by_device.setdefault(str(b.device), []).append(b)
+            (symmetric if SYMMETRIC in b.producer.meta else by_device.setdefault(str(b.device), [])).append(b)
     env = shape_env_of(gm)
     length = max(pos.values(), default=-1) + 1
     first, last = call_spans(groups, pos, length)
@@ -280,12 +287,19 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
                     b.arena, b.offset = name, offsets[head]
             arenas.append(Arena(name, bufs[0].device, nbytes, planner,
                                 start=min(spans[k][1] for k in heads), end=max(spans[k][2] for k in heads)))
-    return MemoryPlan(buffers, arenas, config.alignment, env)
+    symm_arenas, barriers = plan_symmetric(gm, symmetric, pos, length, config.alignment, env,
+                                           f"{key}\n{gm.code}") if symmetric else ([], [])
+    return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers)
 
 
 def arena_peak_bytes(plan: MemoryPlan) -> int:
-    """Most arena bytes live at once (at the traced sizes): arenas live over their windows."""
-    return peak_live_bytes((a.start, a.end, plan.hint(a.nbytes)) for a in plan.arenas)
+    """Most arena bytes live at once (at the traced sizes): arenas live over their windows.
+    Symmetric arenas (held across calls) are counted apart: ``symmetric_arena_bytes``."""
+    return peak_live_bytes((a.start, a.end, plan.hint(a.nbytes)) for a in plan.arenas if a.symmetric is None)
+
+
+def symmetric_arena_bytes(plan: MemoryPlan) -> int:
+    return sum(plan.hint(a.nbytes) for a in plan.arenas if a.symmetric is not None)
 
 
 def arena_intervals(plan: MemoryPlan, arena: str) -> list[Interval]:
@@ -326,6 +340,7 @@ def verify_memory_plan(plan: MemoryPlan) -> None:
     while the buffer holding its bytes does, and not overlap another region of the same base.
     Every other overlap is an error."""
     verify_slices(plan)
+    verify_symmetric(plan)
     for a in plan.arenas:
         members = blocks([b for b in plan.buffers.values() if b.arena == a.name])
         outside = [m.name for ms in members.values() for m in ms if not a.start <= m.start <= m.end <= a.end]

@@ -15,6 +15,7 @@ reason counted in ``stats["refused_zero_copy"]`` and logged at DEBUG, when
 ``graph_output``    it, or a view of it, is returned (outputs must not alias each other)
 ``dtype``           its dtype is not the container's
 ``shared``          it is already in place in another container
+``symmetric``       a collective reads it from symmetric memory (its arena is not the container's)
 ``mutated``         something writes into it, or into the container
 ``producer``        its producer cannot write into a strided region of a larger buffer (a fallback,
                     a kernel that allocates its result, an op the backend does not write that way,
@@ -46,7 +47,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..codegen.api import CodegenBackend
 from ..config import Config
-from ..graph import ALLOCATES, BACKEND, FALLBACK_BACKEND, SLICE_OF, VAL, ZERO_COPY, expr, is_mutating, node_kind, output_nodes
+from ..graph import ALLOCATES, BACKEND, FALLBACK_BACKEND, SLICE_OF, SYMMETRIC, VAL, ZERO_COPY, expr, is_mutating, node_kind, output_nodes
 from ..pipeline import PassResult
 from ..regions import PAD, container_inputs, is_container, regions, size_expr
 
@@ -129,6 +130,8 @@ class ZeroCopyCatPad:
             return "view"
         if SLICE_OF in a.meta:
             return "shared"
+        if SYMMETRIC in a.meta:
+            return "symmetric"
         va, vn = a.meta.get(VAL), n.meta[VAL]
         if not isinstance(va, torch.Tensor) or va.dtype != vn.dtype:
             return "dtype"
