@@ -79,15 +79,17 @@ def check_graph(page: Page, i: int, c: fxforge.Compiled) -> None:
     assert len(rects) == len(buffers) > 0
     assert sorted(int(r["data-i"]) for r in rects) == list(range(len(buffers)))
     steps = len(c.plan.schedule)
+    symmetric = {a.name for a in mem.arenas if a.symmetric is not None}
     patterns = {f"url(#{p['id']})": kind for kind in KIND_PATTERN for p in page.find("pattern", f"kind-{kind}", i)}
     data = page.json[i]
     for r in rects:
         b = buffers[int(r["data-i"])]
         assert float(r["x"]) == pytest.approx(b.start * W / steps, abs=0.01), b.name
         assert float(r["x"]) + float(r["width"]) == pytest.approx(max((b.end + 1) * W / steps, float(r["x"]) + 0.3), abs=0.02)
-        # slices (and future symmetric buffers) wear their kind's pattern and class; others a hue
-        if b.kind in KIND_PATTERN:
-            assert patterns.get(r["fill"]) == b.kind and b.kind in r["class"].split(), (b.name, r)
+        # slices and buffers of symmetric arenas wear their kind's pattern and class; others a hue
+        kind = "symmetric" if b.kind == "arena" and b.arena in symmetric else b.kind
+        if kind in KIND_PATTERN:
+            assert patterns.get(r["fill"]) == kind and kind in r["class"].split(), (b.name, r)
         else:
             assert r["fill"].startswith("hsl(") and r["fill"] not in patterns, (b.name, r)
         # the hover: name, dtype and shape; producer; lifetime in steps
@@ -182,6 +184,37 @@ def test_zero_copy_cat_slices_are_hatched_one_rect_per_slice_buffer():
     assert '<pattern id="u-symmetric" class="kind-symmetric"' in panel.svg("mem")
     tips = page.json[0]["tips"]
     assert all(buffers[i].base in tips[i][4] and "cat/pad" in tips[i][4] for i in slices)
+
+
+def test_symmetric_arena_buffers_are_dotted():
+    """A graph with a symmetric-memory collective (compiled over a fake 2-rank group, not run):
+    its symmetric arena's buffers wear the symmetric pattern, every other buffer a hue."""
+    import torch.distributed as dist
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from fxforge.compiler import compile_graph
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        g = dist.group.WORLD.group_name
+
+        def f(x, w):
+            y = torch.ops.symm_mem.one_shot_all_reduce(torch.relu(x @ w) @ w, "sum", g)
+            return torch.ops.symm_mem.one_shot_all_reduce(y @ w, "sum", g)
+
+        c = compile_graph(make_fx(f, tracing_mode="fake")(torch.randn(4, 8), torch.randn(8, 8)), fxforge.Config())
+        page = Page(render(c))
+    finally:
+        dist.destroy_process_group()
+    check_graph(page, 0, c)  # asserts each rect's pattern or hue from its buffer's arena
+    dotted = {f"url(#{p['id']})" for p in page.find("pattern", "kind-symmetric")}
+    drawn = sorted(int(r["data-i"]) for r in page.find("rect", "buf") if r["fill"] in dotted)
+    symm = [i for i, b in enumerate(c.plan.memory.buffers.values()) if b.arena and b.arena.startswith("symm")]
+    assert drawn == symm and len(symm) == 2
+    (sw,) = page.find("span", "kind-symmetric")
 
 
 def test_report_shows_stats_and_fragmentation(demo_graphs):

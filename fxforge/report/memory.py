@@ -7,7 +7,7 @@ its offset over its live range.  Buffers allocated fresh (graph outputs, escapin
 packed the same way in a panel of their own.  One ``<rect class="buf">`` per planned buffer, in
 ``plan.memory.buffers`` order, so the picture can be checked against the plan.  Arena buffers get
 a hue each; kinds in ``KIND_PATTERN`` (``slice``: a region of a zero-copy cat/pad result, drawn
-over it; ``symmetric`` reserved for the symmetric arena) are filled with a pattern of their own
+over it; ``symmetric``: a buffer of a symmetric-memory arena) are filled with a pattern of their own
 (``<pattern class="kind-KIND">``) and a dark outline, so they stay apart from any hue.  What a
 buffer's hover shows is ``hover_lines``, sent with the page.  A dashed line marks the lower
 bound (most bytes of arena buffers live at once), a solid one the arena bytes.
@@ -195,6 +195,11 @@ def _root_and_offset(b, mem) -> tuple[Any, int]:
     return b, off
 
 
+def _kind(b, symmetric: set) -> str:
+    """How a buffer is drawn: its plan kind, or ``symmetric`` for a buffer of a symmetric arena."""
+    return "symmetric" if b.kind == "arena" and b.arena in symmetric else b.kind
+
+
 def _where(b, mem) -> str:
     if b.kind == "slice" and getattr(b, "base", None):
         try:
@@ -215,6 +220,8 @@ def memory_view(compiled, uid: str = "g0") -> dict[str, Any]:
     a_addr, a_top = pack(a_items)
     base = {a.name: a_addr[i] for i, a in enumerate(arenas)}
     buffers = list(mem.buffers.values())
+    symmetric = {a.name for a in arenas if getattr(a, "symmetric", None) is not None}
+    kinds_of = [_kind(b, symmetric) for b in buffers]
     located = [_root_and_offset(b, mem) for b in buffers]
     # buffers holding their own bytes outside any arena (graph outputs...): packed in a panel of their own
     fresh = [b for b in buffers if b.kind != "slice" and not (b.kind == "arena" and b.arena in base)]
@@ -244,19 +251,20 @@ def memory_view(compiled, uid: str = "g0") -> dict[str, Any]:
         addr = (f_at[root.name] if in_fresh else base.get(root.arena, 0) + hint(root.offset or 0)) + off
         x0, x1 = p.x(b.start), p.x(b.end + 1)
         y0, y1 = p.y(addr + n), p.y(addr)
-        cls = "buf" + (" reuse" if b.reuses else "") + (f" {b.kind}" if b.kind in KIND_PATTERN else "")
+        kind = kinds_of[i]
+        cls = "buf" + (" reuse" if b.reuses else "") + (f" {kind}" if kind in KIND_PATTERN else "")
         p.plot.append(f'<rect class="{cls}" x="{x0:.2f}" y="{y0:.2f}" width="{max(x1 - x0, 0.3):.2f}" '
-                      f'height="{max(y1 - y0, MIN_H):.2f}" fill="{p.fill(b.kind, i, extra)}" data-i="{i}"/>')
+                      f'height="{max(y1 - y0, MIN_H):.2f}" fill="{p.fill(kind, i, extra)}" data-i="{i}"/>')
     for i, b in enumerate(buffers):
         rows.append([b.name, "(" + ", ".join(str(s) for s in b.shape) + ")", str(b.dtype).replace("torch.", ""),
                      b.producer.name if b.producer is not None else "", b.start, b.end, hint(b.nbytes),
-                     hint(b.offset) if b.offset is not None else None, _where(b, mem), b.kind, b.reuses or ""])
+                     hint(b.offset) if b.offset is not None else None, _where(b, mem), kinds_of[i], b.reuses or ""])
     lb = stats.get("lower_bound_bytes", 0)
     if stats.get("arena_bytes"):
         arena_panel.hline(stats["arena_bytes"], "ab", f"arenas live at once: {fmt_bytes(stats['arena_bytes'])}")
     if lb:
         arena_panel.hline(lb, "lb", f"lower bound {fmt_bytes(lb)}")
-    kinds = sorted({b.kind for b in buffers} | {"arena"})
+    kinds = sorted(set(kinds_of) | {"arena"})
     notes = {"arena": "a hue per buffer", **{k: v[3] for k, v in KIND_PATTERN.items()}}
     legend = [(k, swatch_css(k, _colour(k, 0, extra)), notes.get(k, "")) for k in kinds]
     return {
