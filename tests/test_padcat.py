@@ -527,3 +527,32 @@ def test_a_producer_whose_kernel_fails_is_copied_into_its_region_and_counted(fai
     assert name in slices(c)  # planned in place; the eager result is copied there
     assert f".copy_({name})" in c.source
     assert c.stats["copy_bytes"] == 64 * 48 * F32 == measured(c, *args)
+
+
+# --------------------------------------------------------------------------- bench/padcat.py's figures
+
+
+def _bench():
+    import importlib
+    import sys
+
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module("padcat")
+
+
+def test_bench_cases_measure_what_their_ideals_say():
+    """The bench's analytic ideals against its measurements: fxforge moves exactly the ideal in
+    every case, and on the micro cases (nothing to fuse but the cat/pad) the bytes its kernels
+    access, counted at the dispatcher, are exactly the ideal plan's."""
+    padcat = _bench()
+    cases = {**padcat.micro_cases(), **padcat.llama_cases()}
+    for name, case in cases.items():
+        got = padcat.fxforge_figures(case.fn, case.args)
+        assert got["moved"] == case.ideal_moved, name
+        want = case.fn(*case.args)
+        for x, y in zip(*((r,) if isinstance(r, torch.Tensor) else r for r in (got["result"], want))):
+            torch.testing.assert_close(x, y)
+        if name in padcat.micro_cases():
+            assert got["accessed"] == case.ideal_accessed, name
