@@ -41,8 +41,11 @@ def run(f, *args, dynamic=None, codegen="torch", **config):
     b = fxforge.backend(Config(codegen=codegen, debug=True, **config))
     g = torch.compile(f, backend=b, fullgraph=True, dynamic=dynamic)
     got, want = g(*args), f(*args)
+    # a Triton kernel sums in another order than eager: a float32 sum of 192 values of size ~5
+    # differs by up to ~1e-4 (2.3e-5 seen: the default atol 1e-5 failed 2 runs of 8)
+    tol = {"atol": 1e-4, "rtol": 1e-5} if codegen == "triton" else {}
     for x, y in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
-        torch.testing.assert_close(x, y)
+        torch.testing.assert_close(x, y, **tol)
     (c,) = b.compiled
     return c
 
