@@ -167,6 +167,7 @@ def compile_graph(
         eager_live_peak_bytes=eager_peak,
         copy_bytes=graph_copy_bytes(groups, memory.hint, memory, demoted),
         symmetric_arena_bytes=symmetric_arena_bytes(memory),
+        kept_arena_bytes=memory.kept_bytes,
         symmetric_copy_ins=dict(sum((Counter(r.stats.get("symmetric_copy_ins", {})) for r in records), Counter())),
         collectives=collective_stats(gm),
         refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),

@@ -61,6 +61,12 @@ class Config:
     # allocated just before its first buffer is written and dropped after its last buffer's last
     # use; False: one arena per device, held for the whole call.
     arena_windows: bool = True
+    # Keep a static-shape graph's arenas, and the views of the buffers in them, from one call to
+    # the next (made once, laid out in one block: the arena windows at their own offsets) instead
+    # of allocating them on every call: "inference" (every graph but a training step's forward
+    # and backward, which would hold their arenas through the whole step), "always", "never".
+    # Kept arenas hold their bytes between calls (stats["kept_arena_bytes"]).
+    keep_arenas: str = "inference"
     # Write each input of a cat or pad straight into its place in the result, so cat copies
     # nothing and pad fills only its border (passes/padcat.py); False: copy them.
     zero_copy: bool = True
@@ -83,6 +89,7 @@ class Config:
     def __post_init__(self) -> None:
         _choice("decompose", self.decompose, ("auto", "none", "core"))
         _choice("partitioner", self.partitioner, ("min_cut", "default"))
+        _choice("keep_arenas", self.keep_arenas, ("inference", "always", "never"))
         for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args"):
             self._set(knob, _limit(knob, getattr(self, knob)))
         self._set("max_fusion_peak_growth", _fraction("max_fusion_peak_growth", self.max_fusion_peak_growth))

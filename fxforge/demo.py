@@ -105,21 +105,22 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
-def _time_pair(a: Callable[[], Any], b: Callable[[], Any], calls: int, budget_s: float) -> tuple[float, float, int]:
-    """Median seconds per call of ``a`` and of ``b``, calls interleaved (a, b, a, b, ...).
+def _time_interleaved(fns: list[Callable[[], Any]], calls: int, budget_s: float) -> tuple[list[float], int]:
+    """Median seconds per call of each of ``fns``, calls interleaved (a, b, c, a, b, c, ...).
 
-    Interleaving exposes both to the same machine load, so the ratio stays meaningful on a busy
-    2-core box.  Stops after ``calls`` pairs or once ``budget_s`` is spent (at least 3 pairs).
+    Interleaving exposes all to the same machine load, so the ratios stay meaningful on a busy
+    2-core box.  Stops after ``calls`` rounds or once ``budget_s`` is spent (at least 3 rounds).
     """
-    a(), b()  # warm (allocator, caches)
-    ta, tb = [], []
+    for fn in fns:
+        fn()  # warm (allocator, caches, kept arenas)
+    times: list[list[float]] = [[] for _ in fns]
     start = time.perf_counter()
-    while len(ta) < calls and (len(ta) < 3 or time.perf_counter() - start < budget_s):
-        for fn, out in ((a, ta), (b, tb)):
+    while len(times[0]) < calls and (len(times[0]) < 3 or time.perf_counter() - start < budget_s):
+        for fn, out in zip(fns, times):
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb), len(ta)
+    return [statistics.median(t) for t in times], len(times[0])
 
 
 def _graph_row(c: fxforge.Compiled) -> dict:
@@ -151,7 +152,8 @@ def run_demo(
 
     Keys: ``ok`` (all checks passed), ``checks`` (name -> {ok, max_abs_err}), ``graphs`` (one row
     per Compiled: graph, nodes, kernels, fallbacks, arena/lower-bound/eager-peak bytes,
-    compile_seconds), ``timing`` ({inference, train_step} -> {fxforge_s, eager_s, ratio}),
+    compile_seconds), ``timing`` ({inference, train_step} -> {fxforge_s, eager_s, aot_eager_s (dynamo
+    and AOTAutograd alone, what every backend pays), ratio}),
     ``failures`` (graphs the backend could not compile and ran eagerly), ``model``, ``batch``.
     ``config`` and ``registry`` go to ``fxforge.backend``.
     """
@@ -161,6 +163,8 @@ def run_demo(
     model = copy.deepcopy(eager)
     backend = fxforge.backend(config or fxforge.Config(), registry=registry)
     compiled = torch.compile(model, backend=backend, fullgraph=True)
+    # dynamo + AOTAutograd with no backend behind them: what every backend's calls pay
+    floor = torch.compile(copy.deepcopy(eager), backend="aot_eager", fullgraph=True)
 
     gen = torch.Generator().manual_seed(seed + 1)
     idx = torch.randint(0, cfg.vocab, (batch, cfg.seq), generator=gen)
@@ -223,8 +227,9 @@ def run_demo(
 
     timing = {}
     for what, make in (("inference", infer), ("train_step", train)):
-        fx_s, eager_s, n = _time_pair(make(compiled), make(eager), calls, budget_s)
-        timing[what] = {"fxforge_s": fx_s, "eager_s": eager_s, "ratio": fx_s / eager_s, "calls": n}
+        (fx_s, eager_s, floor_s), n = _time_interleaved([make(compiled), make(eager), make(floor)], calls, budget_s)
+        timing[what] = {"fxforge_s": fx_s, "eager_s": eager_s, "aot_eager_s": floor_s, "ratio": fx_s / eager_s,
+                        "calls": n}
     timing["inference"]["first_call_s"] = first_inference_s
     timing["train_step"]["first_call_s"] = first_train_s
 
@@ -273,9 +278,11 @@ def format_table(r: dict) -> str:
     reasons = {reason for g in r["graphs"] for reason in g["fallback_reasons"].values()}
     for reason in sorted(reasons):
         lines.append(f"  fallback: {reason}")
-    lines += ["", f"{'time per call':<14} {'fxforge':>10} {'eager':>10} {'ratio':>7}   (median, calls interleaved)"]
+    lines += ["", f"{'time per call':<14} {'fxforge':>10} {'eager':>10} {'ratio':>7} {'aot_eager':>10} {'ratio':>7}   "
+                  "(median, calls interleaved; aot_eager: dynamo + AOTAutograd alone, what every backend pays)"]
     for what, t in r["timing"].items():
-        lines.append(f"{what:<14} {t['fxforge_s'] * 1e3:>8.2f}ms {t['eager_s'] * 1e3:>8.2f}ms {t['ratio']:>6.2f}x   {t['calls']} calls each")
+        lines.append(f"{what:<14} {t['fxforge_s'] * 1e3:>8.2f}ms {t['eager_s'] * 1e3:>8.2f}ms {t['ratio']:>6.2f}x "
+                     f"{t['aot_eager_s'] * 1e3:>8.2f}ms {t['fxforge_s'] / t['aot_eager_s']:>6.2f}x   {t['calls']} calls each")
     lines.append(
         "first call (dynamo + AOTAutograd + fxforge compile): inference %.2fs, train step %.2fs"
         % (r["timing"]["inference"]["first_call_s"], r["timing"]["train_step"]["first_call_s"])

@@ -90,6 +90,8 @@ class Arena:
     # positions; a barrier after position p is at p + 0.5).  It persists across calls.
     symmetric: str | None = None
     alloc_id: int | None = None
+    # Kept arenas (``MemoryPlan.kept_bytes``): where this one sits in the block made once.
+    block_offset: int | None = None
     start_barrier: bool = False
     fences: tuple[float, ...] = ()
 
@@ -102,6 +104,9 @@ class MemoryPlan:
     shape_env: object = None
     # Barriers the plan needs, as (node after which, symmetric arena): passes/symmetric.py.
     barriers: list[tuple[str, str]] = field(default_factory=list)
+    # Bytes of the one block holding every (non-symmetric) arena when they are kept across calls
+    # (``Config.keep_arenas``; static sizes); 0: each arena is allocated per call over its window.
+    kept_bytes: int = 0
 
     def __post_init__(self) -> None:
         self._slots = {(b.producer, b.index): b for b in self.buffers.values()}

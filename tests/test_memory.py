@@ -212,7 +212,8 @@ def measured_peak(fn) -> int:
 
 def test_arena_is_freed_once_its_buffers_are_dead():
     gm = make_fx(early_then_late, tracing_mode="fake")(torch.randn(128, 128))
-    c = compile_graph(gm, fxforge.Config(debug=True, poison_arena=True))
+    # arenas allocated per call (kept ones are made once: tests/test_overhead.py)
+    c = compile_graph(gm, fxforge.Config(debug=True, poison_arena=True, keep_arenas="never"))
     mem = c.plan.memory
     assert len(mem.arenas) >= 2
     verify_memory_plan(mem)
@@ -228,7 +229,8 @@ def test_arena_is_freed_once_its_buffers_are_dead():
     x = torch.randn(128, 128)
     torch.testing.assert_close(c(x)[0], early_then_late(x)[0])
     # measured: no more than eager, and less than one arena held for the whole call
-    whole = compile_graph(make_fx(early_then_late, tracing_mode="fake")(x), fxforge.Config(arena_windows=False))
+    whole = compile_graph(make_fx(early_then_late, tracing_mode="fake")(x),
+                          fxforge.Config(arena_windows=False, keep_arenas="never"))
     assert len(whole.plan.memory.arenas) == 1
     c(x), whole(x)  # warm
     windowed, held, eager = (measured_peak(lambda f=f: f(x)) for f in (c, whole, early_then_late))
@@ -378,7 +380,7 @@ def test_output_written_over_a_dying_buffer():
     tensors and match eager."""
     args = (torch.randn(32, 512), torch.randn(32, 64), torch.randint(0, 512, (32,)), torch.randn(32, 64))
     gm = make_fx(tied_embedding_grad, tracing_mode="fake")(*args)
-    c = compile_graph(gm, fxforge.Config(debug=True, poison_arena=True))
+    c = compile_graph(gm, fxforge.Config(debug=True, poison_arena=True, keep_arenas="never"))
     mem = c.plan.memory
     add = next(b for b in mem.buffers.values() if b.producer.target is torch.ops.aten.add.Tensor)
     assert add.kind == "fresh" and add.reuses is not None and mem.buffers[add.reuses].kind == "fresh"
@@ -386,7 +388,8 @@ def test_output_written_over_a_dying_buffer():
     assert first.data_ptr() != second.data_ptr()
     torch.testing.assert_close(first, tied_embedding_grad(*args)[0])
     torch.testing.assert_close(second, tied_embedding_grad(*args)[0])
-    plain = compile_graph(make_fx(tied_embedding_grad, tracing_mode="fake")(*args), fxforge.Config(inplace=False))
+    plain = compile_graph(make_fx(tied_embedding_grad, tracing_mode="fake")(*args),
+                          fxforge.Config(inplace=False, keep_arenas="never"))
     c(*args), plain(*args)  # warm
     nbytes = 512 * 64 * 4
     assert measured_peak(lambda: c(*args)) < measured_peak(lambda: plain(*args)) - nbytes // 2

@@ -109,7 +109,7 @@ def test_single_output_custom_op_calls_its_out_form_into_the_plan():
     assert after["scale_add.out"] - before["scale_add.out"] == 1
     assert after["scale_add"] - before["scale_add"] == 0  # the functional form never ran after tracing
     c = b.compiled[0]
-    assert "torch.ops.fxov.scale_add.out(" in c.source and c.stats["fallback_nodes"] == 0
+    assert "fxov.scale_add.out(" in c.source and c.stats["fallback_nodes"] == 0
     buf = next(bb for bb in c.plan.memory.buffers.values() if bb.producer.target is fxov.scale_add.default)
     assert buf.kind == "arena"
 
@@ -131,7 +131,7 @@ def test_multi_output_custom_op_with_dynamic_shapes_one_compile(codegen):
     assert n1["mm_split.out"] - n0["mm_split.out"] == 3 and n1["mm_split"] == n0["mm_split"]
     assert len(b.compiled) == 1  # one compile serves every batch size
     c = b.compiled[0]
-    assert "torch.ops.fxov.mm_split.out(" in c.source
+    assert "fxov.mm_split.out(" in c.source
     assert_extern_calls(c, codegen, 1)
     outs = [bb for bb in c.plan.memory.buffers.values() if bb.producer.target is fxov.mm_split.default]
     assert len(outs) == 2 and all(bb.kind == "arena" and bb.nbytes.free_symbols for bb in outs)
@@ -161,7 +161,7 @@ def test_registered_out_form_from_another_namespace():
         n = ops.CALLS["soft_into"]
         torch.testing.assert_close(g(x), torch.nn.functional.softplus(x * 3) - 1)
         assert ops.CALLS["soft_into"] == n + 1
-        assert "torch.ops.fxov_other.soft_into.default(" in b.compiled[0].source
+        assert "fxov_other.soft_into.default(" in b.compiled[0].source
     finally:
         fxforge.lowering.out_variant.OUT_VARIANTS.unregister(fxov.soft.default)
 
@@ -188,7 +188,7 @@ def test_chain_of_four_out_variant_ops_uses_two_buffers(codegen, dynamic):
     assert n1["scale_add.out"] - n0["scale_add.out"] == 4 * len(sizes) and n1["scale_add"] == n0["scale_add"]
     assert len(b.compiled) == 1
     c = b.compiled[0]
-    assert c.source.count("torch.ops.fxov.scale_add.out(") == 4
+    assert c.source.count("fxov.scale_add.out(") == 4
     assert_extern_calls(c, codegen, 4)
     mem = c.plan.memory
     verify_memory_plan(mem)
@@ -209,7 +209,7 @@ def test_out_declared_to_alias_its_input_runs_in_place():
     mem = b.compiled[0].plan.memory
     out = next(bb for bb in mem.buffers.values() if bb.producer.target is fxov.twice.default)
     assert out.reuses is not None and mem.buffers[out.reuses].producer.target is torch.ops.aten.mul.Tensor
-    assert "torch.ops.fxov.twice.out(mul, out=twice)" in b.compiled[0].source
+    assert "fxov.twice.out(mul, out=twice)" in b.compiled[0].source
 
 
 def test_training_through_a_custom_op_with_an_autograd_formula():
@@ -224,7 +224,7 @@ def test_training_through_a_custom_op_with_an_autograd_formula():
     torch.testing.assert_close(x.grad, x2.grad)
     torch.testing.assert_close(y.grad, y2.grad)
     fw = next(c for c in b.compiled if c.stats["graph"] == "forward")
-    assert "torch.ops.fxov.scale_add.out(" in fw.source
+    assert "fxov.scale_add.out(" in fw.source
 
 
 # On CPU, the out overloads the torch backend calls for these (real kernels, not composites)
@@ -257,7 +257,7 @@ def test_aten_multi_output_ops_in_a_compiled_model():
     for functional, out_call in ATEN_OUT_CALLS.values():
         assert out_call in src, out_call
     # sort.default keeps its functional call: no out call for it
-    assert "torch.ops.aten.sort.default(" in src and "aten.sort.values(" not in src
+    assert "aten.sort.default(" in src and "aten.sort.values(" not in src
     assert src.count("aten.sort.values_stable(") == 1
     # what the wrapper dispatches in one call: each out overload once, none of their functional forms
     with torch.no_grad(), AtenCalls() as seen:
@@ -292,7 +292,7 @@ def test_aten_multi_output_ops_with_dynamic_shapes_one_compile(codegen):
     present = ATEN_OUT_CALLS if codegen == "torch" else {k: ATEN_OUT_CALLS[k] for k in ("topk", "sort_stable")}
     for functional, out_call in present.values():
         assert out_call in c.source, out_call
-    assert "torch.ops.aten.sort.default(" in c.source and "aten.sort.values(" not in c.source
+    assert "aten.sort.default(" in c.source and "aten.sort.values(" not in c.source
     assert_extern_calls(c, codegen, 3)  # topk, sort, sort.stable
     values, indices = sorted((bb for bb in c.plan.memory.buffers.values()
                               if bb.producer.target is torch.ops.aten.topk.default), key=lambda bb: bb.index)
@@ -326,7 +326,7 @@ def test_custom_op_with_cpu_kernels_calls_its_out_kernel(codegen):
     assert n1["rms_rows.out"] - n0["rms_rows.out"] == 3 and n1["rms_rows"] == n0["rms_rows"]
     assert len(b.compiled) == 1
     c = b.compiled[0]
-    assert "torch.ops.fxov.rms_rows.out(" in c.source
+    assert "fxov.rms_rows.out(" in c.source
     assert_extern_calls(c, codegen, 1)
     outs = [bb for bb in c.plan.memory.buffers.values() if bb.producer.target is fxov.rms_rows.default]
     assert len(outs) == 2 and all(bb.nbytes.free_symbols for bb in outs)

@@ -71,6 +71,9 @@ class KernelContext:
     # The planned layout of a node's value (output ``index``): (sizes, strides) over the graph's
     # symbols; the traced layout unless the plan placed it in a region of a larger buffer.
     layout: Callable[[fx.Node, int | None], tuple[tuple, tuple]] | None = None
+    # Source calling an OpOverload from the kernel (``aten.mm.out``: bound once at load); None:
+    # use its ``torch.ops`` path.
+    op: Callable[[Any], str] | None = None
 
 
 DECOMPOSE_LEVELS = ("none", "core")

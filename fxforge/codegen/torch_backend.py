@@ -92,6 +92,7 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     storages: set[object] = set()  # distinct storages read or written
     returns: list[str] = []  # outputs the kernel allocates itself
     members = set(group.nodes)
+    op_source = ctx.op or op_path  # how the kernel calls an op
 
     def param(name: str) -> str:
         if name not in params:
@@ -122,24 +123,24 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
         if kind == "getitem":
             continue  # resolved by ref() to the producer's buffer
         if kind != "compute":
-            body.append(f"{node.name} = {call(op_path(op) if isinstance(op, torch._ops.OpOverload) else ctx.const(op), node)}")
+            body.append(f"{node.name} = {call(op_source(op) if isinstance(op, torch._ops.OpOverload) else ctx.const(op), node)}")
             continue
         body.append(f"# {node.name}: {op_display(op)}")
         found = out_variant(op)
         if node.meta.get(ALLOCATES):
-            body.append(f"{node.name} = {call(op_path(op), node)}")
+            body.append(f"{node.name} = {call(op_source(op), node)}")
             returns.append(node.name)
             continue
         if writes_by_copy(node):
             src = format_arg(node.args[0], ref, ctx.const)
             body.append(f"{param(ctx.buffer(node, None))}.copy_({src})")
         elif found is not None:
-            head = call(op_path(found.op), node)[:-1]  # reads are bound before the outputs
+            head = call(op_source(found.op), node)[:-1]  # reads are bound before the outputs
             outs = [param(ctx.buffer(node, i)) for i in _slots(node)]
             sep = ", " if not head.endswith("(") else ""
             body.append(head + sep + ", ".join(f"{k}={b}" for k, b in zip(found.outs, outs)) + ")")
         else:
-            body.append(f"_r = {call(op_path(op), node)}")
+            body.append(f"_r = {call(op_source(op), node)}")
             outs = [param(ctx.buffer(node, i)) for i in _slots(node)]
             if _slots(node) == [None]:
                 body.append(f"{outs[0]}.copy_(_r)")

@@ -3,7 +3,7 @@
 Shape of the source::
 
     def kernel3(mm, arg2_1, add):            # one function per kernel group (any backend)
-        torch.ops.aten.add.out(mm, arg2_1, out=add)
+        aten.add.out(mm, arg2_1, out=add)     # torch.ops.aten.add.out, bound once at load
 
     def call(args):
         arg0_1, arg1_1, arg2_1 = args
@@ -27,11 +27,19 @@ before the first kernel writing one of its buffers, and its name and typed views
 together with the last of its buffers, so its storage is freed as soon as no buffer in it is
 live (a later view of a buffer keeps it alive as long as needed).
 A kernel whose backend fails to compile it falls back to eager calls for its nodes.
+
+Kept arenas (``plan.memory.kept_bytes``: static sizes, ``Config.keep_arenas``): the arenas sit
+at their own offsets in one block, and every view of a buffer in them is made once, by
+``_arenas()``; ``call`` takes them (``runtime.KeptArenas``) and unpacks them at its start, and
+lends them back when it returns: no allocation, no view and no ``del`` for them per call.  Ops
+are called as ``aten.mm.out(...)``: namespaces of the graph's ops bound once to their dispatcher
+entries (``runtime.bind_ops``); views of wrapper values through the Tensor methods.
 """
 
 from __future__ import annotations
 
 import itertools
+import keyword
 import linecache
 import logging
 import math
@@ -45,10 +53,10 @@ import torch.fx as fx
 
 from ..collectives import symmetric_arg_nodes
 from ..config import Config
-from ..graph import FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_path, output_nodes, storage_root
+from ..graph import FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_display, op_path, output_nodes, storage_root
 from ..plan import Buffer, Group, Plan
 from ..regions import PAD, container_inputs, pad_border, regions
-from . import symmetric
+from . import runtime, symmetric
 from .api import Kernel, KernelContext
 from .pyexpr import PyExprPrinter, format_arg, format_call, literal
 from .registry import Registry
@@ -100,6 +108,12 @@ class _Builder:
         self.arena_bound: dict[str, set[str]] = {}  # arena -> its buffers bound and not yet deleted
         self.arena_of: dict[str, str] = {}  # arena buffer name -> arena
         self.buffers_bound: set[str] = set()  # planned buffers given their names
+        # Kept arenas (plan.memory.kept_bytes): the block, the arenas and the buffer views in them
+        # are made once, by ``setup`` (a function of its own); ``call`` takes them at its start.
+        self.kept = plan.memory.kept_bytes > 0
+        self.setup: list[str] = []
+        self.kept_names: dict[str, None] = {}  # made by _arenas(), in order
+        self.ops: dict[tuple[str, str, str], torch._ops.OpOverload] = {}  # bound once: runtime.bind_ops
 
     # ------------------------------------------------------------------ naming
 
@@ -123,6 +137,16 @@ class _Builder:
 
     def ref(self, n: fx.Node) -> str:
         return n.name
+
+    def op(self, op: torch._ops.OpOverload) -> str:
+        """Source calling ``op``: ``aten.mm.out``, a namespace of ops bound once at load."""
+        ns, rest = op.name().split("::", 1)
+        name, _, overload = rest.partition(".")
+        key = (ns, name, overload or "default")
+        if not all(k.isidentifier() and not keyword.iskeyword(k) for k in key) or ns in self.node_names:
+            return op_path(op)
+        self.ops[key] = op
+        return ".".join(key)
 
     def buffer(self, node: fx.Node, index: int | None) -> str:
         b = self.plan.memory.of(node, index)
@@ -171,8 +195,11 @@ class _Builder:
         t = node.target
         if t is operator.getitem:
             return f"{self.ref(node.args[0])}[{format_arg(node.args[1], self.ref, self.const)}]"
+        if t in VIEW_METHODS and isinstance(node.args[0], fx.Node) and not node.kwargs:
+            # a view through the Tensor method: torch's generated binding, the same ATen op
+            return format_call(f"{self.ref(node.args[0])}.{VIEW_METHODS[t]}", node.args[1:], {}, self.ref, self.const)
         if isinstance(t, torch._ops.OpOverload):
-            fn = op_path(t)
+            fn = self.op(t)
         elif getattr(operator, getattr(t, "__name__", ""), None) is t:
             fn = f"operator.{t.__name__}"
         else:
@@ -218,16 +245,32 @@ class _Builder:
             return f"torch.empty_strided({shape}, {stride}, dtype={literal(b.dtype)}, device={literal(b.device)})"
         typed = self.typed_arena(b.arena, b.dtype)
         itemsize = torch.empty((), dtype=b.dtype).element_size()
-        offset = self.size(sympy.sympify(b.offset) / itemsize) if itemsize > 1 else self.size(b.offset)
+        at = sympy.sympify(b.offset)
+        if self.held(b.arena):  # a typed view of the block: as_strided's offset counts from its start
+            at = at + next(a.block_offset for a in self.plan.memory.arenas if a.name == b.arena)
+        offset = self.size(at / itemsize) if itemsize > 1 else self.size(at)
         return f"{typed}.as_strided({shape}, {stride}, {offset})"
 
     def typed_arena(self, arena: str, dtype: torch.dtype) -> str:
         self.allocate_arena(arena)
+        held = self.held(arena)
+        if held:
+            arena = "_block"  # kept arenas are places in one block: buffers are views of it
         name = f"{arena}_{_DTYPE_SHORT.get(dtype, str(dtype).replace('torch.', ''))}"
         if (arena, dtype) not in self._typed:
             self._typed[(arena, dtype)] = name
-            self.lines.append(f"{name} = {arena}.view({literal(dtype)})")
+            (self.setup if held else self.lines).append(f"{name} = {arena}.view({literal(dtype)})")
         return name
+
+    def view_of_kept(self, n: fx.Node) -> bool:
+        """``n`` views a value made once with the kept arenas, with constant arguments."""
+        base = n.args[0] if n.args else None
+        return (self.kept and isinstance(base, fx.Node) and base.name in self.kept_names
+                and not _has_nodes((n.args[1:], n.kwargs)))
+
+    def held(self, arena: str | None) -> bool:
+        """The arena is kept across calls: it and the views in it are made once, in ``setup``."""
+        return self.kept and arena is not None and not arena.startswith("symm")
 
     def allocate_arena(self, arena: str) -> None:
         """Emit the arena's allocation, once, just before its first buffer is written."""
@@ -243,6 +286,10 @@ class _Builder:
             self.lines.append(f"{a.name}_h = _{a.name}.acquire({self.size(a.nbytes)})  # {a.name}: symmetric memory "
                               f"of group {a.symmetric!r}, alloc id {a.alloc_id:#x}, kept across calls")
             self.lines.append(f"{a.name} = {a.name}_h.local")
+        elif self.kept:
+            end = a.block_offset + int(a.nbytes)
+            self.setup.append(f"# {a.name}: bytes {a.block_offset}..{end} of the block, live {a.start}..{a.end}")
+            return  # the block is poisoned once per call
         else:
             self.lines.append(
                 f"{a.name} = torch.empty({self.size(a.nbytes)}, dtype=torch.uint8, device={literal(a.device)})"
@@ -270,6 +317,14 @@ class _Builder:
         if b.name in self.buffers_bound:
             return  # a cat/pad result, bound already for an input written into it
         self.buffers_bound.add(b.name)
+        if self.held(self.plan.memory.root(b).arena):
+            if b.kind == "slice":
+                self.bind_buffer(self.plan.memory.buffers[b.base])
+            base = self.plan.memory.buffers.get(b.base)
+            rhs = self.region(base.name, base, b.region, b.shape) if b.kind == "slice" else self.alloc(b)
+            self.setup.append(f"{b.name} = {rhs}")
+            self.kept_names[b.name] = None
+            return
         if b.kind == "slice":
             base = self.plan.memory.buffers[b.base]
             self.bind_buffer(base)
@@ -295,7 +350,7 @@ class _Builder:
         (n,) = [m for m in g.nodes if node_kind(m) == "compute"]
         b = self.plan.memory.of(n, None)
         self.bind_buffer(b)
-        self.lines.append(f"# {n.name}: {op_path(n.target)[len('torch.ops.'):]} in place "
+        self.lines.append(f"# {n.name}: {op_display(n.target)} in place "
                           f"({sum(n.meta[ZERO_COPY])} of {len(n.meta[ZERO_COPY])} inputs written into it)")
         for a, start, taken in zip(container_inputs(n), regions(n), n.meta[ZERO_COPY]):
             if not taken:
@@ -326,7 +381,8 @@ class _Builder:
 
     def compile_group(self, g: Group) -> Kernel | None:
         backend = self.registry.get(g.backend)
-        ctx = KernelContext(self.fresh(f"kernel{g.id}"), self.ref, self.buffer, self.const, self.config, self.layout)
+        ctx = KernelContext(self.fresh(f"kernel{g.id}"), self.ref, self.buffer, self.const, self.config, self.layout,
+                            self.op)
         try:
             k = backend.compile(g, ctx)
         except Exception as e:
@@ -397,6 +453,9 @@ class _Builder:
                     self.emit_group(g)
             elif kind == "getitem" and self.written_by_kernel(n.args[0], n.args[1]):
                 pass  # the producer's kernel wrote this planned buffer
+            elif kind == "view" and g is None and self.view_of_kept(n):
+                self.setup.append(f"{n.name} = {self.call_source(n)}")  # a view of kept bytes: made once too
+                self.kept_names[n.name] = None
             else:
                 if g is not None:
                     self.lines.append(f"# {n.name}: eager fallback ({g.reason})")
@@ -429,11 +488,33 @@ class _Builder:
             "import torch",
             "",
         ]
+        if self.ops:
+            self.globals.update(runtime.bind_ops(self.ops))
+            spaces = sorted({ns for ns, _, _ in self.ops})
+            src += [f"# {', '.join(spaces)}: the ops of torch.ops.{{{','.join(spaces)}}} this graph calls, each bound "
+                    "once to its dispatcher entry", ""]
         for ks in self.kernel_sources:
             src += [ks.rstrip("\n"), "", ""]
+        if self.kept:
+            src += self.setup_source()
+            names = ", ".join(["_block", *self.kept_names])
+            take = ["_views = _kept.take()", "try:"]
+            inner = [f"{names}, = _views"] + (["_block.fill_(255)  # poison: NaN for floats"] if self.config.poison_arena
+                                              else [])
+            body = take + ["    " + l for l in inner + body] + ["finally:", "    _kept.give(_views)"]
         src.append("def call(args):")
         src += ["    " + l for l in head + body]
         return Wrapper("\n".join(src) + "\n", self.globals, self.kernels, self.demoted)
+
+    def setup_source(self) -> list[str]:
+        """``_arenas()``: the block holding every arena, and the buffer views in them, made once
+        (``runtime.KeptArenas``: a call finding them in use makes its own)."""
+        device = next(a.device for a in self.plan.memory.arenas if a.symmetric is None)
+        lines = [f"_block = torch.empty({self.plan.memory.kept_bytes}, dtype=torch.uint8, device={literal(device)})"]
+        lines += self.setup + [f"return {', '.join(['_block', *self.kept_names])},"]
+        self.globals["KeptArenas"] = runtime.KeptArenas
+        return ["def _arenas():  # kept across calls: made on the first call, reused by the next ones"] + \
+               ["    " + l for l in lines] + ["", "", "_kept = KeptArenas(_arenas)", "", ""]
 
     def assign(self, name: str, rhs: str) -> None:
         self.lines.append(f"{name} = {rhs}")
@@ -458,7 +539,7 @@ class _Builder:
             return
         for b in self.planned(g):
             self.bind_buffer(b)
-            if b.name not in self.node_names:
+            if b.name not in self.node_names and b.name not in self.kept_names:
                 self.unheld.append(b.name)
         self.kernels.append(k)
         self.kernel_sources.append(k.source)
@@ -468,6 +549,12 @@ class _Builder:
             self.bound.update(k.returns)
         else:
             self.lines.append(call)
+
+
+def _has_nodes(args) -> bool:
+    found: list[fx.Node] = []
+    fx.node.map_arg(args, found.append)
+    return bool(found)
 
 
 def _shape(n: fx.Node) -> tuple:
@@ -488,3 +575,18 @@ def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
 
 def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config) -> Wrapper:
     return _Builder(gm, plan, registry, config).build()
+
+
+# Views the wrapper makes through the Tensor method (torch's generated binding) rather than
+# through the op: the same ATen op, without the generic path.
+VIEW_METHODS = {
+    torch.ops.aten.view.default: "view",
+    torch.ops.aten.permute.default: "permute",
+    torch.ops.aten.t.default: "t",
+    torch.ops.aten.transpose.int: "transpose",
+    torch.ops.aten.expand.default: "expand",
+    torch.ops.aten.unsqueeze.default: "unsqueeze",
+    torch.ops.aten.squeeze.dim: "squeeze",
+    torch.ops.aten.select.int: "select",
+    torch.ops.aten.as_strided.default: "as_strided",
+}

@@ -27,7 +27,7 @@ from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, verify_plan
 from .schedule import fused_positions
 from .symmetric import plan_symmetric, verify_symmetric
-from .windows import place_windows, placed_peaks, window_options
+from .windows import place, place_windows, placed_peaks, window_options
 
 
 def slot_values(node: fx.Node) -> list[tuple[int | None, torch.Tensor, fx.Node | None]]:
@@ -289,7 +289,28 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
                                 start=min(spans[k][1] for k in heads), end=max(spans[k][2] for k in heads)))
     symm_arenas, barriers = plan_symmetric(gm, symmetric, pos, length, config.alignment, env,
                                            f"{key}\n{gm.code}") if symmetric else ([], [])
-    return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers)
+    kept = keep_arenas(arenas, buffers, config, key, (first, last))
+    return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers, kept)
+
+
+def keep_arenas(arenas: list[Arena], buffers: dict[str, Buffer], config: Config, kind: str,
+                calls: tuple[np.ndarray, np.ndarray]) -> int:
+    """Lay the arenas out in one block kept across calls (``Config.keep_arenas``), arenas that
+    never live together sharing addresses (over whole kernel calls: ``call_spans``, as the
+    wrapper binds them); the block's bytes, or 0 when they are not kept: a policy excluding this
+    graph, symbolic sizes, or arenas on several devices."""
+    if config.keep_arenas == "never" or not arenas or (config.keep_arenas == "inference" and kind in ("forward", "backward")):
+        return 0
+    names = {a.name for a in arenas}
+    sizes = [a.nbytes for a in arenas] + [b.offset for b in buffers.values() if b.arena in names]
+    if len({str(a.device) for a in arenas}) > 1 or not all(sympy.sympify(e).is_Integer for e in sizes):
+        return 0
+    first, last = calls
+    offsets, nbytes, _ = place({a.name: (a.nbytes, int(first[a.start]), int(last[a.end])) for a in arenas},
+                               config.alignment)
+    for a in arenas:
+        a.block_offset = int(offsets[a.name])
+    return int(nbytes)
 
 
 def arena_peak_bytes(plan: MemoryPlan) -> int:

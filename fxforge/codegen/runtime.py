@@ -1,0 +1,58 @@
+"""Objects generated wrappers use at run time (``wrapper.py`` puts them in the source's globals).
+
+* ``bind_ops``: the ops a wrapper calls, by namespace: ``aten.mm.out(a, b, out=c)`` in the source
+  is ``torch.ops.aten.mm.out``, bound once at load to the dispatcher entry that
+  ``OpOverload.__call__`` forwards to, so a call costs no attribute path under ``torch.ops`` and no
+  Python frame.
+* ``KeptArenas``: a static graph's arenas and the views of their buffers, made on the first call
+  and reused by every later call that finds them free; a call made while another holds them (a
+  re-entrant call, another thread) makes its own, as a graph without kept arenas does.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+
+
+def entry(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    """What calling ``op`` calls: ``OpOverload.__call__`` is ``self._op(*args, **kwargs)``; other
+    kinds of overloads (torchbind, ops dispatched in Python) keep their own ``__call__``."""
+    return op._op if type(op) is torch._ops.OpOverload and callable(getattr(op, "_op", None)) else op
+
+
+def bind_ops(ops: dict[tuple[str, str, str], torch._ops.OpOverload]) -> dict[str, SimpleNamespace]:
+    """(namespace, name, overload) -> op, as namespaces: ``out["aten"].mm.out``."""
+    spaces: dict[str, dict[str, dict[str, Any]]] = {}
+    for (ns, name, overload), op in ops.items():
+        spaces.setdefault(ns, {}).setdefault(name, {})[overload] = entry(op)
+    return {ns: SimpleNamespace(**{n: SimpleNamespace(**ovs) for n, ovs in names.items()})
+            for ns, names in spaces.items()}
+
+
+class KeptArenas:
+    """The views ``make()`` returns (arenas and the buffers in them), made once and lent to one
+    call at a time."""
+
+    def __init__(self, make: Callable[[], tuple]):
+        self._make = make
+        self._views: tuple | None = None
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple:
+        if self._lock.acquire(blocking=False):
+            if self._views is None:
+                try:
+                    self._views = self._make()
+                except BaseException:
+                    self._lock.release()
+                    raise
+            return self._views
+        return self._make()  # held by a running call: this call gets arenas of its own
+
+    def give(self, views: tuple) -> None:
+        if views is self._views:
+            self._lock.release()

@@ -1,0 +1,146 @@
+"""Per-call overhead of the generated wrapper, by its structure (times are in bench/overhead.py):
+after the first call a static graph allocates no arena and builds no arena view, calls each op
+through its bound dispatcher entry (no ``OpOverload.__call__`` frame), and lends its kept arenas
+to one call at a time."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fxforge
+
+aten = torch.ops.aten
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        h = self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+        return (x + h).softmax(-1)
+
+
+class Ops(TorchDispatchMode):
+    """Counts every ATen op a call dispatches (what the wrapper and its kernels call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count[func] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _compiled(**config):
+    torch.manual_seed(0)
+    model = MLP().eval()
+    b = fxforge.backend(fxforge.Config(debug=True, **config))
+    return model, b, torch.compile(model, backend=b, fullgraph=True)
+
+
+def _second_call_ops(**config) -> tuple[Counter, fxforge.Compiled]:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(8, 32)
+    c = fxforge.compile_exported(torch.export.export(model, (x,)), fxforge.Config(debug=True, **config))
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), model(x))  # the first call makes the kept arenas
+        with Ops() as ops:
+            got = c(x)
+        torch.testing.assert_close(got, model(x))
+    return ops.count, c
+
+
+def test_a_static_graph_allocates_no_arena_and_builds_no_view_after_its_first_call():
+    kept, c = _second_call_ops()
+    assert c.stats["kept_arena_bytes"] > 0 and c.stats["kept_arena_bytes"] >= c.stats["arena_bytes"]
+    allocs = kept[aten.empty.memory_format] + kept[aten.empty_strided.default]
+    outputs = sum(1 for b in c.plan.memory.buffers.values() if b.kind == "fresh")
+    assert allocs == outputs  # only what the call returns is allocated
+    assert kept[aten.as_strided.default] == 0 and kept[aten.view.dtype] == 0
+    # the same graph with arenas made per call: one allocation per arena, a view per buffer
+    per_call, d = _second_call_ops(keep_arenas="never")
+    assert d.stats["kept_arena_bytes"] == 0
+    assert per_call[aten.empty.memory_format] == len(d.plan.memory.arenas) + kept[aten.empty.memory_format]
+    assert per_call[aten.as_strided.default] >= sum(1 for b in d.plan.memory.buffers.values() if b.kind == "arena")
+
+
+def test_ops_are_called_through_their_bound_entries():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(8, 32)
+    c = fxforge.compile_exported(torch.export.export(model, (x,)),
+                                 fxforge.Config(debug=True, fallback_ops=["aten.gelu"]))  # an eager call too
+    frames = Counter()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            frames[getattr(frame.f_code, "co_qualname", frame.f_code.co_name)] += 1
+
+    with torch.no_grad():
+        c(x)
+        sys.setprofile(profile)
+        try:
+            got = c(x)
+        finally:
+            sys.setprofile(None)
+        torch.testing.assert_close(got, model(x))
+    assert frames["call"] == 1 and not any("OpOverload.__call__" in k for k in frames), frames
+    assert "aten.addmm.out(" in c.source and "aten.gelu.default(" in c.source and "torch.ops.aten." not in c.source
+
+
+def test_kept_arenas_are_lent_to_one_call_at_a_time():
+    """Two threads inside the graph at once (a custom op in it waits for both): one call has the
+    kept arenas, the other makes its own; both results are right."""
+    meeting: list[threading.Barrier] = []  # set while the two threads run
+    lib = torch.library.Library("fxforge_overhead", "DEF")
+    lib.define("meet(Tensor x) -> Tensor")
+    lib.impl("meet", lambda x: ([m.wait() for m in meeting], x * 2)[1], "CPU")
+    lib.impl("meet", lambda x: torch.empty_like(x), "Meta")
+
+    class F(torch.nn.Module):
+        def forward(self, x, w):
+            h = torch.relu(x @ w) + 1
+            return torch.ops.fxforge_overhead.meet(h) @ w
+
+    w = torch.randn(16, 16)
+    xs = [torch.randn(4, 16) for _ in range(2)]
+    c = fxforge.compile_exported(torch.export.export(F(), (xs[0], w)), fxforge.Config(debug=True))
+    c(xs[0], w)  # alone: the first call makes the kept arenas
+    assert c.stats["kept_arena_bytes"] > 0
+    meeting.append(threading.Barrier(2, timeout=30))
+    results = [None, None]
+
+    def run(i):
+        results[i] = c(xs[i], w)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for x, got in zip(xs, results):
+        torch.testing.assert_close(got, ((torch.relu(x @ w) + 1) * 2) @ w)
+
+
+def test_training_graphs_allocate_arenas_per_call_unless_asked():
+    x = torch.randn(8, 32, requires_grad=True)
+    for policy, kept in (("inference", False), ("always", True)):
+        model, b, cm = _compiled(keep_arenas=policy)
+        cm(x).sum().backward()
+        graphs = {c.stats["graph"]: c.stats["kept_arena_bytes"] > 0 for c in b.compiled}
+        assert graphs == {"forward": kept, "backward": kept}, (policy, graphs)
+        g = x.grad.clone()
+        x.grad = None
+        model(x).sum().backward()
+        torch.testing.assert_close(g, x.grad)
+        x.grad = None
