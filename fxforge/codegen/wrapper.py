@@ -111,6 +111,7 @@ class _Builder:
         # Kept arenas (plan.memory.kept_bytes): the block, the arenas and the buffer views in them
         # are made once, by ``setup`` (a function of its own); ``call`` takes them at its start.
         self.kept = plan.memory.kept_bytes > 0
+        self.arenas = {a.name: a for a in plan.memory.arenas}
         self.setup: list[str] = []
         self.kept_names: dict[str, None] = {}  # made by _arenas(), in order
         self.ops: dict[tuple[str, str, str], torch._ops.OpOverload] = {}  # bound once: runtime.bind_ops
@@ -211,10 +212,9 @@ class _Builder:
         given the handle of the arena its input lives in."""
         t = node.target
         v = node.meta.get(VAL)
-        first = v if isinstance(v, torch.Tensor) else next((x for x in v or () if isinstance(x, torch.Tensor)), None) \
-            if isinstance(v, (tuple, list)) else None
-        if not isinstance(t, torch._ops.OpOverload) or t.namespace != "symm_mem" or first is None \
-                or first.device.type == "cuda":
+        tensors = [x for x in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(x, torch.Tensor)]
+        if not isinstance(t, torch._ops.OpOverload) or t.namespace != "symm_mem" or not tensors \
+                or tensors[0].device.type == "cuda":
             return None
         name = t.name().split("::", 1)[1].split(".", 1)[0]
         if name in symmetric.WORKSPACE_EMULATED:
@@ -247,7 +247,7 @@ class _Builder:
         itemsize = torch.empty((), dtype=b.dtype).element_size()
         at = sympy.sympify(b.offset)
         if self.held(b.arena):  # a typed view of the block: as_strided's offset counts from its start
-            at = at + next(a.block_offset for a in self.plan.memory.arenas if a.name == b.arena)
+            at = at + self.arenas[b.arena].block_offset
         offset = self.size(at / itemsize) if itemsize > 1 else self.size(at)
         return f"{typed}.as_strided({shape}, {stride}, {offset})"
 
@@ -269,15 +269,16 @@ class _Builder:
                 and not _has_nodes((n.args[1:], n.kwargs)))
 
     def held(self, arena: str | None) -> bool:
-        """The arena is kept across calls: it and the views in it are made once, in ``setup``."""
-        return self.kept and arena is not None and not arena.startswith("symm")
+        """The arena is kept in the block across calls: it and the views in it are made once, in
+        ``setup`` (a symmetric arena is kept by its own ``SymmetricArena``)."""
+        return self.kept and arena is not None and self.arenas[arena].symmetric is None
 
     def allocate_arena(self, arena: str) -> None:
         """Emit the arena's allocation, once, just before its first buffer is written."""
         if arena in self.arena_alloced:
             return
         self.arena_alloced.add(arena)
-        a = next(a for a in self.plan.memory.arenas if a.name == arena)
+        a = self.arenas[arena]
         if a.symmetric is not None:
             self.globals[f"_{a.name}"] = symmetric.SymmetricArena(
                 a.name, a.device, a.symmetric, a.alloc_id, a.start_barrier,
