@@ -23,17 +23,26 @@ def _funcol():
     return torch.ops._c10d_functional
 
 
-def _group_size(name: Any) -> int:
+def process_group(name: Any):
+    """The process group a collective's ``group_name`` argument names."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    return _resolve_process_group(name).size()
+    return _resolve_process_group(name)
+
+
+def group_rank(pg) -> int:
+    """This process's rank within process group ``pg``."""
+    import torch.distributed as dist
+
+    return dist.get_group_rank(pg, dist.get_rank())
+
+
+def _group_size(name: Any) -> int:
+    return process_group(name).size()
 
 
 def _group_rank(name: Any) -> int:
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return dist.get_group_rank(_resolve_process_group(name), dist.get_rank())
+    return group_rank(process_group(name))
 
 
 def _val_bytes(node: Any) -> int:
@@ -206,15 +215,16 @@ def symmetric_args(node: fx.Node) -> tuple[str, ...]:
 
 
 def _registered_args(op) -> tuple[str, ...]:
-    """Arguments a custom op registered with ``Library.register_symm_mem_args`` (torch >= 2.12)."""
+    """Arguments a custom op registered with ``Library.register_symm_mem_args`` (torch >= 2.12).
+    Read with the registry's ``get``: asking about an op must not add an entry for it."""
     try:
         from torch._library.simple_registry import singleton
 
-        entry = singleton.find(op._schema.name)
-        holder = getattr(entry, "symm_mem_args", None)
-        names = holder.get() if holder is not None else None
+        entry = singleton.get(op._schema.name)
     except (ImportError, AttributeError):
         return ()
+    holder = getattr(entry, "symm_mem_args", None)
+    names = holder.get() if holder is not None else None
     return tuple(names) if names else ()
 
 

@@ -51,13 +51,14 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> li
     """fxforge's pipeline, with the user passes of ``config.passes`` at their named points."""
     backend = registry.select(config, device_types(gm))
     extern = registry.get(backend.extern) if backend.extern and backend.extern != backend.name else None
+    assign = AssignBackends(backend, config, extern)
     return [
         DedupeGetitems(), EliminateDeadCode(), LowerCrops(),
         *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
         *config.passes_at("after_lowering"),
-        AssignBackends(backend, config, extern), *config.passes_at("after_assignment"),
+        assign, *config.passes_at("after_assignment"),
         FuseGroups(backend, config), *config.passes_at("after_fusion"),
-        PlaceSymmetric(registry, config),
+        PlaceSymmetric(assign, config),
         *([ZeroCopyCatPad(registry, config)] if config.zero_copy else []),
     ]
 
@@ -138,7 +139,7 @@ def compile_graph(
     sched, sched_stats = make_schedule(gm, fused)
     stage("schedule")
     groups = build_groups(gm, sched, registry)
-    memory = plan_memory(gm, sched, groups, config, key=kind)
+    memory = plan_memory(gm, sched, groups, config, kind=kind)
     if config.debug:
         verify_memory_plan(memory)
     stage("memory_plan")

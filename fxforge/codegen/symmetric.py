@@ -27,15 +27,11 @@ from typing import Any
 
 import torch
 
+from ..collectives import group_rank, process_group
+
 
 class SymmetricPlanError(RuntimeError):
     """The ranks' plans of a symmetric arena differ: they cannot share it."""
-
-
-def _process_group(group_name: str):
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return _resolve_process_group(group_name)
 
 
 class Handle:
@@ -44,12 +40,10 @@ class Handle:
 
     def __init__(self, local: torch.Tensor, group_name: str, peers: list[torch.Tensor] | None = None,
                  symm: Any = None):
-        import torch.distributed as dist
-
         self.local = local
         self.group_name = group_name
-        self.pg = _process_group(group_name)
-        self.rank = dist.get_group_rank(self.pg, dist.get_rank())
+        self.pg = process_group(group_name)
+        self.rank = group_rank(self.pg)
         self.world = self.pg.size()
         self.peers = peers  # CPU: every rank's arena, by group rank (this rank's is ``local``)
         self.symm = symm  # CUDA: the rendezvous handle
@@ -91,7 +85,7 @@ class SymmetricArena:
     def _check_plans(self, nbytes: int) -> None:
         import torch.distributed as dist
 
-        pg = _process_group(self.group_name)
+        pg = process_group(self.group_name)
         mine = (nbytes, self.layout)
         every: list = [None] * pg.size()
         dist.all_gather_object(every, mine, group=pg)
@@ -122,9 +116,9 @@ class SymmetricArena:
         """Every rank maps every rank's arena: files in shared memory, removed once all are mapped."""
         import torch.distributed as dist
 
-        pg = _process_group(self.group_name)
+        pg = process_group(self.group_name)
         world = pg.size()
-        rank = dist.get_group_rank(pg, dist.get_rank())
+        rank = group_rank(pg)
         token = [secrets.token_hex(8) if rank == 0 else None]
         dist.broadcast_object_list(token, src=dist.get_global_rank(pg, 0), group=pg)
         where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
@@ -180,9 +174,8 @@ def one_shot_all_reduce_out(h: Handle, input: torch.Tensor, reduce_op: str, grou
 
 def one_shot_all_reduce_copy(h: Handle, symm_buffer: torch.Tensor, local_input: torch.Tensor, reduce_op: str,
                              group_name: str) -> torch.Tensor:
-    symm_buffer.view(-1)[: local_input.numel()].view_as(local_input).copy_(local_input)
-    return one_shot_all_reduce(h, symm_buffer.view(-1)[: local_input.numel()].view_as(local_input), reduce_op,
-                               group_name)
+    staged = symm_buffer.view(-1)[: local_input.numel()].view_as(local_input).copy_(local_input)
+    return one_shot_all_reduce(h, staged, reduce_op, group_name)
 
 
 def two_shot_all_reduce_(h: Handle, input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
@@ -213,8 +206,7 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: list, gather_dim: int, group_na
                             return_A: bool = True):
     """``all_gather(A, gather_dim) @ B`` for each B (functional collectives over gloo)."""
     f = torch.ops._c10d_functional
-    pg = _process_group(group_name)
-    world = pg.size()
+    world = process_group(group_name).size()
     moved = A.movedim(gather_dim, 0).contiguous()
     gathered = f.wait_tensor(f.all_gather_into_tensor(moved, world, group_name))
     full = gathered.movedim(0, gather_dim)
@@ -225,7 +217,7 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
                                 group_name: str) -> torch.Tensor:
     """``reduce_scatter(A @ B, scatter_dim)`` (functional collectives over gloo)."""
     f = torch.ops._c10d_functional
-    world = _process_group(group_name).size()
+    world = process_group(group_name).size()
     out = torch.matmul(A, B).movedim(scatter_dim, 0).contiguous()
     return f.wait_tensor(f.reduce_scatter_tensor(out, reduce_op, world, group_name)).movedim(0, scatter_dim)
 

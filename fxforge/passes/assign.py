@@ -70,6 +70,21 @@ class AssignBackends:
             reason = f"{reason}; {self.extern.name}: {why}"
         return None, reason
 
+    def place(self, node: fx.Node, bound: set, gid: int) -> CodegenBackend | None:
+        """Give compute node ``node`` group ``gid`` and its backend (``choose``), in its metadata;
+        returns the backend (None: an eager fallback).  Passes inserting nodes later use it too."""
+        backend, reason = self.choose(node, bound)
+        node.meta[GROUP] = gid
+        if backend is not None:
+            node.meta[BACKEND] = backend.name
+            if backend.allocates is not None and backend.allocates(node, self.config):
+                node.meta[ALLOCATES] = True
+        else:
+            node.meta[BACKEND] = FALLBACK_BACKEND
+            node.meta[FALLBACK] = reason
+            log.info("fxforge: %s (%s) runs as eager fallback: %s", node.name, op_display(node.target), reason)
+        return backend
+
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         bound = bound_symbols(gm)
         gid = 0
@@ -79,17 +94,8 @@ class AssignBackends:
                 node.meta.pop(k, None)
             if node_kind(node) != "compute":
                 continue
-            backend, reason = self.choose(node, bound)
-            node.meta[GROUP] = gid
+            backend = self.place(node, bound, gid)
             gid += 1
-            if backend is not None:
-                node.meta[BACKEND] = backend.name
-                externs += backend is not self.backend
-                if backend.allocates is not None and backend.allocates(node, self.config):
-                    node.meta[ALLOCATES] = True
-            else:
-                node.meta[BACKEND] = FALLBACK_BACKEND
-                node.meta[FALLBACK] = reason
-                fallbacks += 1
-                log.info("fxforge: %s (%s) runs as eager fallback: %s", node.name, op_display(node.target), reason)
+            fallbacks += backend is None
+            externs += backend is not None and backend is not self.backend
         return PassResult(gm, True, {"groups": gid, "fallback_nodes": fallbacks, "extern_nodes": externs})

@@ -230,8 +230,9 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.
 
 
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config,
-                key: str = "") -> MemoryPlan:
-    """The memory plan of ``gm`` over ``schedule``; ``key`` (the graph's kind) makes symmetric
+                kind: str = "graph") -> MemoryPlan:
+    """The memory plan of ``gm`` over ``schedule``.  ``kind`` (inference, forward, backward...)
+    decides whether its arenas are kept across calls (``keep_arenas``) and makes symmetric
     arenas' allocation ids differ between graphs of one model."""
     pos = positions(schedule, groups)
     live = liveness(schedule, output_nodes(gm), pos)
@@ -288,8 +289,8 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
             arenas.append(Arena(name, bufs[0].device, nbytes, planner,
                                 start=min(spans[k][1] for k in heads), end=max(spans[k][2] for k in heads)))
     symm_arenas, barriers = plan_symmetric(gm, symmetric, pos, length, config.alignment, env,
-                                           f"{key}\n{gm.code}") if symmetric else ([], [])
-    kept = keep_arenas(arenas, buffers, config, key, (first, last))
+                                           f"{kind}\n{gm.code}") if symmetric else ([], [])
+    kept = keep_arenas(arenas, buffers, config, kind, (first, last))
     return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers, kept)
 
 

@@ -44,11 +44,13 @@ from collections import Counter
 import torch
 import torch.fx as fx
 
-from ..collectives import group_name_of, is_symmetric_collective, symmetric_arg_nodes, symmetric_args
+from ..collectives import (COLLECTIVE_OPS, group_name_of, is_symmetric_collective, symmetric_arg_nodes,
+                           symmetric_args, wait_op)
 from ..config import Config
 from ..graph import (ALLOCATES, BACKEND, FALLBACK_BACKEND, GROUP, SLICE_OF, SYMMETRIC, VAL, hint, is_mutating,
                      node_kind, output_nodes, storage_nbytes, storage_root)
 from ..pipeline import PassResult
+from .assign import bound_symbols
 
 log = logging.getLogger("fxforge")
 
@@ -96,12 +98,13 @@ class LowerAllReduceToSymmetric:
 
 class PlaceSymmetric:
     """Marks each symmetric argument's producer to write into its group's arena, or inserts the
-    copy-in that makes one (module docstring)."""
+    copy-in that makes one (module docstring).  ``assign`` (the pipeline's ``AssignBackends``)
+    gives a copy-in its backend, as it gave every other node."""
 
     name = "place_symmetric"
 
-    def __init__(self, backends, config: Config):
-        self.backends = backends  # a Registry
+    def __init__(self, assign, config: Config):
+        self.assign = assign
         self.config = config
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
@@ -110,12 +113,13 @@ class PlaceSymmetric:
         outputs = set(output_nodes(gm))
         returned = {storage_root(o) for o in outputs}
         next_group = 1 + max((n.meta.get(GROUP, -1) for n in gm.graph.nodes), default=-1)
+        bound = None
         for n in list(gm.graph.nodes):
-            names = symmetric_args(n)
-            if not names:
+            args = symmetric_arg_nodes(n)
+            if not args:
                 continue
             group = group_name_of(n)
-            for i, a in symmetric_arg_nodes(n):
+            for _, a in args:
                 why = self.refusal(a, group, returned)
                 if why is None:
                     a.meta[SYMMETRIC] = group
@@ -125,8 +129,9 @@ class PlaceSymmetric:
                 log.debug("fxforge: %s reads %s from symmetric memory through a copy: %s", n.name, a.name, why)
                 with gm.graph.inserting_before(n):
                     c = gm.graph.call_function(torch.ops.aten.clone.default, (a,))
-                c.meta[VAL] = a.meta[VAL].clone()
-                c.meta[GROUP], c.meta[BACKEND], c.meta[SYMMETRIC] = next_group, self.copier(c), group
+                c.meta[VAL], c.meta[SYMMETRIC] = a.meta[VAL].clone(), group
+                bound = bound_symbols(gm) if bound is None else bound
+                self.assign.place(c, bound, next_group)
                 next_group += 1
                 n.replace_input_with(a, c)
         if copy_ins:
@@ -153,18 +158,6 @@ class PlaceSymmetric:
             return "producer"
         return None
 
-    def copier(self, node: fx.Node) -> str:
-        """A backend that writes the copy into a planned buffer: the graph's own, else its extern."""
-        for name in dict.fromkeys(n.meta.get(BACKEND) for n in node.graph.nodes if n.meta.get(BACKEND)):
-            if name == FALLBACK_BACKEND:
-                continue
-            b = self.backends.get(name)
-            for cand in (b, self.backends.get(b.extern) if b.extern else None):
-                if cand is not None and cand.accepts(node, self.config) is None and not (
-                        cand.allocates and cand.allocates(node, self.config)):
-                    return cand.name
-        return "torch"
-
 
 # --------------------------------------------------------------------------- fences and the plan
 
@@ -173,8 +166,6 @@ def fence_points(gm: fx.GraphModule, pos: dict[fx.Node, int]) -> dict[str, list[
     """Per process group, the schedule positions where every rank is known to have left the
     collectives before: each symmetric-memory collective, and each functional collective's
     ``wait_tensor``."""
-    from ..collectives import COLLECTIVE_OPS, wait_op
-
     out: dict[str, list[float]] = {}
     wait = wait_op()
     for n in gm.graph.nodes:
