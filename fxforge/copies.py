@@ -54,27 +54,31 @@ def node_moves_data(node) -> bool:
     return node.op == "call_function" and moves_data(node.target, args, node.kwargs)
 
 
+def _nbytes(shape, dtype, hint) -> int:
+    """Bytes of a dense tensor of ``shape`` and ``dtype`` at the traced sizes."""
+    from .graph import expr
+
+    return hint(math.prod([expr(s) for s in shape]) * dtype.itemsize)
+
+
 def node_copy_bytes(n, hint) -> int:
     """Bytes data-movement node ``n`` writes when it runs on its own (0 for any other node), at the
     traced sizes.  A cat or pad whose inputs are written in place (``meta[ZERO_COPY]``) writes
     only the inputs copied and a pad's border."""
-    from .graph import VAL, ZERO_COPY, expr, node_kind
+    from .graph import VAL, ZERO_COPY, node_kind
     from .regions import PAD, container_inputs, pad_border
 
     if node_kind(n) != "compute" or not node_moves_data(n):
         return 0
 
-    def nbytes(shape, dtype) -> int:
-        return hint(math.prod([expr(s) for s in shape]) * dtype.itemsize)
-
     val = n.meta[VAL]
     if ZERO_COPY in n.meta:
-        total = sum(nbytes(a.meta[VAL].shape, val.dtype)
+        total = sum(_nbytes(a.meta[VAL].shape, val.dtype, hint)
                     for a, taken in zip(container_inputs(n), n.meta[ZERO_COPY]) if not taken)
         if n.target is PAD:
-            total += sum(nbytes(shape, val.dtype) for _, shape in pad_border(n))
+            total += sum(_nbytes(shape, val.dtype, hint) for _, shape in pad_border(n))
         return total
-    return sum(nbytes(t.shape, t.dtype)
+    return sum(_nbytes(t.shape, t.dtype, hint)
                for t in ([val] if isinstance(val, torch.Tensor) else [v for v in val if isinstance(v, torch.Tensor)]))
 
 
@@ -86,7 +90,7 @@ def graph_copy_bytes(groups, hint, memory=None, demoted=()) -> int:
     A group in ``demoted`` (ids of groups whose kernel failed to compile: the wrapper runs their
     nodes eagerly, ``codegen/wrapper.py``) runs every node on its own, and a value of it that the
     plan (``memory``) put in a region of a cat or pad is copied there after it is computed."""
-    from .graph import expr, node_kind
+    from .graph import node_kind
 
     demoted = set(demoted)
     total = 0
@@ -97,7 +101,7 @@ def graph_copy_bytes(groups, hint, memory=None, demoted=()) -> int:
             if eager and memory is not None and node_kind(n) == "compute":
                 b = memory.of(n, None)
                 if b is not None and b.kind == "slice":  # the eager result, copied into its region
-                    total += hint(math.prod([expr(s) for s in b.shape]) * b.dtype.itemsize)
+                    total += _nbytes(b.shape, b.dtype, hint)
             if written is None or n in written:
                 total += node_copy_bytes(n, hint)
     return total

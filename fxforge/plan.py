@@ -90,10 +90,10 @@ class Arena:
     # positions; a barrier after position p is at p + 0.5).  It persists across calls.
     symmetric: str | None = None
     alloc_id: int | None = None
-    # Kept arenas (``MemoryPlan.kept_bytes``): where this one sits in the block made once.
-    block_offset: int | None = None
     start_barrier: bool = False
     fences: tuple[float, ...] = ()
+    # Kept arenas (``MemoryPlan.kept_bytes``): where this one sits in the block made once.
+    block_offset: int | None = None
 
 
 @dataclass

@@ -220,7 +220,7 @@ def memory_view(compiled, uid: str = "g0") -> dict[str, Any]:
     a_addr, a_top = pack(a_items)
     base = {a.name: a_addr[i] for i, a in enumerate(arenas)}
     buffers = list(mem.buffers.values())
-    symmetric = {a.name for a in arenas if getattr(a, "symmetric", None) is not None}
+    symmetric = {a.name for a in arenas if a.symmetric is not None}
     kinds_of = [_kind(b, symmetric) for b in buffers]
     located = [_root_and_offset(b, mem) for b in buffers]
     # buffers holding their own bytes outside any arena (graph outputs...): packed in a panel of their own

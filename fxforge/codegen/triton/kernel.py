@@ -39,7 +39,7 @@ from ..pyexpr import PyExprPrinter
 from . import launch
 from .launch import Emitted, Param
 from .ops import (LOW_PRECISION, REDUCE_LOWERINGS, SIG_DTYPE, TL_DTYPE, ReduceLowering, V, accumulator_dtype, cast,
-                  compute_dtype, const, identity_of, lowering_of, round_to)
+                  compute_dtype, const, identity_of, literal_value, lowering_of, round_to)
 from .printer import TritonPrinter
 
 INT32_MAX = 2**31 - 1
@@ -57,13 +57,8 @@ def _is_int(e: sympy.Expr) -> bool:
 
 
 def _is_literal(e: str) -> bool:
-    if e in ("True", "False") or e.startswith("float(") or e.startswith("tl.full([], "):
-        return True
-    try:
-        float(e)
-        return True
-    except ValueError:
-        return False
+    """A constant ``ops.const`` wrote: a Python literal, or a typed ``tl.full([], c, dtype)``."""
+    return e.startswith("tl.full([], ") or literal_value(e) is not None
 
 
 def _trailing(shape: tuple, dims: list[int]) -> bool:

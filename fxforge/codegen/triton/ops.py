@@ -44,7 +44,7 @@ class V:
     dtype: torch.dtype
 
 
-def _literal(expr: str) -> bool | int | float | None:
+def literal_value(expr: str) -> bool | int | float | None:
     """The Python value of a literal constant expression (None: a runtime value)."""
     if expr in ("True", "False"):
         return expr == "True"
@@ -61,7 +61,7 @@ def _literal(expr: str) -> bool | int | float | None:
 def cast(v: V, dt: torch.dtype) -> V:
     if v.dtype == dt:
         return v
-    lit = _literal(v.expr)
+    lit = literal_value(v.expr)
     if lit is not None:  # a literal has no .to(): convert the value here, as eager would
         return const(torch.tensor(lit, dtype=v.dtype).to(dt).item(), dt)
     if dt == torch.bool:
