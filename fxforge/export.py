@@ -15,7 +15,7 @@ from .compiled import Compiled
 from .compiler import compile_graph
 from .config import Config
 from .graph import VAL
-from .inputs import Expected, check_inputs
+from .inputs import Expected, check_inputs, flatten_call, user_input_paths
 from .lowering.decompose import export_table
 from .pipeline import PassManager
 
@@ -46,18 +46,7 @@ class ExportedCompiled(Compiled):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ep = self.program
-        in_spec = ep.call_spec.in_spec
-        if in_spec is not None and kwargs:
-            kw_spec = in_spec.children()[1] if hasattr(in_spec, "children") else in_spec.children_specs[1]
-            order = list(kw_spec.context) if kw_spec.context else []
-            if set(order) != set(kwargs):
-                raise TypeError(f"compiled program takes keyword arguments {order}, got {sorted(kwargs)}")
-            kwargs = {k: kwargs[k] for k in order}
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        if in_spec is not None and spec != in_spec:
-            raise TypeError(
-                f"inputs do not match the exported program's signature.\nexpected: {in_spec}\ngot:      {spec}"
-            )
+        flat = flatten_call(ep, args, kwargs, "compiled program")
         checked = check_inputs(self.expected, flat, ep.range_constraints)
         self.input_copy_bytes = checked.copied_bytes
         user = iter(checked.args)
@@ -91,13 +80,7 @@ def _expected_inputs(ep: ExportedProgram) -> list[Expected]:
     """The user inputs of ``ep``'s graph, named by placeholder and by where the caller passes them."""
     vals = {n.name: n.meta.get(VAL) for n in ep.graph.nodes if n.op == "placeholder"}
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    paths = [f"args[{i}]" for i in range(len(names))]
-    in_spec = ep.call_spec.in_spec
-    if in_spec is not None and in_spec.num_leaves == len(names):
-        tree = pytree.tree_unflatten(list(range(len(names))), in_spec)
-        for kp, i in pytree.tree_flatten_with_path(tree)[0]:
-            head, rest = kp[0], kp[1:]
-            paths[i] = ("args" if getattr(head, "idx", 0) == 0 else "kwargs") + pytree.keystr(rest)
+    paths = user_input_paths(ep, names)
     return [Expected(f"{n!r} ({p})", vals.get(n)) for n, p in zip(names, paths)]
 
 

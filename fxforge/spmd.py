@@ -23,7 +23,7 @@ from .compiled import Compiled
 from .compiler import compile_graph
 from .config import Config
 from .graph import VAL, is_mutating
-from .inputs import Expected, check_inputs
+from .inputs import Expected, check_inputs, flatten_call
 from .passes.partition import (GRADIENTS, RETURNED, STATE_KINDS, RankInput, RankOutput, check_regions,
                                decompositions, local_map_hop, rank_inputs, rank_outputs, trace_rank)
 
@@ -72,16 +72,7 @@ class Partitioned:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ep = self.program
-        in_spec = ep.call_spec.in_spec
-        if in_spec is not None and kwargs:
-            kw_spec = in_spec.children()[1] if hasattr(in_spec, "children") else in_spec.children_specs[1]
-            order = list(kw_spec.context) if kw_spec.context else []
-            if set(order) != set(kwargs):
-                raise TypeError(f"partitioned program takes keyword arguments {order}, got {sorted(kwargs)}")
-            kwargs = {k: kwargs[k] for k in order}
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        if in_spec is not None and spec != in_spec:
-            raise TypeError(f"inputs do not match the exported program's signature.\nexpected: {in_spec}\ngot:      {spec}")
+        flat = flatten_call(ep, args, kwargs, "partitioned program")
         checked = check_inputs(self._expected, flat)
         user = iter(checked.args)
         originals = iter(flat)

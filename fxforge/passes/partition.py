@@ -41,7 +41,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from .. import dtensor as dth
 from ..config import Config
 from ..graph import VAL
-from ..inputs import InputError
+from ..inputs import InputError, user_input_paths
 from ..lowering.decompose import export_table
 
 
@@ -83,17 +83,6 @@ def local_map_hop():
     return local_map_hop
 
 
-def _user_paths(ep: ExportedProgram, names: list[str]) -> list[str]:
-    paths = [f"args[{i}]" for i in range(len(names))]
-    in_spec = ep.call_spec.in_spec
-    if in_spec is not None and in_spec.num_leaves == len(names):
-        tree = pytree.tree_unflatten(list(range(len(names))), in_spec)
-        for kp, i in pytree.tree_flatten_with_path(tree)[0]:
-            head, rest = kp[0], kp[1:]
-            paths[i] = ("args" if getattr(head, "idx", 0) == 0 else "kwargs") + pytree.keystr(rest)
-    return paths
-
-
 def rank_inputs(ep: ExportedProgram, mesh, in_placements: Mapping[str, Any]) -> list[RankInput]:
     """Every placeholder of ``ep`` with its placements; unknown names and malformed placements
     raise ``ValueError``."""
@@ -101,7 +90,7 @@ def rank_inputs(ep: ExportedProgram, mesh, in_placements: Mapping[str, Any]) -> 
     vals = {n.name: n.meta.get(VAL) for n in ep.graph.nodes if n.op == "placeholder"}
     specs = ep.graph_signature.input_specs
     users = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
-    paths = dict(zip(users, _user_paths(ep, users)))
+    paths = dict(zip(users, user_input_paths(ep, users)))
     ins: list[RankInput] = []
     for s in specs:
         if s.kind == InputKind.TOKEN:
