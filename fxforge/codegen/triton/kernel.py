@@ -38,8 +38,9 @@ from ...iteration import numel as _numel, reduction_of, same_size as _same, sche
 from ..pyexpr import PyExprPrinter
 from . import launch
 from .launch import Emitted, Param
-from .ops import (LOW_PRECISION, REDUCE_LOWERINGS, SIG_DTYPE, TL_DTYPE, ReduceLowering, V, accumulator_dtype, cast,
-                  compute_dtype, const, identity_of, literal_value, lowering_of, round_to)
+from . import ops as triton_ops
+from .ops import (LOW_PRECISION, REDUCE_LOWERINGS, TL_DTYPE, ReduceLowering, V, accumulator_dtype, cast,
+                  compute_dtype, identity_of)
 from .printer import TritonPrinter
 
 INT32_MAX = 2**31 - 1
@@ -54,11 +55,6 @@ class Unsupported(Exception):
 
 def _is_int(e: sympy.Expr) -> bool:
     return sympy.sympify(e).is_Integer
-
-
-def _is_literal(e: str) -> bool:
-    """A constant ``ops.const`` wrote: a Python literal, or a typed ``tl.full([], c, dtype)``."""
-    return e.startswith("tl.full([], ") or literal_value(e) is not None
 
 
 def _trailing(shape: tuple, dims: list[int]) -> bool:
@@ -145,6 +141,14 @@ class Placed:
 
 
 class Emitter:
+    """Walks a group's members and writes a kernel body.  The loop nest, index math, operand
+    reads and dtype rules are here; what the text looks like is the dialect's (``dialect``: the
+    module of op lowerings, ``cast``, ``const``, ``is_literal``, ``SIG_DTYPE``) and the hooks'
+    (``emit_load``, ``emit_assign``, ``print_offset``, ``store``, ``fold``, ``loop``, ``launch``),
+    which a kernel language overrides."""
+
+    dialect = triton_ops
+
     def __init__(self, name: str, ref, buffer, nodes: list[fx.Node], outputs: list[fx.Node] | None = None,
                  autotune: bool = False, layout=None):
         self.name = name
@@ -187,9 +191,9 @@ class Emitter:
         key = (var, role)
         if key not in self.tensor_params:
             pname = f"{role}_ptr{sum(1 for k in self.tensor_params if k[1] == role)}"
-            if val.dtype not in SIG_DTYPE:
+            if val.dtype not in self.dialect.SIG_DTYPE:
                 raise Unsupported(f"dtype {val.dtype}")
-            self.params.append(Param(pname, "*" + SIG_DTYPE[val.dtype], self.launch_arg(var)))
+            self.params.append(Param(pname, "*" + self.dialect.SIG_DTYPE[val.dtype], self.launch_arg(var)))
             self.tensor_params[key] = pname
             self.storages.add(var)
             self.readable(var, val)
@@ -356,6 +360,10 @@ class Emitter:
                 c = coords.get(lead + j)
                 if c is not None:
                     e = e + c * self.size(val.stride()[j])
+        return self.print_offset(e, dom)
+
+    def print_offset(self, e: sympy.Expr, dom: str) -> str:
+        """An element offset as source: a block varying with every index of ``dom``."""
         out = TritonPrinter()(e)
         have = self.deps_of(e)
         for ix in self.frame.indices(dom):
@@ -424,8 +432,17 @@ class Emitter:
             val = rval
         off = self.offset(val, self.coords_of(shape, dom), len(shape), dom, base)
         name = self.fresh("tmp")
+        self.emit_load(name, ptr, off, dom, val.dtype)
+        d = self.dialect
+        return self.remember(key, d.cast(V(name, val.dtype), d.compute_dtype(val.dtype)))
+
+    def emit_load(self, name: str, ptr: str, off: str, dom: str, dtype: torch.dtype) -> None:
         self.body.append(f"{name} = tl.load({ptr} + ({off}), mask={self.frame.mask(dom)}, other=0)")
-        return self.remember(key, cast(V(name, val.dtype), compute_dtype(val.dtype)))
+
+    def emit_assign(self, name: str, v: V) -> V:
+        """Bind ``v`` to the kernel local ``name``."""
+        self.body.append(f"{name} = {v.expr}")
+        return V(name, v.dtype)
 
     def check_rows(self, a: fx.Node, shape: tuple) -> None:
         """A row value ``a`` broadcast into a full value of ``shape`` must give each element its
@@ -484,19 +501,18 @@ class Emitter:
         # the value has the node's dtype from here on (rounded like eager between ops): a
         # conversion (float -> int truncates, int64 -> int32 wraps, -> bool tests != 0, fp64 ->
         # fp32 rounds) takes effect for the members reading it, not only at a store
-        v = cast(v, dt)
-        if dt in LOW_PRECISION:
-            v = cast(v, compute_dtype(dt))
-        if not _is_literal(v.expr):
-            name = f"v_{n.name}"
-            self.body.append(f"{name} = {v.expr}")
-            v = V(name, v.dtype)
+        d = self.dialect
+        v = d.cast(v, dt)
+        if dt in d.LOW_PRECISION:
+            v = d.cast(v, d.compute_dtype(dt))
+        if not d.is_literal(v.expr):
+            v = self.emit_assign(f"v_{n.name}", v)
         return self.remember(("v", n), v)
 
     def block(self, v: V, dom: str) -> str:
         """``v`` as a block of the domain's shape (literals become ``tl.full``)."""
         shape = self.frame.block(dom)
-        if _is_literal(v.expr):
+        if triton_ops.is_literal(v.expr):
             lit = v.expr
             if lit.startswith("tl.full([], "):  # tl.full([], c, dtype): take c
                 lit = lit[len("tl.full([], "):].rsplit(",", 1)[0]
@@ -511,6 +527,8 @@ class Emitter:
         self.body.append(f"tl.store({ptr} + ({off}), {self.block(cast(v, val.dtype), dom)}, mask={self.frame.mask(dom)})")
 
     def lower_node(self, n: fx.Node, operand) -> V:
+        d = self.dialect
+        cast, const, compute_dtype = d.cast, d.const, d.compute_dtype
         b0 = _schema_bind(n)
         opname = n.target.name().split("::", 1)[1]
         if opname in ("full", "full_like", "scalar_tensor", "fill.Scalar", "zeros_like", "ones_like"):
@@ -522,9 +540,9 @@ class Emitter:
             if not isinstance(value, (bool, int, float)):
                 raise Unsupported(f"fill value {value!r}")
             return const(value, cdt)
-        low = lowering_of(n.target)
+        low = d.lowering_of(n.target)
         if low is None:
-            raise Unsupported(f"no Triton lowering for {n.target}")
+            raise Unsupported(f"no {d.LANGUAGE} lowering for {n.target}")
         b = _schema_bind(n)
         out_dt = n.meta[VAL].dtype
         raw = [b.get(a) for a in low.operands]
@@ -550,15 +568,10 @@ class Emitter:
         if low.dtypes == "int" and cdt.is_floating_point:
             raise Unsupported(f"{opname} on {cdt}")
         if n.target.name().startswith("aten::pow") and not isinstance(raw[1], fx.Node):
-            x = cast(operand(raw[0]), cdt)
-            e = raw[1]
-            if float(e) == 2.0:
-                return V(f"({x.expr} * {x.expr})", cdt)
-            if float(e) == 0.5 and cdt.is_floating_point:
-                return V(f"tl.sqrt_rn({x.expr})" if cdt == torch.float32 else f"_ld_sqrt({x.expr})", cdt)
-            if not cdt.is_floating_point:
-                raise Unsupported("integer pow")
-            return V(f"_ld_pow({x.expr}, {const(e, cdt).expr})", cdt)
+            out = d.pow_scalar(cast(operand(raw[0]), cdt), raw[1])
+            if out is None:
+                raise Unsupported(f"pow with exponent {raw[1]!r} on {cdt}")
+            return out
         ops = []
         for name, a in zip(low.operands, raw):
             if a is None:
@@ -568,8 +581,8 @@ class Emitter:
             elif isinstance(a, fx.Node):
                 ops.append(cast(operand(a), cdt))
             else:
-                if low.round_scalars and rdt in LOW_PRECISION:
-                    a = round_to(a, rdt)
+                if low.round_scalars and rdt in d.LOW_PRECISION:
+                    a = d.round_to(a, rdt)
                 ops.append(const(a, cdt))
         kw = {k: v for k, v in b.items() if k not in low.operands}
         if any(isinstance(v, fx.Node) for v in kw.values()):
@@ -609,7 +622,7 @@ class Emitter:
         self.frame = self.frame_of()
         fr = self.frame
         self.check_int64([t for n in self.members for t in tensors(n.meta.get(VAL))] + outs_placed + ins)
-        persistent = launch.is_persistent(fr.reduction, fr.rnumel)
+        persistent = self.persistent()
         if fr.reduction:  # the rows' coordinates, once at the top level
             ks = [self.size(s) for s in fr.shape]
             self.coords([ks[d] for d in range(len(ks)) if d not in fr.layouts[fr.shape]], X)
@@ -631,6 +644,10 @@ class Emitter:
                     self.store(n, None, n.meta[VAL], self.value(n), "xr")
             store_full() if persistent else self.loop(store_full)
         return self.launch()
+
+    def persistent(self) -> bool:
+        """A reduction whose rows fit one block (no loop over them)."""
+        return launch.is_persistent(self.frame.reduction, self.frame.rnumel)
 
     def frame_of(self) -> "Frame":
         if not self.reductions:
@@ -688,14 +705,12 @@ class Emitter:
             raise Unsupported(f"{r.kind}: {len(out_vals)} outputs")
         rounded = []
         for i, (ov, res) in enumerate(zip(out_vals, results)):
-            res = cast(res, ov.dtype)
+            res = self.dialect.cast(res, ov.dtype)
             if not res.expr.isidentifier():
-                name = self.fresh("red")
-                self.body.append(f"{name} = {res.expr}")
-                res = V(name, res.dtype)
+                res = self.emit_assign(self.fresh("red"), res)
             if n in self.out_set:
                 self.store(n, i if multi else None, ov, res, "x")
-            rounded.append(cast(res, compute_dtype(ov.dtype)))
+            rounded.append(self.dialect.cast(res, self.dialect.compute_dtype(ov.dtype)))
         self.remember(("v", n), rounded if multi else rounded[0])
         self.check_rows_not_empty(r.kind)
 
@@ -710,7 +725,7 @@ class Emitter:
         def block() -> str:
             """The [XBLOCK, RBLOCK] block of the input, as the accumulator's type, masked to the identity."""
             x = self.operand(r.inp, inp_shape, "xr")
-            x = V(self.block(x, "xr"), x.dtype) if _is_literal(x.expr) else x
+            x = V(self.block(x, "xr"), x.dtype) if triton_ops.is_literal(x.expr) else x
             v = f"({x.expr} != 0).to(tl.int32)" if low.accumulate == "flag" else cast(x, acc_dt).expr
             name = self.fresh("rv")
             body.append(f"{name} = tl.where(rmask & xmask, {v}, {identity})")

@@ -58,6 +58,14 @@ def literal_value(expr: str) -> bool | int | float | None:
     return None
 
 
+LANGUAGE = "Triton"
+
+
+def is_literal(e: str) -> bool:
+    """A constant ``const`` wrote: a Python literal, or a typed ``tl.full([], c, dtype)``."""
+    return e.startswith("tl.full([], ") or literal_value(e) is not None
+
+
 def cast(v: V, dt: torch.dtype) -> V:
     if v.dtype == dt:
         return v
@@ -92,6 +100,18 @@ def const(x: Any, dt: torch.dtype) -> V:
     if dt in (torch.int32, torch.int64) and -(2**31) <= x < 2**31:
         return V(str(x), dt)
     return V(f"tl.full([], {x}, {TL_DTYPE[dt]})", dt)
+
+
+def pow_scalar(x: V, e: Any) -> V | None:
+    """``x ** e`` for a Python scalar exponent (None: not lowered)."""
+    cdt = x.dtype
+    if float(e) == 2.0:
+        return V(f"({x.expr} * {x.expr})", cdt)
+    if float(e) == 0.5 and cdt.is_floating_point:
+        return V(_sqrt(x), cdt)
+    if not cdt.is_floating_point:
+        return None
+    return V(f"_ld_pow({x.expr}, {const(e, cdt).expr})", cdt)
 
 
 def is_nan_const(v: V) -> bool | None:
