@@ -13,6 +13,8 @@ through the graph agree with the stored ones.  A failure names the pass that bro
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Sequence
@@ -165,11 +167,19 @@ def _reprop_mismatches(gm: fx.GraphModule) -> list[str]:
     if mode is None:
         return []
     interp = _FakeReprop(gm, mode)
+    # Verification must not change what it verifies: no guard, no replacement (a symbol
+    # specialized to its hint) in the graph's ShapeEnv, and no fallback kernel run at the hints
+    # (FakeTensorMode's fallback turns symbolic sizes into ints).
+    shape_env = mode.shape_env
+    fallback = mode.allow_fallback_kernels
     try:
-        with mode:
+        mode.allow_fallback_kernels = False
+        with mode, (shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext()):
             interp.run()
     except Exception as e:  # ops without fake kernels cannot be re-propagated; nothing to compare
         return [] if _is_unsupported(e) else [f"re-propagating fake values failed at {interp.at}: {type(e).__name__}: {e}"]
+    finally:
+        mode.allow_fallback_kernels = fallback
     out = []
     for n, new in interp.env.items():
         if n.op in ("placeholder", "output"):

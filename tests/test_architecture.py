@@ -7,6 +7,7 @@ import ast
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -139,7 +140,7 @@ def test_user_passes_run_at_their_points_in_torch_compile_training():
 
 def test_user_pass_changes_what_runs_in_torch_compile_and_compile_exported():
     model, x = _model(), torch.randn(3, 8)
-    cfg = Config(debug=True, passes={"after_lowering": relu_to_clamp})
+    cfg = Config(debug=True, codegen="torch", passes={"after_lowering": relu_to_clamp})  # ATen calls in the source
     b = fxforge.backend(cfg)
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend=b)(x), model(x))
@@ -255,11 +256,14 @@ def test_auto_selection_follows_what_backends_declare():
         reg.select(Config(), {"xpu"})
 
 
-def test_default_registry_picks_torch_on_cpu_and_decomposes_as_declared():
+def test_default_registry_picks_c_on_cpu_and_decomposes_as_declared():
     from fxforge.lowering.decompose import level
 
-    torch_b = DEFAULT_REGISTRY.select(Config(), {"cpu"})
-    assert torch_b.name == "torch" and level(Config(), torch_b) == "none"
+    picked = DEFAULT_REGISTRY.select(Config(), {"cpu"})
+    assert picked.name == ("c" if shutil.which(os.environ.get("CC") or "cc") else "torch")
+    assert level(Config(), DEFAULT_REGISTRY.get("c")) == "core"
+    torch_b = DEFAULT_REGISTRY.get("torch")
+    assert level(Config(), torch_b) == "none"
     assert level(Config(), DEFAULT_REGISTRY.get("triton")) == "core"
     assert level(Config(decompose="core"), torch_b) == "core"
     with pytest.raises(ValueError, match="decompose='some'"):

@@ -422,7 +422,7 @@ DEFAULT_OPS: list[str] = [
     "take_along_dim", "tan", "tanh", "tensordot", "tile", "to", "topk",
     "torch.ops.aten._safe_softmax.default", "trace", "transpose_copy", "trapezoid", "trapz",
     "triangular_solve", "tril", "triu", "true_divide", "trunc", "unbind_copy", "unfold_copy",
-    "unsafe_chunk", "unsafe_split", "unsqueeze_copy", "var", "var.unbiased", "var_mean",
+    "unsqueeze_copy", "var", "var.unbiased", "var_mean",
     "var_mean.unbiased", "vdot", "view_copy", "vstack", "where", "xlogy", "zeros", "zeros_like",
 ]
 

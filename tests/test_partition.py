@@ -12,6 +12,7 @@ Two kinds of tests:
 
 from __future__ import annotations
 
+import re
 import os
 import shutil
 import subprocess
@@ -241,8 +242,9 @@ def test_partial_output_never_reduced(mesh2, mlp_ep):
     with pytest.raises(ValueError) as e:
         fxforge.partition(mlp_ep, mesh2, cases.tp(), out_placements=[None])
     msg = str(e.value)
-    assert msg.startswith("output 0 ('add') is [Partial()] after propagation (a sum not yet reduced over mesh dim 0) "
-                          "and out_placements[0] is None (keep as propagated), so it would be returned unreduced.")
+    # the output's node name depends on how the backend decomposes the graph ('add', 'add_2')
+    assert re.match(r"output 0 \('add(_\d+)?'\) is \[Partial\(\)\] after propagation \(a sum not yet reduced over mesh "
+                    r"dim 0\) and out_placements\[0\] is None \(keep as propagated\), so it would be returned unreduced\.", msg), msg
     assert "Declare out_placements[0] = [Replicate()] (all-reduce), a Shard(d) placement (reduce-scatter), or " \
            "[Partial()] to return the partial values on purpose." in msg
 

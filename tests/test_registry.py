@@ -1,6 +1,7 @@
 """The codegen registry: a toy third-party backend, selection, refusal and compile failures."""
 
 import logging
+import shutil
 
 import pytest
 import torch
@@ -83,8 +84,12 @@ def test_unknown_backend_is_a_clear_error():
         Config(codegen="nope")
 
 
-def test_auto_picks_torch_on_cpu():
+def test_auto_picks_c_on_cpu_and_torch_without_a_compiler(monkeypatch):
+    assert DEFAULT_REGISTRY.select(Config(), {"cpu"}).name == ("c" if shutil.which("cc") else "torch")
+    monkeypatch.setenv("CC", "/nonexistent/cc")
     assert DEFAULT_REGISTRY.select(Config(), {"cpu"}).name == "torch"
+    assert "no C compiler" in DEFAULT_REGISTRY.get("c").unavailable(frozenset({"cpu"}))
+    assert DEFAULT_REGISTRY.select(Config(), {"cuda"}).name != "c"
 
 
 def test_kernel_that_fails_to_compile_falls_back(register, caplog):

@@ -74,6 +74,9 @@ class KernelContext:
     # Source calling an OpOverload from the kernel (``aten.mm.out``: bound once at load); None:
     # use its ``torch.ops`` path.
     op: Callable[[Any], str] | None = None
+    # Per-wrapper state a backend keeps between its groups, by backend name (what its ``link``
+    # is given once every group is compiled): e.g. the C sources compiled together.
+    units: dict[str, Any] = field(default_factory=dict)
 
 
 DECOMPOSE_LEVELS = ("none", "core")
@@ -122,6 +125,10 @@ class CodegenBackend:
     # The backend that runs the nodes this one refuses (its extern calls: matmuls, sorts, custom
     # ops with out variants...) into planned buffers, before they fall back to eager; None: none.
     extern: str | None = None
+    # ``link(unit)``: called once per wrapper, after its groups are compiled, with what the
+    # backend's ``compile`` left in ``KernelContext.units[name]``; returns wrapper globals the
+    # kernels' sources use (e.g. compiled functions: one compiler run per wrapper, not per group).
+    link: Callable[[Any], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.decompose not in DECOMPOSE_LEVELS:

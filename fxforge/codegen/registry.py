@@ -86,6 +86,9 @@ class Registry:
 _TRITON = "fxforge.codegen.triton.backend"
 
 
+_C = "fxforge.codegen.c.backend"
+
+
 def _default_registry() -> Registry:
     from . import torch_backend
 
@@ -105,6 +108,22 @@ def _default_registry() -> Registry:
         reads_planned=True,
         extern="torch",
         description="Triton kernels (pointwise, reductions, fused); CPU only under TRITON_INTERPRET=1",
+    ))
+    reg.register(CodegenBackend(
+        name="c",
+        devices=("cpu",),
+        accepts=deferred(_C, "accepts"),
+        compile=deferred(_C, "compile_group"),
+        fuses=True,
+        fusion_cost=deferred(_C, "fusion_cost"),
+        decompose="core",
+        priority=5,
+        unavailable=deferred(_C, "unavailable"),
+        writes_views=deferred(_C, "writes_views"),
+        reads_planned=True,
+        extern="torch",
+        link=deferred("fxforge.codegen.c.build", "link"),
+        description="fused C kernels for CPU (pointwise chains, row reductions), built with the system C compiler",
     ))
     return reg
 

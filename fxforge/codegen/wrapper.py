@@ -115,6 +115,7 @@ class _Builder:
         self.setup: list[str] = []
         self.kept_names: dict[str, None] = {}  # made by _arenas(), in order
         self.ops: dict[tuple[str, str, str], torch._ops.OpOverload] = {}  # bound once: runtime.bind_ops
+        self.units: dict[str, Any] = {}  # KernelContext.units: what each backend links at the end
 
     # ------------------------------------------------------------------ naming
 
@@ -383,7 +384,7 @@ class _Builder:
     def compile_group(self, g: Group) -> Kernel | None:
         backend = self.registry.get(g.backend)
         ctx = KernelContext(self.fresh(f"kernel{g.id}"), self.ref, self.buffer, self.const, self.config, self.layout,
-                            self.op)
+                            self.op, self.units)
         try:
             k = backend.compile(g, ctx)
         except Exception as e:
@@ -494,6 +495,8 @@ class _Builder:
             spaces = sorted({ns for ns, _, _ in self.ops})
             src += [f"# {', '.join(spaces)}: the ops of torch.ops.{{{','.join(spaces)}}} this graph calls, each bound "
                     "once to its dispatcher entry", ""]
+        for name, unit in self.units.items():
+            self.globals.update(self.registry.get(name).link(unit))
         for ks in self.kernel_sources:
             src += [ks.rstrip("\n"), "", ""]
         if self.kept:

@@ -163,7 +163,7 @@ def _refuse(path: str, problem: str, fix: str) -> str:
         if path not in _warned:
             _warned.add(path)
             log.warning(
-                "fxforge: not using the Triton kernel cache directory %s: it %s. This process uses "
+                "fxforge: not using the kernel cache directory %s: it %s. This process uses "
                 "the private temporary directory %s instead (removed at exit: what is cached there, "
                 "autotune choices included, is not kept for other processes). Fix: %s.",
                 path, problem, tmp, fix,
@@ -171,9 +171,10 @@ def _refuse(path: str, problem: str, fix: str) -> str:
         return tmp
 
 
-def cache_dir() -> str:
-    """``$FXFORGE_CACHE_DIR/triton`` or ``~/.cache/fxforge/triton`` (created ``0700``), checked
-    (module docstring); a private per-process temp directory, with one WARNING, if refused."""
+def cache_dir(kind: str = "triton") -> str:
+    """``$FXFORGE_CACHE_DIR/<kind>`` or ``~/.cache/fxforge/<kind>`` (created ``0700``), checked
+    (module docstring); a private per-process temp directory, with one WARNING, if refused.
+    ``kind``: ``triton`` (kernel modules), ``c`` (the C backend's shared objects)."""
     base = _base_dir()
     parent = os.path.dirname(os.path.abspath(base))
     try:
@@ -183,7 +184,7 @@ def cache_dir() -> str:
     bad = _check_dir(base, strip=0)  # the user's directory: checked, never chmodded
     if bad:
         return _refuse(base, *bad)
-    path = os.path.join(base, "triton")
+    path = os.path.join(base, kind)
     bad = _check_dir(path, strip=0o077)
     if bad:
         return _refuse(path, *bad)

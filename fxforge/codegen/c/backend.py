@@ -1,0 +1,84 @@
+"""The ``c`` codegen backend: fused C kernels for CPU graphs (the registry's ``c`` entry).
+
+Pointwise chains and row reductions (softmax, layer norm, their backward sums) become one C
+function per group, compiled for this CPU with the wrapper's other C kernels (``build.py``);
+matmuls, convolutions, arg reductions, reductions over leading dims and ops without a C
+lowering run as the ``torch`` backend's ATen calls into the same planned buffers (``extern``).
+``accepts`` runs the emitter on the node itself, as the Triton backend does: the check and the
+emitter cannot disagree.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ...config import Config
+from ...graph import VAL, free_symbols, is_mutating
+from ...plan import Group
+from ..api import GroupCost, Kernel, KernelContext
+from ..triton.kernel import Unsupported, tensors
+from .build import CUnit, compiler
+from .kernel import CEmitter
+from .ops import CTYPE
+
+
+def unavailable(device_types: frozenset[str]) -> str | None:
+    if compiler() is None:
+        return "no C compiler found (install gcc or clang, or set CC), or use Config(codegen='torch')"
+    if device_types - {"cpu"}:
+        return f"C kernels run on CPU tensors only (the graph has {', '.join(sorted(device_types - {'cpu'}))})"
+    return None
+
+
+def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None):
+    return CEmitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
+
+
+def accepts(node: fx.Node, config: Config) -> str | None:
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload):
+        return "not an ATen operator"
+    if is_mutating(node):
+        return "mutates its inputs"
+    val = node.meta.get(VAL)
+    outs = tensors(val)
+    if not outs or (isinstance(val, (list, tuple)) and len(outs) != len(val)):
+        return "returns non-tensor values"
+    for t in outs + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]:
+        if t.dtype not in CTYPE:
+            return f"dtype {t.dtype} has no C lowering"
+        if t.layout != torch.strided or t.device.type != "cpu":
+            return "not a strided CPU tensor"
+    if any(s.name.startswith("u") for s in free_symbols(val)):
+        return "data-dependent output size"
+    if any(t.numel() == 0 for t in outs if not free_symbols(t)):
+        return "empty output"
+    try:
+        k = _probe([node])
+    except (Unsupported, NotImplementedError) as e:
+        return f"c: {e}"
+    if len(k.params) > config.max_kernel_args:
+        return f"c: {len(k.params)} kernel arguments > Config.max_kernel_args={config.max_kernel_args}"
+    return None
+
+
+def writes_views(node: fx.Node, config: Config) -> bool:
+    """A C kernel stores at whatever layout the plan gives its outputs: it may write into a region."""
+    return True
+
+
+def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
+    try:
+        k = _probe(nodes, outputs)
+    except (Unsupported, NotImplementedError) as e:
+        return f"c: {e}"
+    return GroupCost(num_args=len(k.params), unique_io_buffers=k.unique_io_buffers)
+
+
+def compile_group(group: Group, ctx: KernelContext) -> Kernel:
+    k = CEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, layout=ctx.layout).emit()
+    unit = ctx.units.setdefault("c", CUnit())
+    unit.kernels.append(k)
+    return Kernel(name=k.name, source=k.launch_source, args=list(k.args), node_count=k.node_count,
+                  unique_io_buffers=k.unique_io_buffers, launch_args=len(k.params), backend="c")

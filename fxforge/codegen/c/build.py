@@ -1,0 +1,113 @@
+"""Building a wrapper's C kernels: one shared object per wrapper, compiled once, cached on disk.
+
+The kernels of one wrapper (``CUnit``, filled by ``backend.compile_group``) are compiled together
+by one C compiler run (``$CC``, else ``cc``) when the wrapper is finished (``link``), loaded with
+``ctypes``, and each function is bound to the wrapper global ``<kernel>_c`` that its launch
+function calls.  The shared object is named by a hash of the source, the compiler's version,
+the flags and this machine's CPU flags, in ``$FXFORGE_CACHE_DIR/c`` (the same checked private
+directory as the Triton kernels' cache, ``triton/cache.py``): a later process with the same
+kernels loads it without compiling.
+
+Flags: ``-O3 -march=native`` (vector code for this CPU), ``-ffp-contract=off`` (no fused
+multiply-add: eager rounds ``a * b`` and ``+ c`` separately), ``-fno-math-errno`` (``sqrtf`` is
+an instruction); nothing that reorders floating-point arithmetic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..triton.cache import cache_dir
+from .kernel import CEmitted
+from .prelude import PRELUDE
+
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
+         "-shared", "-fPIC")
+_CTYPES = {"int64_t": ctypes.c_int64, "bool": ctypes.c_bool, "float": ctypes.c_float}
+
+
+class CompileError(RuntimeError):
+    """The C compiler rejected a wrapper's kernels (a bug in the emitter: please report it)."""
+
+
+def compiler() -> str | None:
+    """The C compiler's path (``$CC``, else ``cc``), or None."""
+    return shutil.which(os.environ.get("CC") or "cc")
+
+
+@functools.lru_cache(maxsize=None)
+def _identity(cc: str) -> str:
+    """What a cached shared object depends on besides its source: the compiler and this CPU."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l for l in f if l.startswith("flags")), "")
+    except OSError:
+        pass
+    return "\0".join([cc, version, " ".join(FLAGS), cpu])
+
+
+@dataclass
+class CUnit:
+    """The C kernels of one wrapper, compiled together by ``link``."""
+
+    kernels: list[CEmitted] = field(default_factory=list)
+
+    def source(self) -> str:
+        return PRELUDE + "\n" + "\n".join(k.c_source for k in self.kernels)
+
+
+def shared_object(source: str) -> str:
+    """The path of the shared object built from ``source`` (compiled unless cached)."""
+    cc = compiler()
+    if cc is None:
+        raise CompileError("no C compiler: install gcc or clang, or set CC")
+    key = hashlib.sha256((_identity(cc) + "\0" + source).encode()).hexdigest()[:40]
+    directory = cache_dir("c")
+    path = os.path.join(directory, f"k{key}.so")
+    if os.path.isfile(path) and not os.path.islink(path):
+        return path
+    fd, src = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".c")
+    out = src[:-2] + ".so"
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        run = subprocess.run([cc, *FLAGS, src, "-o", out, "-lm"], capture_output=True, text=True, timeout=600)
+        if run.returncode != 0:
+            kept = os.path.join(directory, f"failed-k{key}.c")
+            shutil.copyfile(src, kept)
+            raise CompileError(f"{cc} failed ({run.returncode}) on {kept}:\n{run.stderr[-4000:]}")
+        os.replace(out, path)
+        with open(os.path.join(directory, f"k{key}.c"), "w") as f:  # for people reading the kernels
+            f.write(source)
+    finally:
+        for p in (src, out):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+    return path
+
+
+def link(unit: CUnit) -> dict[str, Any]:
+    """Compile (or find) the unit's shared object and bind each kernel to ``<name>_c``."""
+    if not unit.kernels:
+        return {}
+    lib = ctypes.CDLL(shared_object(unit.source()))
+    out = {}
+    for k in unit.kernels:
+        fn = getattr(lib, k.name)
+        fn.argtypes = [ctypes.c_void_p if t.startswith("*") else _CTYPES[t] for t in k.c_types]
+        fn.restype = None
+        out[f"{k.name}_c"] = fn
+    return out
+

@@ -1,0 +1,257 @@
+"""Emitting one C function (and its Python launch function) for a group of ATen nodes.
+
+The loop nest, index math, operand reads and dtype rules are the Triton emitter's
+(``codegen/triton/kernel.py``), with one element per iteration instead of a block: the kernel
+is a loop nest over the dims of the output (pointwise) or of the reduction's kept dims (rows),
+each coordinate a loop variable, so a contiguous or broadcast read is an affine index the C
+compiler vectorizes; a reduction folds each row in loops over its reduced dims (an inner loop
+per fold, and one storing the row's full-size outputs), and the values it needs are computed
+inside each loop.  Sums and moments of float32 accumulate in double.
+
+Shapes that are symbolic become ``int64_t`` parameters read off the tensors by the launch
+function; every index is ``int64_t``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+import torch.fx as fx
+
+from ...iteration import shape_of
+from ..triton.kernel import R, RINDEX, X, XINDEX, Emitter, Unsupported, _trailing
+from ..triton.launch import Param
+from ..triton.ops import ReduceLowering, V
+from ..triton.printer import TritonPrinter
+from . import ops as c_ops
+from .ops import COMBINE, CTYPE, cast, identity
+
+# Kernel parameter types: tensors are ``*`` + their element type (``ops.SIG_DTYPE``); sizes and
+# scalars keep the emitter's names.
+_SCALAR_CTYPE = {"i64": "int64_t", "i1": "bool", "fp32": "float"}
+
+
+class CPrinter(TritonPrinter):
+    """Integer index expressions as C (``int64_t`` arithmetic): ``/`` and ``%`` where both
+    operands are non-negative, a sign correction otherwise (Python floor semantics)."""
+
+    def _print_Max(self, expr) -> str:
+        return self._fold("FX_MAX_NAN", expr.args)
+
+    def _print_Min(self, expr) -> str:
+        return self._fold("FX_MIN_NAN", expr.args)
+
+    def _print_Pow(self, expr) -> str:
+        base, exp = expr.args
+        if not (exp.is_Integer and exp > 0):
+            raise NotImplementedError(f"cannot print power {expr} as a C index")
+        return "(" + " * ".join([self._operand(base)] * int(exp)) + ")"
+
+    def div(self, a, b) -> str:
+        if b == 1:
+            return self._print(a)
+        x, y = self._operand(a), self._operand(b)
+        if a.is_nonnegative and b.is_nonnegative:
+            return f"({x} / {y})"
+        return f"({x} / {y} - (({x} % {y} != 0) && (({x} < 0) != ({y} < 0))))"
+
+    def mod(self, a, b) -> str:
+        if b == 1:
+            return "0"
+        x, y = self._operand(a), self._operand(b)
+        if a.is_nonnegative and b.is_nonnegative:
+            return f"({x} % {y})"
+        r = f"({x} % {y})"
+        return f"(({r} != 0 && (({r} < 0) != ({y} < 0))) ? {r} + {y} : {r})"
+
+
+@dataclass
+class CEmitted:
+    """A generated C kernel: the C function, the Python launch function calling it through
+    ``<name>_c`` (bound when the wrapper's C functions are built, ``build.py``) and its
+    parameters' ctypes."""
+
+    c_source: str
+    launch_source: str
+    name: str
+    args: list[str]
+    params: list[Param]
+    node_count: int
+    unique_io_buffers: int
+
+    @property
+    def c_types(self) -> list[str]:
+        """Each parameter's C type (``float*``-like pointers start with ``*``)."""
+        return [p.sig if p.sig.startswith("*") else _SCALAR_CTYPE[p.sig] for p in self.params]
+
+
+class CEmitter(Emitter):
+    dialect = c_ops
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.xvars: list[tuple[str, sympy.Expr]] = []  # the rows' loop variables and their sizes
+        self.rvars: list[tuple[str, sympy.Expr]] = []
+        self.acc_dtype: torch.dtype | None = None  # the accumulator type of the fold being emitted
+
+    def persistent(self) -> bool:
+        return False  # one element per iteration: every fold is a loop
+
+    # ---------------------------------------------------------------- the loop nests
+
+    def frame_of(self):
+        fr = super().frame_of()
+        self.frame = fr
+        ks = [self.size(s) for s in fr.shape]
+        if fr.reduction:
+            dims = fr.layouts[fr.shape]
+            self.xvars = self.nest([ks[d] for d in range(len(ks)) if d not in dims], X, "xi")
+            self.rvars = self.nest([ks[d] for d in dims], R, "ri")
+        else:
+            self.xvars = self.nest(ks, X, "xi")
+        return fr
+
+    def nest(self, shape: list[sympy.Expr], index: sympy.Symbol, prefix: str) -> list[tuple[str, sympy.Expr]]:
+        """Loop variables over ``shape`` (size-1 dims have none): they are the coordinates of
+        the flat ``index`` over ``shape`` (``coords``), in every scope."""
+        loops, coords = [], []
+        for d, s in enumerate(shape):
+            if s == 1:
+                coords.append(sympy.Integer(0))
+                continue
+            name = f"{prefix}{d}"
+            loops.append((name, s))
+            self.deps[name] = {index.name}
+            coords.append(sympy.Symbol(name, integer=True, nonnegative=True))
+        self.scopes[0][("coords", tuple(shape), index)] = coords
+        self.flat_of[tuple(coords)] = (tuple(shape), index)
+        return loops
+
+    def open_nest(self, loops: list[tuple[str, sympy.Expr]], index: str) -> list[str]:
+        """The ``for`` lines of a nest and the flat index they stand for."""
+        p = CPrinter()
+        lines = [f"for (int64_t {v} = 0; {v} < {p(s)}; {v}++)" for v, s in loops]
+        flat, inner = sympy.Integer(0), sympy.Integer(1)
+        for v, s in reversed(loops):
+            flat, inner = flat + sympy.Symbol(v, integer=True, nonnegative=True) * inner, inner * s
+        return lines + ["{", f"    const int64_t {index} = {p(flat)};"]
+
+    def loop(self, body) -> None:
+        """Emit ``body()`` inside the loops over a row's reduced dims, in its own scope."""
+        head = self.open_nest(self.rvars, RINDEX)
+        self.body += head[:-1]
+        start = len(self.body)
+        self.body.append(head[-1].strip())
+        self.scopes.append({})
+        body()
+        self.scopes.pop()
+        self.body[start:] = ["    " + l for l in self.body[start:]]
+        self.body.append("}")
+
+    # ---------------------------------------------------------------- text
+
+    def local(self, e: sympy.Expr) -> sympy.Expr:
+        if e.is_Integer or e.is_Symbol:
+            return e
+        deps = self.deps_of(e)
+        name = self.fresh("x" if deps == {XINDEX} else "r" if deps == {RINDEX} else "f")
+        self.body.append(f"const int64_t {name} = {CPrinter()(e)};")
+        self.deps[name] = deps
+        return sympy.Symbol(name, integer=True, nonnegative=True)
+
+    def print_offset(self, e: sympy.Expr, dom: str) -> str:
+        return CPrinter()(e)
+
+    def emit_load(self, name: str, ptr: str, off: str, dom: str, dtype: torch.dtype) -> None:
+        self.body.append(f"const {CTYPE[dtype]} {name} = {ptr}[{off}];")
+
+    def emit_assign(self, name: str, v: V) -> V:
+        self.body.append(f"const {CTYPE[v.dtype]} {name} = {v.expr};")
+        return V(name, v.dtype)
+
+    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: V, dom: str) -> None:
+        ptr = self.tensor_params[(self.buffer(n, index), "out")]
+        shape = shape_of(val)
+        val = self.placed(n, index, val)
+        off = self.offset(val, self.coords_of(shape, dom), len(shape), dom)
+        self.body.append(f"{ptr}[{off}] = {cast(v, val.dtype).expr};")
+
+    # ---------------------------------------------------------------- reductions
+
+    def fold(self, r, low: ReduceLowering, acc_dt: torch.dtype, persistent: bool) -> dict[str, str]:
+        if low.strategy == "arg":
+            raise Unsupported("arg reductions (argmax, max.dim...) run as ATen kernels")
+        if not _trailing(shape_of(r.inp.meta["val"]), self.frame.layouts[shape_of(r.inp.meta["val"])]):
+            raise Unsupported("a reduction over leading dims (strided rows) runs as an ATen kernel")
+        if acc_dt == torch.float32 and low.accumulate in ("sum", "moments"):
+            acc_dt = torch.float64
+        self.acc_dtype = acc_dt
+        body, ct = self.body, CTYPE[acc_dt]
+        inp_shape = shape_of(r.inp.meta["val"])
+
+        def element() -> str:
+            x = self.operand(r.inp, inp_shape, "xr")
+            if low.accumulate == "flag":
+                return f"((int32_t)({x.expr} != 0))"
+            return cast(x, acc_dt).expr
+
+        if low.strategy == "combine":
+            acc = self.fresh("acc")
+            body.append(f"{ct} {acc} = {identity(low.identity, acc_dt)};")
+            self.loop(lambda: body.append(f"{acc} = {COMBINE[low.combine].format(a=acc, b=element())};"))
+            return {"acc": acc}
+        total, mean, m2 = self.fresh("sum"), self.fresh("mean"), self.fresh("m2")
+        body.append(f"{ct} {total} = 0;")
+        self.loop(lambda: body.append(f"{total} = {total} + {element()};"))
+        body.append(f"const {ct} {mean} = {total} / ({ct})({CPrinter()(self.frame.rnumel)});")
+        body.append(f"{ct} {m2} = 0;")
+
+        def deviation():
+            d = self.fresh("d")
+            body.append(f"const {ct} {d} = {element()} - {mean};")
+            body.append(f"{m2} = {m2} + {d} * {d};")
+
+        self.loop(deviation)
+        return {"mean": mean, "m2": m2}
+
+    def reduce_result(self, kind: str, accs: dict[str, str], acc_dt: torch.dtype, correction: float) -> V:
+        acc_dt = self.acc_dtype
+        ct, rn = CTYPE[acc_dt], CPrinter()(self.frame.rnumel)
+        if kind == "acc":
+            return V(accs["acc"], acc_dt)
+        if kind == "mean":
+            return V(f"({accs['acc']} / ({ct})({rn}))", acc_dt)
+        if kind == "nonzero":
+            return V(f"({accs['acc']} != 0)", torch.bool)
+        if kind == "avg":
+            return V(accs["mean"], acc_dt)
+        if kind == "var":
+            return V(f"({accs['m2']} / FX_MAX_NAN(({ct})({rn}) - {float(correction)!r}, 0.0))", acc_dt)
+        raise Unsupported(f"reduction result {kind}")
+
+    # ---------------------------------------------------------------- the function
+
+    def launch(self) -> CEmitted:
+        sig = []
+        for p in self.params:
+            if p.sig.startswith("*"):
+                const = "const " if p.name.startswith("in_") else ""
+                sig.append(f"{const}{p.sig[1:]}* {p.name}")
+            else:
+                sig.append(f"{_SCALAR_CTYPE[p.sig]} {p.name}")
+        head = self.open_nest(self.xvars, XINDEX)
+        if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
+            head.append("    const int64_t rindex = 0;")
+        lines = [f"void {self.name}({', '.join(sig)})", "{"]
+        lines += ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }", "}"]
+        call = ", ".join(f"{p.launch}.data_ptr()" if p.sig.startswith("*") else p.launch for p in self.params)
+        prologue = self.launch_lines + self.launch_checks
+        launch = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "
+                  "helpers: fxforge/codegen/c/prelude.py)"]
+        launch += ["# " + l for l in lines]
+        launch += [f"def {self.name}({', '.join(self.args)}):"] + ["    " + l for l in prologue]
+        launch += [f"    {self.name}_c({call})"]
+        return CEmitted("\n".join(lines) + "\n", "\n".join(launch) + "\n", self.name, list(self.args), list(self.params),
+                        len(self.nodes), len(self.storages))

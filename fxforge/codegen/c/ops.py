@@ -1,0 +1,232 @@
+"""ATen pointwise ops -> C expressions, computed like eager (the C kernels' dialect).
+
+The same contract as the Triton dialect (``codegen/triton/ops.py``, whose ``OpLowering``, ``V``
+and reduction table this module shares): each lowering gets its operands converted to the op's
+computation dtype and returns a ``V`` (a C expression and the torch dtype it has).  Only ops a C
+compiler turns into vector code, or that the helpers in ``prelude.py`` compute branch-free
+(``fx_expf``, ``fx_tanhf``, ``fx_erff``), are lowered: an op that would run element by element
+through the C library (``log``, ``sin``...) is left to its ATen kernel, which is vectorized.
+fp16/bf16 tensors are not read or written (``SIG_DTYPE`` leaves them out).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
+
+from ..triton.ops import LOW_PRECISION, OpLowering, V, compute_dtype, round_to  # noqa: F401 (the dialect's names)
+
+LANGUAGE = "C"
+
+CTYPE = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+# The kernel parameter type of a tensor's elements (the emitter's ``Param.sig`` is ``*`` + this).
+SIG_DTYPE = CTYPE
+
+_LITERAL = re.compile(r"^(true|false|NAN|INFINITY|\(-INFINITY\)|INT64_MIN|[0-9][0-9.e+-]*f?|\(-[0-9][0-9.e+-]*f?\)"
+                      r"|\(\((int64_t|int32_t|int16_t|int8_t|uint8_t)\)-?[0-9]+\))$")
+
+
+def is_literal(e: str) -> bool:
+    """A constant ``const`` wrote."""
+    return bool(_LITERAL.match(e))
+
+
+def const(x: Any, dt: torch.dtype) -> V:
+    """A Python scalar as a C constant of dtype ``dt``."""
+    if dt == torch.bool:
+        return V("true" if bool(x) else "false", dt)
+    if dt.is_floating_point:
+        x = float(x)
+        if math.isnan(x):
+            return V("NAN", dt)
+        if math.isinf(x):
+            return V("INFINITY" if x > 0 else "(-INFINITY)", dt)
+        s = repr(x)
+        if dt == torch.float32:
+            s = repr(float(torch.tensor(x, dtype=torch.float32).item())) + "f"
+        return V(s, dt) if not s.startswith("-") else V(f"({s})", dt)
+    if int(x) == -2**63:
+        return V("INT64_MIN", dt)
+    return V(f"(({CTYPE[dt]}){int(x)})", dt)
+
+
+def cast(v: V, dt: torch.dtype) -> V:
+    if v.dtype == dt:
+        return v
+    if dt == torch.bool:
+        return V(f"({v.expr} != 0)", dt)
+    return V(f"(({CTYPE[dt]})({v.expr}))", dt)
+
+
+def _fn(name: str, a: V) -> str:
+    """A libm or prelude function of ``a``'s float type (``f`` suffix for float32)."""
+    return f"{name}f({a.expr})" if a.dtype == torch.float32 else f"{name}({a.expr})"
+
+
+def _exp(a: V) -> str:
+    return f"fx_expf({a.expr})" if a.dtype == torch.float32 else f"exp({a.expr})"
+
+
+def _tanh(a: V) -> str:
+    return f"fx_tanhf({a.expr})" if a.dtype == torch.float32 else f"tanh({a.expr})"
+
+
+def _erf(a: V) -> str:
+    return f"fx_erff({a.expr})" if a.dtype == torch.float32 else f"erf({a.expr})"
+
+
+def _one(a: V) -> str:
+    return "1.0f" if a.dtype == torch.float32 else "1.0"
+
+
+def pow_scalar(x: V, e: Any) -> V | None:
+    """``x ** e`` for a Python scalar exponent (None: not lowered)."""
+    e = float(e)
+    if e == 2.0:
+        return V(f"({x.expr} * {x.expr})", x.dtype)
+    if e == 1.0:
+        return x
+    if not x.dtype.is_floating_point:
+        return None
+    if e == 0.5:
+        return V(_fn("sqrt", x), x.dtype)
+    if e == -1.0:
+        return V(f"({_one(x)} / {x.expr})", x.dtype)
+    if e == 3.0:
+        return V(f"({x.expr} * {x.expr} * {x.expr})", x.dtype)
+    return None
+
+
+def _alpha(b: V, alpha: Any) -> V:
+    if alpha is None or alpha == 1:
+        return b
+    return V(f"({b.expr} * {const(alpha, b.dtype).expr})", b.dtype)
+
+
+def _clamp(a: V, lo: V | None, hi: V | None) -> V:
+    x = a.expr
+    for b, cmp in ((lo, "<"), (hi, ">")):
+        if b is None:
+            continue
+        if a.dtype.is_floating_point:  # NaN in the input or a bound gives NaN, as eager
+            x = f"({b.expr} != {b.expr} ? {b.expr} : ({x} {cmp} {b.expr} ? {b.expr} : {x}))"
+        else:
+            x = f"({x} {cmp} {b.expr} ? {b.expr} : {x})"
+    return V(x, a.dtype)
+
+
+def _gelu(a: V, approximate: str) -> V:
+    x, f = a.expr, "f" if a.dtype == torch.float32 else ""
+    if approximate == "tanh":
+        inner = V(f"(0.7978845608028654{f} * ({x} + 0.044715{f} * {x} * {x} * {x}))", a.dtype)
+        return V(f"(0.5{f} * {x} * (1.0{f} + {_tanh(inner)}))", a.dtype)
+    return V(f"(0.5{f} * {x} * (1.0{f} + {_erf(V(f'({x} * 0.7071067811865476{f})', a.dtype))}))", a.dtype)
+
+
+def _sign(a: V) -> V:
+    x = a.expr
+    if a.dtype == torch.bool:
+        return a
+    one, zero = const(1, a.dtype).expr, const(0, a.dtype).expr
+    return V(f"({x} > 0 ? {one} : ({x} < 0 ? -{one} : {x if a.dtype.is_floating_point else zero}))", a.dtype)
+
+
+OPS: dict[str, OpLowering] = {}
+
+
+def _reg(names: str, lowering: OpLowering) -> None:
+    for n in names.split():
+        OPS[n] = lowering
+
+
+_reg("add.Tensor add.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(
+    f"({a.expr} + {_alpha(b, kw.get('alpha')).expr})" if a.dtype != torch.bool else f"({a.expr} | {b.expr})", a.dtype)))
+_reg("sub.Tensor sub.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(f"({a.expr} - {_alpha(b, kw.get('alpha')).expr})", a.dtype)))
+_reg("rsub.Tensor rsub.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(f"({b.expr} - {_alpha(a, kw.get('alpha')).expr})", a.dtype)))
+_reg("mul.Tensor mul.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(
+    f"({a.expr} * {b.expr})" if a.dtype != torch.bool else f"({a.expr} & {b.expr})", a.dtype)))
+# true division only (K.INT_TO_FLOAT: integer operands are divided as floats, never by zero in C)
+_reg("div.Tensor div.Scalar", OpLowering(("self", "other"), lambda a, b, kw: V(f"({a.expr} / {b.expr})", a.dtype), K.INT_TO_FLOAT, dtypes="float"))
+_reg("maximum.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"FX_MAX_NAN({a.expr}, {b.expr})", a.dtype)))
+_reg("minimum.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"FX_MIN_NAN({a.expr}, {b.expr})", a.dtype)))
+_reg("pow.Tensor_Scalar", OpLowering(("self", "exponent"), None))  # the emitter asks pow_scalar
+
+for _name, _op in {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}.items():
+    _reg(f"{_name}.Tensor {_name}.Scalar", OpLowering(
+        ("self", "other"), (lambda op: lambda a, b, kw: V(f"({a.expr} {op} {b.expr})", torch.bool))(_op),
+        K.ALWAYS_BOOL, round_scalars=True))
+
+_reg("logical_and.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"(({a.expr} != 0) & ({b.expr} != 0))", torch.bool), K.ALWAYS_BOOL))
+_reg("logical_or.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"(({a.expr} != 0) | ({b.expr} != 0))", torch.bool), K.ALWAYS_BOOL))
+_reg("logical_xor.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"(({a.expr} != 0) ^ ({b.expr} != 0))", torch.bool), K.ALWAYS_BOOL))
+_reg("logical_not.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} == 0)", torch.bool), K.ALWAYS_BOOL))
+for _name, _op in {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}.items():
+    _reg(f"{_name}.Tensor {_name}.Scalar", OpLowering(
+        ("self", "other"), (lambda op: lambda a, b, kw: V(f"(({CTYPE[a.dtype]})({a.expr} {op} {b.expr}))", a.dtype))(_op), dtypes="int"))
+_reg("bitwise_not.default", OpLowering(("self",), lambda a, kw: V(
+    f"({a.expr} == 0)" if a.dtype == torch.bool else f"(({CTYPE[a.dtype]})(~{a.expr}))", a.dtype), dtypes="int"))
+
+_reg("where.self", OpLowering(("condition", "self", "other"), lambda c, a, b, kw: V(f"({c.expr} ? {a.expr} : {b.expr})", a.dtype)))
+_reg("clamp.default clamp.Tensor", OpLowering(("self", "min", "max"), lambda a, lo, hi, kw: _clamp(a, lo, hi)))
+_reg("clamp_min.default clamp_min.Tensor", OpLowering(("self", "min"), lambda a, lo, kw: _clamp(a, lo, None)))
+_reg("clamp_max.default clamp_max.Tensor", OpLowering(("self", "max"), lambda a, hi, kw: _clamp(a, None, hi)))
+_reg("hardtanh.default", OpLowering(("self",), lambda a, kw: _clamp(a, const(kw.get("min_val", -1.0), a.dtype), const(kw.get("max_val", 1.0), a.dtype))))
+
+_FLOAT_UNARY = {
+    "exp": lambda a: _exp(a),
+    "sigmoid": lambda a: f"({_one(a)} / ({_one(a)} + {_exp(V(f'(-{a.expr})', a.dtype))}))",
+    "tanh": _tanh,
+    "erf": _erf,
+    "sqrt": lambda a: _fn("sqrt", a),
+    "rsqrt": lambda a: f"({_one(a)} / {_fn('sqrt', a)})",
+    "reciprocal": lambda a: f"({_one(a)} / {a.expr})",
+}
+for _name, _f in _FLOAT_UNARY.items():
+    _reg(f"{_name}.default", OpLowering(("self",), (lambda f: lambda a, kw: V(f(a), a.dtype))(_f), K.INT_TO_FLOAT, dtypes="float"))
+for _name in ("floor", "ceil", "trunc"):
+    _reg(f"{_name}.default", OpLowering(("self",), (lambda nm: lambda a, kw: V(_fn(nm, a), a.dtype) if a.dtype.is_floating_point else a)(_name)))
+_reg("round.default", OpLowering(("self",), lambda a, kw: V(_fn("nearbyint", a), a.dtype) if a.dtype.is_floating_point else a))
+
+_reg("neg.default", OpLowering(("self",), lambda a, kw: V(f"(-{a.expr})", a.dtype)))
+_reg("abs.default", OpLowering(("self",), lambda a, kw: a if a.dtype == torch.bool else V(
+    _fn("fabs", a) if a.dtype.is_floating_point else f"({a.expr} < 0 ? -{a.expr} : {a.expr})", a.dtype)))
+_reg("relu.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} < 0 ? {const(0, a.dtype).expr} : {a.expr})", a.dtype)))
+_reg("sign.default", OpLowering(("self",), lambda a, kw: _sign(a)))
+_reg("gelu.default", OpLowering(("self",), lambda a, kw: _gelu(a, kw.get("approximate", "none")), dtypes="float"))
+_reg("silu.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} / ({_one(a)} + {_exp(V(f'(-{a.expr})', a.dtype))}))", a.dtype), dtypes="float"))
+_reg("isnan.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} != {a.expr})", torch.bool), K.ALWAYS_BOOL))
+_reg("isinf.default", OpLowering(("self",), lambda a, kw: V(f"({_fn('fabs', a)} == INFINITY)", torch.bool), K.ALWAYS_BOOL, dtypes="float"))
+_reg("leaky_relu.default", OpLowering(("self",), lambda a, kw: V(
+    f"({a.expr} > 0 ? {a.expr} : {a.expr} * {const(kw.get('negative_slope', 0.01), a.dtype).expr})", a.dtype), dtypes="float"))
+# conversions and copies: the single operand, converted to the node's dtype by the emitter
+_reg("_to_copy.default clone.default alias_copy.default convert_element_type.default",
+     OpLowering(("self",), lambda a, kw: a, None))
+
+
+def lowering_of(op: torch._ops.OpOverload) -> OpLowering | None:
+    name = op.name().split("::", 1)[1]
+    if "." not in name:
+        name += ".default"
+    return OPS.get(name)
+
+
+# Reductions: how a row folds, per ``REDUCE_LOWERINGS`` kind (the shared table's ``combine``).
+COMBINE = {"_sum_combine": "({a} + {b})", "_prod_combine": "({a} * {b})",
+           "_max_nan": "FX_MAX_NAN({a}, {b})", "_min_nan": "FX_MIN_NAN({a}, {b})"}
+
+
+def identity(kind: str, acc: torch.dtype) -> str:
+    """A fold's identity (``ReduceLowering.identity``) as a C constant of ``acc``."""
+    if kind in ("0", "1"):
+        return const(int(kind), acc).expr
+    if acc.is_floating_point:
+        return "(-INFINITY)" if kind == "lowest" else "INFINITY"
+    ii = torch.iinfo(acc)
+    return const(ii.min if kind == "lowest" else ii.max, acc).expr

@@ -1,0 +1,74 @@
+"""The helpers every C kernel source starts with.
+
+``fx_expf``, ``fx_tanhf`` and ``fx_erff`` are branch-free float32 versions of ``expf``,
+``tanhf`` and ``erff`` that a C compiler turns into vector code (the C library's calls are
+not vectorized without ``-ffast-math``, which would also reorder eager's arithmetic):
+
+* ``fx_expf``: ``x = n ln2 + r`` (Cody-Waite, two constants), a degree-7 polynomial for
+  ``exp(r)`` on ``|r| <= ln2/2``, ``2**n`` applied in two halves so results down to the
+  subnormals are exact in their exponent; within 2 ulp of ``expf`` (overflow to ``inf`` above
+  88.72, ``0`` below -103.9, NaN kept).
+* ``fx_tanhf``: an odd polynomial below 0.625 in magnitude, ``1 - 2 / (exp(2|x|) + 1)`` above.
+* ``fx_erff``: Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7, as eager's vectorized
+  CPU ``erf``).
+
+``FX_MAX_NAN`` / ``FX_MIN_NAN`` propagate NaN like ``torch.maximum``/``amax``.
+"""
+
+PRELUDE = r"""
+#include <stdint.h>
+#include <stdbool.h>
+#include <string.h>
+#include <math.h>
+
+#define FX_MAX_NAN(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
+#define FX_MIN_NAN(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
+
+static inline float fx_pow2f(int32_t n) {
+    float f;
+    int32_t bits = (n + 127) << 23;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float fx_expf(float x) {
+    float xc = x < -103.9f ? -103.9f : (x > 88.8f ? 88.8f : x);
+    float t = xc * 1.44269504088896341f;
+    float n = (t + 12582912.0f) - 12582912.0f;
+    float r = xc - n * 0.693359375f;
+    r = r - n * (-2.12194440e-4f);
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t i = (int32_t)n;
+    int32_t h = i >> 1;
+    float y = p * fx_pow2f(h) * fx_pow2f(i - h);
+    y = x > 88.72283935546875f ? INFINITY : y;
+    y = x < -103.9f ? 0.0f : y;
+    return x != x ? x : y;
+}
+
+static inline float fx_tanhf(float x) {
+    float a = fabsf(x);
+    float z = x * x;
+    float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
+                    + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+    float big = 1.0f - 2.0f / (fx_expf(2.0f * a) + 1.0f);
+    big = x < 0.0f ? -big : big;
+    float y = a < 0.625f ? small : big;
+    return x != x ? x : y;
+}
+
+static inline float fx_erff(float x) {
+    float a = fabsf(x);
+    float t = 1.0f / (1.0f + 0.3275911f * a);
+    float p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+    float y = 1.0f - p * fx_expf(-a * a);
+    y = x < 0.0f ? -y : y;
+    return x != x ? x : y;
+}
+"""
