@@ -98,7 +98,9 @@ _CLOCK = [time.thread_time]
 
 
 CASES = ("demo", "mixer", "chain", "gpt2-2l")
-CONTENDERS = ("eager", "aot_eager", "fxforge", "inductor")
+# fxforge: the default Config (on CPU the C backend where a compiler is found); fxforge_torch:
+# Config(codegen="torch"), ATen calls only (the default before the C backend).
+CONTENDERS = ("eager", "aot_eager", "fxforge_torch", "fxforge", "inductor")
 
 
 # --------------------------------------------------------------------------------------------
@@ -785,12 +787,13 @@ def run_case(case: Case, mode: str, args) -> dict:
     ref = run(base)
     models: dict[str, nn.Module] = {"eager": base}
     backend = fxforge.backend(fxforge.Config())
+    backends = {"fxforge": backend, "fxforge_torch": fxforge.backend(fxforge.Config(codegen="torch"))}
     first = {}
     for who in args.contenders:
         if who == "eager":
             continue
         m = copy.deepcopy(base)
-        cm = torch.compile(m, backend=backend if who == "fxforge" else who)
+        cm = torch.compile(m, backend=backends.get(who, who))
         t0 = time.perf_counter()
         out = run(cm)
         first[who] = {"first_call_s": time.perf_counter() - t0, "max_abs_err": measure.max_abs_err(out, ref)}
@@ -809,6 +812,12 @@ def run_case(case: Case, mode: str, args) -> dict:
     fxm = models["fxforge"]
     compiled = list(backend.compiled)
     row["fxforge_failures"] = [r for c in compiled for r in c.failures] + [r for _, r in backend.failures]
+    row["fxforge_kernels"] = {k.backend: sum(1 for c in compiled for j in c.kernels if j.backend == k.backend)
+                              for c in compiled for k in c.kernels}
+    if any(k.backend != "torch" for c in compiled for k in c.kernels):
+        # the replay records ATen calls; a generated kernel is not one (it would be replayed as nothing)
+        row["breakdown_skipped"] = "the fxforge graphs run generated kernels: the ATen replay does not apply"
+        return row
 
     # 2. breakdown: the generated ``call`` functions get a timer (``Probe``), one real step
     # captures their inputs, then one set of interleaved rounds holds the real fxforge and eager
@@ -1022,10 +1031,11 @@ def render(rows: list[dict], units: dict, gelu: list[dict], meta: dict) -> str:
            f"{meta['threads']} thread(s) | load avg at start {meta.get('loadavg_start')} -->", ""]
     out += [f"**Time per call** (median µs of {clock}, contenders interleaved, {meta['threads']} thread; "
             "ratios of wall-time medians too):", "",
-            "| case | eager | aot_eager | fxforge | Inductor | fxforge / eager | fxforge / Inductor "
-            "| wall: fxforge / eager | wall: fxforge / Inductor | rounds "
-            "| page faults per call: eager / aot_eager / fxforge / Inductor |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "| case | eager | aot_eager | fxforge (torch backend) | fxforge | Inductor | fxforge / eager "
+            "| fxforge / Inductor | fxforge (torch backend) / eager | wall: fxforge / eager | wall: fxforge / Inductor "
+            "| rounds | first call s: fxforge / Inductor | fxforge kernels | page faults per call: "
+            + " / ".join(CONTENDERS) + " |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         t = r["time"]
         key = "cpu_median_s" if r.get("clock") == "cpu" else "median_s"
@@ -1036,10 +1046,14 @@ def render(rows: list[dict], units: dict, gelu: list[dict], meta: dict) -> str:
         def ratio(a, b, k=key):
             return f"{med(a, k) / med(b, k):.2f}x" if med(a, k) and med(b, k) else "—"
 
-        out.append(f"| {r['case']} {r['mode']} | {_us(med('eager'))} | {_us(med('aot_eager'))} | {_us(med('fxforge'))} | "
-                   f"{_us(med('inductor'))} | {ratio('fxforge', 'eager')} | {ratio('fxforge', 'inductor')} | "
+        fc = r.get("first_call", {})
+        first = " / ".join(f"{fc[n]['first_call_s']:.2f}" if n in fc else "—" for n in ("fxforge", "inductor"))
+        kern = ", ".join(f"{n} {b}" for b, n in sorted(r.get("fxforge_kernels", {}).items())) or "—"
+        out.append(f"| {r['case']} {r['mode']} | {_us(med('eager'))} | {_us(med('aot_eager'))} | {_us(med('fxforge_torch'))} | "
+                   f"{_us(med('fxforge'))} | {_us(med('inductor'))} | {ratio('fxforge', 'eager')} | {ratio('fxforge', 'inductor')} | "
+                   f"{ratio('fxforge_torch', 'eager')} | "
                    f"{ratio('fxforge', 'eager', 'median_s')} | {ratio('fxforge', 'inductor', 'median_s')} | "
-                   f"{t['eager']['calls']}{' (recompiled!)' if r.get('recompiled_during_timing') else ''} | "
+                   f"{t['eager']['calls']}{' (recompiled!)' if r.get('recompiled_during_timing') else ''} | {first} | {kern} | "
                    + " / ".join(f"{r['minor_faults'][n]:,.0f}" if n in r["minor_faults"] else "—" for n in CONTENDERS) + " |")
     sums = [(r, summarize(r)) for r in rows if "breakdown" in r]
     out += ["", f"**Where fxforge's time per call goes** (median µs of {clock} per step, summed over the case's graphs; "

@@ -261,7 +261,7 @@ def test_default_registry_picks_c_on_cpu_and_decomposes_as_declared():
 
     picked = DEFAULT_REGISTRY.select(Config(), {"cpu"})
     assert picked.name == ("c" if shutil.which(os.environ.get("CC") or "cc") else "torch")
-    assert level(Config(), DEFAULT_REGISTRY.get("c")) == "core"
+    assert level(Config(), DEFAULT_REGISTRY.get("c")) == "none"  # ATen's composite kernels stay
     torch_b = DEFAULT_REGISTRY.get("torch")
     assert level(Config(), torch_b) == "none"
     assert level(Config(), DEFAULT_REGISTRY.get("triton")) == "core"

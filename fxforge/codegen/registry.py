@@ -116,7 +116,7 @@ def _default_registry() -> Registry:
         compile=deferred(_C, "compile_group"),
         fuses=True,
         fusion_cost=deferred(_C, "fusion_cost"),
-        decompose="core",
+        decompose="none",
         priority=5,
         unavailable=deferred(_C, "unavailable"),
         writes_views=deferred(_C, "writes_views"),

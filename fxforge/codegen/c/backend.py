@@ -1,9 +1,12 @@
 """The ``c`` codegen backend: fused C kernels for CPU graphs (the registry's ``c`` entry).
 
-Pointwise chains and row reductions (softmax, layer norm, their backward sums) become one C
-function per group, compiled for this CPU with the wrapper's other C kernels (``build.py``);
-matmuls, convolutions, arg reductions, reductions over leading dims and ops without a C
-lowering run as the ``torch`` backend's ATen calls into the same planned buffers (``extern``).
+The graph keeps ATen's composite kernels (``decompose="none"``: softmax, layer norm, GELU and
+their backward run as ATen's vector kernels); the pointwise chains around them (bias adds,
+residuals, scaling, masking, the gradients' sums and products) and row reductions become one C
+function per group, compiled for this CPU with the wrapper's other C kernels (``build.py``).
+Matmuls, convolutions, arg reductions, reductions over leading dims, ops without a C lowering and
+transcendental ops on large tensors run as the ``torch`` backend's ATen calls into the same
+planned buffers (``extern``).
 ``accepts`` runs the emitter on the node itself, as the Triton backend does: the check and the
 emitter cannot disagree.
 """
@@ -14,13 +17,13 @@ import torch
 import torch.fx as fx
 
 from ...config import Config
-from ...graph import VAL, free_symbols, is_mutating
+from ...graph import VAL, free_symbols, is_mutating, op_display
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..triton.kernel import Unsupported, tensors
 from .build import CUnit, compiler
 from .kernel import CEmitter
-from .ops import CTYPE
+from .ops import CTYPE, TRANSCENDENTAL_MAX_NUMEL, transcendental
 
 
 def unavailable(device_types: frozenset[str]) -> str | None:
@@ -54,6 +57,9 @@ def accepts(node: fx.Node, config: Config) -> str | None:
         return "data-dependent output size"
     if any(t.numel() == 0 for t in outs if not free_symbols(t)):
         return "empty output"
+    if transcendental(op) and (free_symbols(val) or outs[0].numel() > TRANSCENDENTAL_MAX_NUMEL):
+        return (f"c: {op_display(op)} on more than {TRANSCENDENTAL_MAX_NUMEL} elements (or a symbolic count) runs as ATen's "
+                "vector kernel, faster than the C version at that size")
     try:
         k = _probe([node])
     except (Unsupported, NotImplementedError) as e:

@@ -10,7 +10,9 @@ kernels loads it without compiling.
 
 Flags: ``-O3 -march=native`` (vector code for this CPU), ``-ffp-contract=off`` (no fused
 multiply-add: eager rounds ``a * b`` and ``+ c`` separately), ``-fno-math-errno`` (``sqrtf`` is
-an instruction); nothing that reorders floating-point arithmetic.
+an instruction), ``-fopenmp-simd`` (the ``omp simd`` reductions of row folds: their sums may be
+taken in vector lanes, as eager's reductions are; no OpenMP runtime); nothing else reorders
+floating-point arithmetic.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..triton.cache import cache_dir
 from .kernel import CEmitted
 from .prelude import PRELUDE
 
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
          "-shared", "-fPIC")
 _CTYPES = {"int64_t": ctypes.c_int64, "bool": ctypes.c_bool, "float": ctypes.c_float}
 

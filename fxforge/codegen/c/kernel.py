@@ -138,9 +138,13 @@ class CEmitter(Emitter):
             flat, inner = flat + sympy.Symbol(v, integer=True, nonnegative=True) * inner, inner * s
         return lines + ["{", f"    const int64_t {index} = {p(flat)};"]
 
-    def loop(self, body) -> None:
-        """Emit ``body()`` inside the loops over a row's reduced dims, in its own scope."""
+    def loop(self, body, simd: str = "") -> None:
+        """Emit ``body()`` inside the loops over a row's reduced dims, in its own scope.
+        ``simd``: the clauses of an ``omp simd`` pragma on the innermost loop (a fold's
+        accumulators: the compiler may then sum in vector lanes, as eager's kernels do)."""
         head = self.open_nest(self.rvars, RINDEX)
+        if simd and self.rvars:
+            head.insert(len(self.rvars) - 1, f"#pragma omp simd {simd}")
         self.body += head[:-1]
         start = len(self.body)
         self.body.append(head[-1].strip())
@@ -200,11 +204,28 @@ class CEmitter(Emitter):
         if low.strategy == "combine":
             acc = self.fresh("acc")
             body.append(f"{ct} {acc} = {identity(low.identity, acc_dt)};")
-            self.loop(lambda: body.append(f"{acc} = {COMBINE[low.combine].format(a=acc, b=element())};"))
+            if low.combine in ("_max_nan", "_min_nan"):
+                # max/min as the vectorizable reduction, NaN tracked on the side (it wins, as in eager)
+                op, cmp = ("max", ">") if low.combine == "_max_nan" else ("min", "<")
+                nan = self.fresh("nan")
+                body.append(f"int {nan} = 0;")
+
+                def fold_extreme():
+                    v = self.emit_assign(self.fresh("e"), V(element(), acc_dt))
+                    body.append(f"{acc} = {v.expr} {cmp} {acc} ? {v.expr} : {acc};")
+                    body.append(f"{nan} |= {v.expr} != {v.expr};")
+
+                self.loop(fold_extreme, f"reduction({op}:{acc}) reduction(|:{nan})")
+                if acc_dt.is_floating_point:
+                    body.append(f"{acc} = {nan} ? NAN : {acc};")
+                return {"acc": acc}
+            red = "+" if low.combine == "_sum_combine" else "*"
+            self.loop(lambda: body.append(f"{acc} = {COMBINE[low.combine].format(a=acc, b=element())};"),
+                      f"reduction({red}:{acc})")
             return {"acc": acc}
         total, mean, m2 = self.fresh("sum"), self.fresh("mean"), self.fresh("m2")
         body.append(f"{ct} {total} = 0;")
-        self.loop(lambda: body.append(f"{total} = {total} + {element()};"))
+        self.loop(lambda: body.append(f"{total} = {total} + {element()};"), f"reduction(+:{total})")
         body.append(f"const {ct} {mean} = {total} / ({ct})({CPrinter()(self.frame.rnumel)});")
         body.append(f"{ct} {m2} = 0;")
 
@@ -213,7 +234,7 @@ class CEmitter(Emitter):
             body.append(f"const {ct} {d} = {element()} - {mean};")
             body.append(f"{m2} = {m2} + {d} * {d};")
 
-        self.loop(deviation)
+        self.loop(deviation, f"reduction(+:{m2})")
         return {"mean": mean, "m2": m2}
 
     def reduce_result(self, kind: str, accs: dict[str, str], acc_dt: torch.dtype, correction: float) -> V:
