@@ -190,15 +190,6 @@ _FLOAT_UNARY = {
 }
 for _name, _f in _FLOAT_UNARY.items():
     _reg(f"{_name}.default", OpLowering(("self",), (lambda f: lambda a, kw: V(f(a), a.dtype))(_f), K.INT_TO_FLOAT, dtypes="float"))
-# The C library's functions: one call per element (not vectorized), so small tensors only
-# (``TRANSCENDENTAL``); float32 through the ``f`` variants.
-_LIBM = ("log", "log2", "log10", "log1p", "expm1", "exp2", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
-         "cosh", "asinh", "acosh", "atanh", "erfc", "lgamma")
-for _name in _LIBM:
-    _reg(f"{_name}.default", OpLowering(("self",), (lambda nm: lambda a, kw: V(_fn(nm, a), a.dtype))(_name),
-                                        K.INT_TO_FLOAT, dtypes="float"))
-_reg("atan2.default", OpLowering(("self", "other"), lambda a, b, kw: V(
-    f"atan2f({a.expr}, {b.expr})" if a.dtype == torch.float32 else f"atan2({a.expr}, {b.expr})", a.dtype), K.INT_TO_FLOAT, dtypes="float"))
 for _name in ("floor", "ceil", "trunc"):
     _reg(f"{_name}.default", OpLowering(("self",), (lambda nm: lambda a, kw: V(_fn(nm, a), a.dtype) if a.dtype.is_floating_point else a)(_name)))
 _reg("round.default", OpLowering(("self",), lambda a, kw: V(_fn("nearbyint", a), a.dtype) if a.dtype.is_floating_point else a))
@@ -219,11 +210,10 @@ _reg("_to_copy.default clone.default alias_copy.default convert_element_type.def
      OpLowering(("self",), lambda a, kw: a, None))
 
 
-# Ops computed through ``fx_expf``/``fx_tanhf``/``fx_erff`` (about 2.5x the time per element of
-# eager's vector kernels, SLEEF) or the C library (scalar calls): the backend takes them only on
-# tensors small enough that the ATen call saved costs more (``backend.accepts``).
-TRANSCENDENTAL = frozenset([f"{n}.default" for n in ("exp", "sigmoid", "tanh", "erf", "gelu", "silu") + _LIBM]
-                           + ["atan2.default"])
+# Ops computed through ``fx_expf``/``fx_tanhf``/``fx_erff``: about 2.5x the time per element of
+# eager's vector kernels (SLEEF), so the backend takes them only on tensors small enough that
+# the ATen call saved costs more (``backend.accepts``).
+TRANSCENDENTAL = frozenset(f"{n}.default" for n in ("exp", "sigmoid", "tanh", "erf", "gelu", "silu"))
 TRANSCENDENTAL_MAX_NUMEL = 8192
 
 
