@@ -58,6 +58,7 @@ What is measured (bench/README.md, "Per-call overhead (issue 18)", says it in fu
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import datetime
 import functools
@@ -812,8 +813,7 @@ def run_case(case: Case, mode: str, args) -> dict:
     fxm = models["fxforge"]
     compiled = list(backend.compiled)
     row["fxforge_failures"] = [r for c in compiled for r in c.failures] + [r for _, r in backend.failures]
-    row["fxforge_kernels"] = {k.backend: sum(1 for c in compiled for j in c.kernels if j.backend == k.backend)
-                              for c in compiled for k in c.kernels}
+    row["fxforge_kernels"] = dict(collections.Counter(k.backend for c in compiled for k in c.kernels))
     if any(k.backend != "torch" for c in compiled for k in c.kernels):
         # the replay records ATen calls; a generated kernel is not one (it would be replayed as nothing)
         row["breakdown_skipped"] = "the fxforge graphs run generated kernels: the ATen replay does not apply"

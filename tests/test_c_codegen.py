@@ -1,9 +1,14 @@
-"""The ``c`` codegen backend (fused C kernels for CPU graphs): results match eager.
+"""The ``c`` codegen backend (fused C kernels for CPU graphs, docs/c.md): results match eager.
 
 Every case compiles with ``Config(codegen="c", debug=True)`` (``fullgraph=True``: a graph break
 would run eager and prove nothing) and compares with eager on fresh random inputs.  Besides the
 values, the cases check where the nodes ran: fused chains are few ``c`` kernels, ops without a C
 lowering are the ``torch`` backend's extern calls in the same graph (never eager fallbacks).
+
+The backend keeps ATen's composite kernels (``decompose="none"``: softmax, layer norm, GELU run
+as ATen calls); the fused row reductions they decompose into are tested with
+``Config(decompose="core")`` (``CORE``).  ``exp``/``tanh``/``erf``/``gelu``... are C only on up to
+``TRANSCENDENTAL_MAX_NUMEL`` (8,192) elements: cases that must run them in C stay below.
 The C kernels' shared objects are cached in one directory per test session
 (``$FXFORGE_TEST_CACHE``, shared with the Triton tests' kernels when both run).
 """
@@ -23,13 +28,17 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 
 import fxforge
-from fxforge.codegen.c import build
+from fxforge.codegen.c import backend as c_backend, build
+from fxforge.codegen.c.ops import TRANSCENDENTAL_MAX_NUMEL
 from fxforge.compiler import compile_graph
 from fxforge.graph import BACKEND
 from fxforge.regions import CAT
 from fxforge.testing import check_pass, graphs, profile
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine")
+
+C = fxforge.Config(codegen="c", debug=True)
+CORE = fxforge.Config(codegen="c", debug=True, decompose="core")  # softmax, layer norm... as fused C rows
 
 for _knob in ("recompile_limit", "cache_size_limit"):
     if hasattr(torch._dynamo.config, _knob):
@@ -46,7 +55,7 @@ def _cache(monkeypatch, tmp_path_factory):
 def run_compiled(fn, *args, dynamic=False, config=None):
     """``(backend, result)``: ``fn(*args)`` compiled with codegen="c" (fullgraph, debug)."""
     torch._dynamo.reset()
-    b = fxforge.backend(config or fxforge.Config(codegen="c", debug=True))
+    b = fxforge.backend(config or C)
     return b, torch.compile(fn, backend=b, fullgraph=True, dynamic=dynamic)(*args)
 
 
@@ -65,6 +74,17 @@ def fallbacks(b) -> dict:
     return out
 
 
+def outside_c(b) -> list[tuple[str, str]]:
+    """``(op, why)`` of each compute node not in a C kernel (the C backend's refusal)."""
+    out = []
+    for c in b.compiled:
+        for g in c.plan.groups:
+            for n in g.nodes:
+                if n.meta.get(BACKEND) != "c":
+                    out.append((str(n.target), c_backend.accepts(n, C)))
+    return out
+
+
 def check(fn, *args, c_only=True, atol=None, rtol=None, dynamic=False, config=None):
     """Compile ``fn``, compare with eager (NaNs equal), return the backend.  ``c_only``: every
     kernel is a C kernel; otherwise at least one is.  Never an eager fallback."""
@@ -73,7 +93,7 @@ def check(fn, *args, c_only=True, atol=None, rtol=None, dynamic=False, config=No
     torch.testing.assert_close(out, exp, atol=atol, rtol=rtol, equal_nan=True)
     assert kernels(b), "no C kernel ran"
     if c_only:
-        assert backends(b) == {"c"}, [(k.name, k.backend) for c in b.compiled for k in c.kernels]
+        assert backends(b) == {"c"}, outside_c(b)
     assert not fallbacks(b), fallbacks(b)
     assert all(c.stats["fallback_nodes"] == 0 for c in b.compiled)
     return b
@@ -94,28 +114,37 @@ def _softmax(a):
 
 def test_layer_norm_gelu_residual_is_one_c_kernel():
     x, w, bias, r = torch.randn(8, 16, 64), torch.randn(64), torch.randn(64), torch.randn(8, 16, 64)
-    b = check(_layer_norm_gelu_residual, x, w, bias, r)
+    b = check(_layer_norm_gelu_residual, x, w, bias, r, config=CORE)
     (k,) = kernels(b)
     assert k.node_count >= 8  # var_mean, getitems, sub, rsqrt, mul, affine, gelu, residual
     src = b.compiled[0].source
     assert "fx_erff" in src and "double sum" in src  # erf from the prelude; the moments in double
+    assert "#pragma omp simd reduction(+:" in src
+    # the default keeps ATen's layer norm; GELU and the residual are one C kernel after it
+    b = check(_layer_norm_gelu_residual, x, w, bias, r, c_only=False)
+    (k,) = kernels(b)
+    assert k.node_count == 2 and backends(b) == {"c", "torch"}
+    assert "aten.native_layer_norm" in b.compiled[0].source
 
 
 @pytest.mark.parametrize("dim", [-1, 1])
 def test_softmax_one_kernel(dim):
     x = torch.randn(6, 33) * 4
-    b = check(lambda a: torch.softmax(a, dim), x)
+    b = check(lambda a: torch.softmax(a, dim), x, config=CORE)
     assert len(kernels(b)) == 1
-    b = check(_softmax, torch.randn(4, 5, 40))
+    b = check(lambda a: torch.softmax(a * 0.5, dim) - 1, x, c_only=False)  # ATen's softmax between C kernels
+    assert len(kernels(b)) == 2 and backends(b) == {"c", "torch"}
+    b = check(_softmax, torch.randn(4, 5, 40))  # written out: one C kernel by default
     assert len(kernels(b)) == 1 and kernels(b)[0].node_count >= 5
 
 
 def test_log_free_losses():
     x, y = torch.randn(7, 19), torch.randn(7, 19)
     b = check(lambda a, t: (F.mse_loss(a, t), F.l1_loss(a, t, reduction="sum"), F.smooth_l1_loss(a, t),
-                            F.huber_loss(a, t, reduction="none", delta=0.5)), x, y)
+                            F.huber_loss(a, t, reduction="none", delta=0.5)), x, y, config=CORE)
     assert len(kernels(b)) <= 4
-    check(lambda a, t: F.mse_loss(a, t, reduction="none").mean(-1), x, y)
+    check(lambda a, t: F.mse_loss(a, t, reduction="none").mean(-1), x, y, config=CORE)
+    check(lambda a, t: ((a - t) ** 2).mean(), x, y)  # written out: C kernels by default
 
 
 def test_row_reductions_over_the_last_dims():
