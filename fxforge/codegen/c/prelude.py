@@ -5,7 +5,7 @@
 not vectorized without ``-ffast-math``, which would also reorder eager's arithmetic):
 
 * ``fx_expf``: ``x = n ln2 + r`` (Cody-Waite, two constants), a degree-7 polynomial for
-  ``exp(r)`` on ``|r| <= ln2/2``, ``2**n`` applied in two halves so results down to the
+  ``exp(r)`` on ``|r| <= ln2/2`` (fused multiply-adds, written out: ``fmaf``), ``2**n`` applied in two halves so results down to the
   subnormals are exact in their exponent; within 2 ulp of ``expf`` (overflow to ``inf`` above
   88.72, ``0`` below -103.9, NaN kept).
 * ``fx_tanhf``: an odd polynomial below 0.625 in magnitude, ``1 - 2 / (exp(2|x|) + 1)`` above.
@@ -35,15 +35,15 @@ static inline float fx_expf(float x) {
     float xc = x < -103.9f ? -103.9f : (x > 88.8f ? 88.8f : x);
     float t = xc * 1.44269504088896341f;
     float n = (t + 12582912.0f) - 12582912.0f;
-    float r = xc - n * 0.693359375f;
-    r = r - n * (-2.12194440e-4f);
+    float r = fmaf(n, -0.693359375f, xc);
+    r = fmaf(n, 2.12194440e-4f, r);
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r + 1.0f);
     int32_t i = (int32_t)n;
     int32_t h = i >> 1;
     float y = p * fx_pow2f(h) * fx_pow2f(i - h);
