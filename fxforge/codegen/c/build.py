@@ -13,7 +13,8 @@ multiply-add: eager rounds ``a * b`` and ``+ c`` separately), ``-fno-math-errno`
 an instruction), ``-mprefer-vector-width=512`` on x86 (AVX-512 where this CPU has it: the
 ``fx_expf`` loops run 1.5x faster than at gcc's default 256 bits), ``-fopenmp-simd`` (the ``omp simd`` reductions of row folds: their sums may be
 taken in vector lanes, as eager's reductions are; no OpenMP runtime); nothing else reorders
-floating-point arithmetic.
+floating-point arithmetic. ``-fwrapv``: integer arithmetic wraps as eager's does (``abs`` of
+the most negative int64 is itself; without it the compiler may assume it is not negative).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..triton.cache import cache_dir
 from .kernel import CEmitted
 from .prelude import PRELUDE
 
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
          "-shared", "-fPIC") + (("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ())
 _CTYPES = {"int64_t": ctypes.c_int64, "bool": ctypes.c_bool, "float": ctypes.c_float}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from typing import Any
 
 import torch
@@ -44,13 +45,16 @@ def const(x: Any, dt: torch.dtype) -> V:
         return V("true" if bool(x) else "false", dt)
     if dt.is_floating_point:
         x = float(x)
+        if dt == torch.float32 and math.isfinite(x):  # the float32 nearest x (what eager's opmath computes with)
+            try:
+                x = struct.unpack("f", struct.pack("f", x))[0]
+            except OverflowError:  # beyond float32's range: eager's cast gives inf
+                x = math.copysign(math.inf, x)
         if math.isnan(x):
             return V("NAN", dt)
         if math.isinf(x):
             return V("INFINITY" if x > 0 else "(-INFINITY)", dt)
-        s = repr(x)
-        if dt == torch.float32:
-            s = repr(float(torch.tensor(x, dtype=torch.float32).item())) + "f"
+        s = repr(x) + ("f" if dt == torch.float32 else "")
         return V(s, dt) if not s.startswith("-") else V(f"({s})", dt)
     if int(x) == -2**63:
         return V("INT64_MIN", dt)
