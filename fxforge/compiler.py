@@ -21,6 +21,7 @@ from .copies import graph_copy_bytes
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
 from .lowering.crops import LowerCrops
+from .lowering.splits import SplitForFusion
 from .passes.assign import AssignBackends
 from .passes.fusion import FuseGroups, verify_groups
 from .passes.memory import arena_intervals, arena_peak_bytes, plan_memory, symmetric_arena_bytes, verify_memory_plan
@@ -53,7 +54,7 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> li
     extern = registry.get(backend.extern) if backend.extern and backend.extern != backend.name else None
     assign = AssignBackends(backend, config, extern)
     return [
-        DedupeGetitems(), EliminateDeadCode(), LowerCrops(),
+        DedupeGetitems(), *([SplitForFusion(backend.splits)] if backend.splits else []), EliminateDeadCode(), LowerCrops(),
         *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
         *config.passes_at("after_lowering"),
         assign, *config.passes_at("after_assignment"),

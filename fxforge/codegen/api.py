@@ -105,6 +105,10 @@ class CodegenBackend:
     # each node a kernel eager would run) or "core" (core ATen, softmax and layer norm split into
     # pointwise + reduction nodes: what a fusing code generator wants).
     decompose: str = "core"
+    # Composite ops split on the compiled graph itself (``lowering/splits.py``), for a backend
+    # that keeps ATen's composite kernels but fuses these better (``"aten.native_layer_norm.default"``:
+    # the norm with the residual add before it); the backward keeps ATen's kernel for their gradient.
+    splits: tuple[str, ...] = ()
     # ``Config(codegen="auto")`` picks the highest priority among the backends targeting the
     # graph's devices; ties go to the backend registered first (the built-in ``torch`` backend).
     priority: int = 0

@@ -117,6 +117,7 @@ def _default_registry() -> Registry:
         fuses=True,
         fusion_cost=deferred(_C, "fusion_cost"),
         decompose="none",
+        splits=("aten.native_layer_norm.default",),
         priority=5,
         unavailable=deferred(_C, "unavailable"),
         writes_views=deferred(_C, "writes_views"),

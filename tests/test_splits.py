@@ -1,0 +1,76 @@
+"""SplitForFusion (lowering/splits.py): layer norm split on the compiled graph for the C backend."""
+
+import shutil
+
+import pytest
+import torch
+
+import fxforge
+from fxforge.lowering.splits import SplitForFusion
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="the C backend needs a C compiler (cc)")
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x, r):
+        return self.fc(self.norm(x + r)).transpose(1, 2).contiguous()
+
+
+def test_forward_splits_the_norm_and_backward_keeps_atens_kernel():
+    torch.manual_seed(0)
+    m = Block()
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    cm = torch.compile(m, backend=b)
+    x, r = torch.randn(4, 8, 32, requires_grad=True), torch.randn(4, 8, 32)
+    out = cm(x, r)
+    ref = m(x.detach().requires_grad_(), r)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(out)
+    out.backward(g)
+    x2 = x.detach().requires_grad_()
+    gx_fx = x.grad.clone()
+    grads_fx = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m(x2, r).backward(g)
+    torch.testing.assert_close(gx_fx, x2.grad)
+    for a, e in zip(grads_fx, [p.grad for p in m.parameters()]):
+        torch.testing.assert_close(a, e)
+    fw, bw = (next(c for c in b.compiled if c.stats["graph"] == k) for k in ("forward", "backward"))
+    (rec,) = [p for p in fw.stats["passes"] if p["name"] == "split_for_fusion"]
+    assert rec["stats"] == {"split": 1}
+    assert "native_layer_norm.default" not in fw.source
+    # the residual add and the norm run as one C kernel (var_mean, its pointwise ops and the add)
+    assert max(k.node_count for k in fw.kernels if k.backend == "c") >= 6
+    # the backward graph was traced with the norm whole: ATen's backward kernel, not its pieces
+    assert "native_layer_norm_backward" in bw.source
+
+
+def test_inference_with_dynamic_shapes_and_no_affine():
+    def f(x):
+        return torch.nn.functional.layer_norm(x * 2, x.shape[-1:]) + 1
+
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    g = torch.compile(f, backend=b, dynamic=True)
+    for n in (3, 7, 12):
+        x = torch.randn(n, 5, 16)
+        torch.testing.assert_close(g(x), f(x))
+    assert len(b.compiled) == 1
+
+
+def test_unknown_split_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="aten.native_layer_norm.default"):
+        SplitForFusion(("aten.softmax.int",))
+
+
+def test_the_torch_backend_keeps_the_norm_whole():
+    b = fxforge.backend(fxforge.Config(codegen="torch", debug=True))
+    g = torch.compile(lambda x: torch.nn.functional.layer_norm(x, (8,)), backend=b)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(g(x), torch.nn.functional.layer_norm(x, (8,)))
+    assert not any(p["name"] == "split_for_fusion" for p in b.compiled[0].stats["passes"])
