@@ -216,6 +216,8 @@ def test_scalar_arguments():
         torch.testing.assert_close(cf(x, s, n), f(x, s, n))
     assert len(b.compiled) <= 2  # the first call specializes, the second makes it generic
     assert kernels(b) and not fallbacks(b)
+    # the float's 0-d tensor is converted by prims.convert_element_type (operand ``a``): in C too
+    assert {k.backend for k in b.compiled[-1].kernels} == {"c"}, outside_c(b)
     assert "int64_t sc" in b.compiled[-1].source  # n: a kernel argument, not a constant
     # Python constants folded in the graph: every float32 rounding of the literal as eager's
     check(lambda a: (a * 0.1 + 1e-7, a / 3.0, a - 1e30, a + 2**-149), torch.randn(3, 4))

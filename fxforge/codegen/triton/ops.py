@@ -303,8 +303,8 @@ _reg("hardtanh.default", OpLowering(("self",), lambda a, kw: _clamp(a, const(kw.
 
 # conversions and copies: the single operand, converted to the node's dtype by Emitter.value (where
 # it is computed, so the members reading it see the converted value, not only the store)
-_reg("_to_copy.default clone.default alias_copy.default convert_element_type.default",
-     OpLowering(("self",), lambda a, kw: a, None))
+_reg("_to_copy.default clone.default alias_copy.default", OpLowering(("self",), lambda a, kw: a, None))
+_reg("convert_element_type.default", OpLowering(("a",), lambda a, kw: a, None))  # prims' schema names it ``a``
 
 
 def lowering_of(op: torch._ops.OpOverload) -> OpLowering | None:
