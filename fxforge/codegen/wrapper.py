@@ -495,8 +495,10 @@ class _Builder:
             spaces = sorted({ns for ns, _, _ in self.ops})
             src += [f"# {', '.join(spaces)}: the ops of torch.ops.{{{','.join(spaces)}}} this graph calls, each bound "
                     "once to its dispatcher entry", ""]
-        for name, unit in self.units.items():
-            self.globals.update(self.registry.get(name).link(unit))
+        for name, unit in self.units.items():  # each backend's kernels built together (CodegenBackend.link)
+            link = self.registry.get(name).link
+            if link is not None:
+                self.globals.update(link(unit))
         for ks in self.kernel_sources:
             src += [ks.rstrip("\n"), "", ""]
         if self.kept:

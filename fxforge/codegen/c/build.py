@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..triton.cache import cache_dir
+from ..triton.cache import atomic_write, cache_dir
 from .kernel import CEmitted
 from .prelude import PRELUDE
 
@@ -94,8 +94,7 @@ def shared_object(source: str) -> str:
             shutil.copyfile(src, kept)
             raise CompileError(f"{cc} failed ({run.returncode}) on {kept}:\n{run.stderr[-4000:]}")
         os.replace(out, path)
-        with open(os.path.join(directory, f"k{key}.c"), "w") as f:  # for people reading the kernels
-            f.write(source)
+        atomic_write(os.path.join(directory, f"k{key}.c"), source)  # for people reading the kernels
     finally:
         for p in (src, out):
             try:
