@@ -17,10 +17,10 @@ import torch
 import torch.fx as fx
 
 from ...config import Config
-from ...graph import VAL, free_symbols, is_mutating, op_display
+from ...graph import VAL, free_symbols, op_display
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
-from ..triton.kernel import Unsupported, tensors
+from ..triton.kernel import Unsupported, node_refusal, tensors
 from .build import CUnit, compiler
 from .kernel import CEmitter
 from .ops import CTYPE, TRANSCENDENTAL_MAX_NUMEL, transcendental
@@ -39,25 +39,13 @@ def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None):
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
-    op = node.target
-    if not isinstance(op, torch._ops.OpOverload):
-        return "not an ATen operator"
-    if is_mutating(node):
-        return "mutates its inputs"
-    val = node.meta.get(VAL)
-    outs = tensors(val)
-    if not outs or (isinstance(val, (list, tuple)) and len(outs) != len(val)):
-        return "returns non-tensor values"
-    for t in outs + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]:
-        if t.dtype not in CTYPE:
-            return f"dtype {t.dtype} has no C lowering"
-        if t.layout != torch.strided or t.device.type != "cpu":
-            return "not a strided CPU tensor"
-    if any(s.name.startswith("u") for s in free_symbols(val)):
-        return "data-dependent output size"
-    if any(t.numel() == 0 for t in outs if not free_symbols(t)):
-        return "empty output"
-    if transcendental(op) and (free_symbols(val) or outs[0].numel() > TRANSCENDENTAL_MAX_NUMEL):
+    why = node_refusal(node, CTYPE, "C")
+    if why is not None:
+        return why
+    val, op = node.meta.get(VAL), node.target
+    if tensors(val)[0].device.type != "cpu":
+        return "not a CPU tensor"
+    if transcendental(op) and (free_symbols(val) or tensors(val)[0].numel() > TRANSCENDENTAL_MAX_NUMEL):
         return (f"c: {op_display(op)} on more than {TRANSCENDENTAL_MAX_NUMEL} elements (or a symbolic count) runs as ATen's "
                 "vector kernel, faster than the C version at that size")
     try:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 
+from ..triton import ops as triton_ops
 from ..triton.ops import LOW_PRECISION, OpLowering, V, compute_dtype, round_to  # noqa: F401 (the dialect's names)
 
 LANGUAGE = "C"
@@ -162,15 +163,11 @@ _reg("maximum.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"FX_MA
 _reg("minimum.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"FX_MIN_NAN({a.expr}, {b.expr})", a.dtype)))
 _reg("pow.Tensor_Scalar", OpLowering(("self", "exponent"), None))  # the emitter asks pow_scalar
 
-for _name, _op in {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}.items():
-    _reg(f"{_name}.Tensor {_name}.Scalar", OpLowering(
-        ("self", "other"), (lambda op: lambda a, b, kw: V(f"({a.expr} {op} {b.expr})", torch.bool))(_op),
-        K.ALWAYS_BOOL, round_scalars=True))
-
-_reg("logical_and.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"(({a.expr} != 0) & ({b.expr} != 0))", torch.bool), K.ALWAYS_BOOL))
-_reg("logical_or.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"(({a.expr} != 0) | ({b.expr} != 0))", torch.bool), K.ALWAYS_BOOL))
-_reg("logical_xor.default", OpLowering(("self", "other"), lambda a, b, kw: V(f"(({a.expr} != 0) ^ ({b.expr} != 0))", torch.bool), K.ALWAYS_BOOL))
-_reg("logical_not.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} == 0)", torch.bool), K.ALWAYS_BOOL))
+# comparisons and logical ops: the same source in C as in Triton (operators on the operands)
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _reg(f"{_name}.Tensor {_name}.Scalar", triton_ops.OPS[f"{_name}.Tensor"])
+for _name in ("logical_and", "logical_or", "logical_xor", "logical_not"):
+    _reg(f"{_name}.default", triton_ops.OPS[f"{_name}.default"])
 for _name, _op in {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}.items():
     _reg(f"{_name}.Tensor {_name}.Scalar", OpLowering(
         ("self", "other"), (lambda op: lambda a, b, kw: V(f"(({CTYPE[a.dtype]})({a.expr} {op} {b.expr}))", a.dtype))(_op), dtypes="int"))

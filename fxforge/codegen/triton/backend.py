@@ -16,12 +16,12 @@ import torch
 import torch.fx as fx
 
 from ...config import Config
-from ...graph import VAL, free_symbols, is_mutating
+from ...graph import VAL
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from . import cache
 from .autotune import Tuner
-from .kernel import Emitter, Unsupported, tensors
+from .kernel import Emitter, Unsupported, node_refusal, tensors
 from .launch import KERNEL_NAME, Emitted
 from .ops import SIG_DTYPE
 from .prelude import helper_names, interp_missing, module_text
@@ -47,31 +47,14 @@ def unavailable(device_types: frozenset[str]) -> str | None:
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
-    op = node.target
-    if not isinstance(op, torch._ops.OpOverload):
-        return "not an ATen operator"
-    if is_mutating(node):
-        return "mutates its inputs"
-    val = node.meta.get(VAL)
-    outs = tensors(val)
-    if not outs or (isinstance(val, (list, tuple)) and len(outs) != len(val)):
-        return "returns non-tensor values"
-    ins = [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
-    for t in outs + ins:
-        if t.dtype not in SIG_DTYPE:
-            return f"dtype {t.dtype} has no Triton lowering"
-        if t.layout != torch.strided or t.is_sparse:
-            return "non-strided layout"
+    why = node_refusal(node, SIG_DTYPE, "Triton")
+    if why is not None:
+        return why
+    for t in tensors(node.meta.get(VAL)) + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]:
         if t.device.type == "cpu" and not interpreting():
             return "CPU tensors need TRITON_INTERPRET=1"
         if t.device.type not in ("cuda", "cpu"):
             return f"device {t.device.type}"
-    if len({t.device for t in outs + ins}) > 1:
-        return "tensors on several devices"
-    if any(s.name.startswith("u") for s in free_symbols(val)):
-        return "data-dependent output size"
-    if any(t.numel() == 0 for t in outs if not free_symbols(t)):
-        return "empty output"
     try:
         em = Emitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", [node]).emit()
     except (Unsupported, NotImplementedError) as e:

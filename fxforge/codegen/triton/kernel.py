@@ -33,7 +33,7 @@ import torch.fx as fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwise_dtypes
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from ...graph import VAL, aliased_input, expr, node_kind
+from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind
 from ...iteration import numel as _numel, reduction_of, same_size as _same, schema_bind as _schema_bind, shape_of
 from ..pyexpr import PyExprPrinter
 from . import launch
@@ -75,6 +75,34 @@ def _contiguous(shape: list, stride: list) -> bool:
 def tensors(v) -> list[torch.Tensor]:
     """The tensors of a value (a tensor, or a tuple/list with tensors among other things)."""
     return [t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)]
+
+
+def node_refusal(node: fx.Node, dtypes, language: str) -> str | None:
+    """Why a kernel emitted by this emitter (in ``language``, for element types ``dtypes``) cannot
+    run ``node``, whatever the op: not an ATen operator, mutating, non-tensor outputs, a dtype
+    without a lowering, a non-strided tensor, tensors on several devices, an output whose size
+    depends on data or is statically empty.  None: it is up to the op's lowering."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return "not an ATen operator"
+    if is_mutating(node):
+        return "mutates its inputs"
+    val = node.meta.get(VAL)
+    outs = tensors(val)
+    if not outs or (isinstance(val, (list, tuple)) and len(outs) != len(val)):
+        return "returns non-tensor values"
+    every = outs + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
+    for t in every:
+        if t.dtype not in dtypes:
+            return f"dtype {t.dtype} has no {language} lowering"
+        if t.layout != torch.strided or t.is_sparse:
+            return "non-strided layout"
+    if len({t.device for t in every}) > 1:
+        return "tensors on several devices"
+    if any(s.name.startswith("u") for s in free_symbols(val)):
+        return "data-dependent output size"
+    if any(t.numel() == 0 for t in outs if not free_symbols(t)):
+        return "empty output"
+    return None
 
 
 aten = torch.ops.aten
