@@ -7,8 +7,9 @@ lowering are the ``torch`` backend's extern calls in the same graph (never eager
 
 The backend keeps ATen's composite kernels (``decompose="none"``: softmax, layer norm, GELU run
 as ATen calls); the fused row reductions they decompose into are tested with
-``Config(decompose="core")`` (``CORE``).  ``exp``/``tanh``/``erf``/``gelu``... are C only on up to
-``TRANSCENDENTAL_MAX_NUMEL`` (8,192) elements: cases that must run them in C stay below.
+``Config(decompose="core")`` (``CORE``).  ``exp``/``tanh``/``sigmoid``/``silu`` are C only on up to
+8,192 elements, ``erf``/``gelu`` on up to 65,536 (``TRANSCENDENTAL_MAX_NUMEL``): cases that must
+run them in C stay below.
 The C kernels' shared objects are cached in one directory per test session
 (``$FXFORGE_TEST_CACHE``, shared with the Triton tests' kernels when both run).
 """
@@ -383,7 +384,7 @@ def test_prelude_numerics_match_eager(name):
     fn = PRELUDE_FNS[name]
     x = _grid()
     # the C versions run on at most TRANSCENDENTAL_MAX_NUMEL elements: one compile, called per chunk
-    n = TRANSCENDENTAL_MAX_NUMEL
+    n = min(TRANSCENDENTAL_MAX_NUMEL.values())
     chunks = torch.cat([x, x[: (-len(x)) % n]]).view(-1, n)
     torch._dynamo.reset()
     b = fxforge.backend(C)
@@ -411,13 +412,19 @@ def test_prelude_numerics_match_eager(name):
 
 
 def test_transcendental_ops_on_large_tensors_run_as_aten_kernels():
-    n = TRANSCENDENTAL_MAX_NUMEL
-    small, large = torch.randn(n), torch.randn(n + 1)
-    b = check(lambda a: (a.exp() * 2, torch.tanh(a) + 1, F.gelu(a) - a), small)
+    n = TRANSCENDENTAL_MAX_NUMEL["exp.default"]
+    assert TRANSCENDENTAL_MAX_NUMEL["gelu.default"] > n
+    fn = lambda a: (a.exp() * 2, torch.tanh(a) + 1, F.gelu(a) - a, F.gelu(a, approximate="tanh") * a)  # noqa: E731
+    b = check(fn, torch.randn(n))
     assert len(kernels(b)) == 1
-    b = check(lambda a: (a.exp() * 2, torch.tanh(a) + 1, F.gelu(a) - a), large, c_only=False)
+    # above 8,192 elements exp, tanh and the tanh GELU run as ATen's kernels; exact GELU (erf) stays
+    b = check(fn, torch.randn(n + 1), c_only=False)
     assert sorted(op for op, _ in outside_c(b)) == ["aten.exp.default", "aten.gelu.default", "aten.tanh.default"]
     assert all("on more than 8192 elements" in why for _, why in outside_c(b)), outside_c(b)
+    g = TRANSCENDENTAL_MAX_NUMEL["gelu.default"]
+    b = check(lambda a: F.gelu(a) - a, torch.randn(g + 1), c_only=False)
+    assert [op for op, _ in outside_c(b)] == ["aten.gelu.default"], outside_c(b)
+    assert f"on more than {g} elements" in outside_c(b)[0][1]
 
 
 # --------------------------------------------------------------------------- extern ops

@@ -23,7 +23,7 @@ from ..api import GroupCost, Kernel, KernelContext
 from ..triton.kernel import Unsupported, node_refusal, tensors
 from .build import CUnit, compiler
 from .kernel import CEmitter
-from .ops import CTYPE, TRANSCENDENTAL_MAX_NUMEL, transcendental
+from .ops import CTYPE, max_numel
 
 
 def unavailable(device_types: frozenset[str]) -> str | None:
@@ -45,8 +45,9 @@ def accepts(node: fx.Node, config: Config) -> str | None:
     val, op = node.meta.get(VAL), node.target
     if tensors(val)[0].device.type != "cpu":
         return "not a CPU tensor"
-    if transcendental(op) and (free_symbols(val) or tensors(val)[0].numel() > TRANSCENDENTAL_MAX_NUMEL):
-        return (f"c: {op_display(op)} on more than {TRANSCENDENTAL_MAX_NUMEL} elements (or a symbolic count) runs as ATen's "
+    limit = max_numel(op, node.kwargs)
+    if limit is not None and (free_symbols(val) or tensors(val)[0].numel() > limit):
+        return (f"c: {op_display(op)} on more than {limit} elements (or a symbolic count) runs as ATen's "
                 "vector kernel, faster than the C version at that size")
     try:
         k = _probe([node])

@@ -211,11 +211,12 @@ _reg("_to_copy.default clone.default alias_copy.default", OpLowering(("self",), 
 _reg("convert_element_type.default", OpLowering(("a",), lambda a, kw: a, None))  # prims' schema names it ``a``
 
 
-# Ops computed through ``fx_expf``/``fx_tanhf``/``fx_erff``: about 2.5x the time per element of
-# eager's vector kernels (SLEEF), so the backend takes them only on tensors small enough that
-# the ATen call saved costs more (``backend.accepts``).
-TRANSCENDENTAL = frozenset(f"{n}.default" for n in ("exp", "sigmoid", "tanh", "erf", "gelu", "silu"))
-TRANSCENDENTAL_MAX_NUMEL = 8192
+# Ops computed through ``fx_expf``/``fx_tanhf`` take about 2.5x the time per element of eager's
+# vector kernels (SLEEF), so the backend takes them only on tensors small enough that the ATen
+# call saved costs more (``backend.accepts``); ``fx_erff`` (erf, exact GELU) is about as fast as
+# ATen's up to 64k elements.
+TRANSCENDENTAL_MAX_NUMEL = {f"{n}.default": 8192 for n in ("exp", "sigmoid", "tanh", "silu")}
+TRANSCENDENTAL_MAX_NUMEL.update({"erf.default": 65536, "gelu.default": 65536})
 
 
 def _key(op: torch._ops.OpOverload) -> str:
@@ -227,8 +228,12 @@ def lowering_of(op: torch._ops.OpOverload) -> OpLowering | None:
     return OPS.get(_key(op))
 
 
-def transcendental(op: torch._ops.OpOverload) -> bool:
-    return _key(op) in TRANSCENDENTAL
+def max_numel(op: torch._ops.OpOverload, kwargs: dict) -> int | None:
+    """The most elements the backend computes ``op`` on (None: no limit)."""
+    key = _key(op)
+    if key == "gelu.default" and kwargs.get("approximate", "none") == "tanh":
+        key = "tanh.default"
+    return TRANSCENDENTAL_MAX_NUMEL.get(key)
 
 
 # Reductions: how a row folds, per ``REDUCE_LOWERINGS`` kind (the shared table's ``combine``).
