@@ -475,7 +475,8 @@ _CACHED_SCRIPT = textwrap.dedent("""
             assert "c" in {k.backend for c in b.compiled for k in c.kernels}
         finally:
             build.subprocess.run = real
-        return sum(1 for c in calls if "-shared" in c)
+        # compiler runs building a shared object in the cache (not the per-process probe, build.refusal)
+        return sum(1 for c in calls if "-shared" in c and not any("fxforge-c-probe-" in a for a in c))
 """)
 
 
@@ -537,6 +538,22 @@ def test_no_compiler_auto_picks_torch(monkeypatch):
     b, out = run_compiled(_softmax, x, config=fxforge.Config(debug=True))
     torch.testing.assert_close(out, _softmax(x))
     assert backends(b) == {"c"}
+
+
+def test_a_compiler_that_cannot_build_the_kernels_is_not_picked(monkeypatch, tmp_path):
+    """A compiler rejecting fxforge's flags (or failing otherwise) is found by building a probe
+    kernel once: "auto" picks the torch backend, naming why."""
+    bad = tmp_path / "badcc"
+    bad.write_text("#!/bin/sh\necho 'badcc: unrecognized option' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("CC", str(bad))
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    why = c_backend.unavailable(frozenset({"cpu"}))
+    assert why and str(bad) in why and "Config(codegen='torch')" in why
+    x = torch.randn(4, 16)
+    b, out = run_compiled(_softmax, x, config=fxforge.Config(debug=True))  # codegen="auto"
+    torch.testing.assert_close(out, _softmax(x))
+    assert backends(b) == {"torch"} and not fallbacks(b)
 
 
 # --------------------------------------------------------------------------- zero-copy cat

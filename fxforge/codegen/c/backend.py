@@ -21,17 +21,19 @@ from ...graph import VAL, free_symbols, op_display
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..triton.kernel import Unsupported, node_refusal, tensors
-from .build import CUnit, compiler
+from .build import CUnit, compiler, refusal
 from .kernel import CEmitter
 from .ops import CTYPE, max_numel
 
 
 def unavailable(device_types: frozenset[str]) -> str | None:
-    if compiler() is None:
+    cc = compiler()
+    if cc is None:
         return "no C compiler found (install gcc or clang, or set CC), or use Config(codegen='torch')"
     if device_types - {"cpu"}:
         return f"C kernels run on CPU tensors only (the graph has {', '.join(sorted(device_types - {'cpu'}))})"
-    return None
+    why = refusal(cc)
+    return None if why is None else f"{why}; set CC to another compiler, or use Config(codegen='torch')"
 
 
 def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None):

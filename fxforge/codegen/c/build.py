@@ -63,6 +63,27 @@ def _identity(cc: str) -> str:
     return "\0".join([cc, version, " ".join(FLAGS), cpu])
 
 
+@functools.lru_cache(maxsize=None)
+def refusal(cc: str) -> str | None:
+    """Why ``cc`` cannot build fxforge's kernels (a flag it rejects...), from building a one-line
+    kernel once per process, in a temporary directory; None: it can."""
+    source = PRELUDE + "\nvoid fx_probe(float* out, const float* in) { out[0] = fx_expf(in[0]); }\n"
+    with tempfile.TemporaryDirectory(prefix="fxforge-c-probe-") as d:
+        with open(os.path.join(d, "probe.c"), "w") as f:
+            f.write(source)
+        try:
+            run = _compile(cc, os.path.join(d, "probe.c"), os.path.join(d, "probe.so"))
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"the C compiler {cc} cannot run: {e}"
+    if run.returncode != 0:
+        return f"the C compiler {cc} cannot build fxforge's kernels ({run.returncode}): {run.stderr.strip()[:500]}"
+    return None
+
+
+def _compile(cc: str, src: str, out: str) -> subprocess.CompletedProcess:
+    return subprocess.run([cc, *FLAGS, src, "-o", out, "-lm"], capture_output=True, text=True, timeout=600)
+
+
 @dataclass
 class CUnit:
     """The C kernels of one wrapper, compiled together by ``link``."""
@@ -88,7 +109,7 @@ def shared_object(source: str) -> str:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        run = subprocess.run([cc, *FLAGS, src, "-o", out, "-lm"], capture_output=True, text=True, timeout=600)
+        run = _compile(cc, src, out)
         if run.returncode != 0:
             kept = os.path.join(directory, f"failed-k{key}.c")
             shutil.copyfile(src, kept)
