@@ -33,22 +33,26 @@ static inline float fx_pow2f(int32_t n) {
     return f;
 }
 
-static inline float fx_expf(float x) {
-    float xc = x < -103.9f ? -103.9f : (x > 88.8f ? 88.8f : x);
-    float t = xc * 1.44269504088896341f;
-    float n = (t + 12582912.0f) - 12582912.0f;
-    float r = fmaf(n, -0.693359375f, xc);
-    r = fmaf(n, 2.12194440e-4f, r);
+/* exp(xc) = 2**n * p: n = round(xc / ln2), p = exp(r) for r = xc - n ln2 (Cody-Waite, two
+   constants), a degree-7 polynomial on |r| <= ln2/2 */
+static inline float fx_exp_reduced(float xc, float* n) {
+    *n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = fmaf(*n, -0.693359375f, xc);
+    r = fmaf(*n, 2.12194440e-4f, r);
     float p = 1.9875691500e-4f;
     p = fmaf(p, r, 1.3981999507e-3f);
     p = fmaf(p, r, 8.3334519073e-3f);
     p = fmaf(p, r, 4.1665795894e-2f);
     p = fmaf(p, r, 1.6666665459e-1f);
     p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p, r * r, r + 1.0f);
+    return fmaf(p, r * r, r + 1.0f);
+}
+
+static inline float fx_expf(float x) {
+    float n, p = fx_exp_reduced(x < -103.9f ? -103.9f : (x > 88.8f ? 88.8f : x), &n);
     int32_t i = (int32_t)n;
     int32_t h = i >> 1;
-    float y = p * fx_pow2f(h) * fx_pow2f(i - h);
+    float y = p * fx_pow2f(h) * fx_pow2f(i - h);  /* in two halves: subnormal results keep their bits */
     y = x > 88.72283935546875f ? INFINITY : y;
     y = x < -103.9f ? 0.0f : y;
     return x != x ? x : y;
@@ -66,19 +70,9 @@ static inline float fx_tanhf(float x) {
 }
 
 /* exp(x) for x <= 0, clamped at -87.3 (results below 2^-126 come out as about 1e-38): fx_erff's
-   exp(-x*x), where a result that small no longer changes erf */
+   exp(-x*x), where a result that small no longer changes erf; no overflow, NaN or subnormal care */
 static inline float fx_expf_neg(float x) {
-    float xc = x < -87.3f ? -87.3f : x;
-    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = fmaf(n, -0.693359375f, xc);
-    r = fmaf(n, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p, r * r, r + 1.0f);
+    float n, p = fx_exp_reduced(x < -87.3f ? -87.3f : x, &n);
     return p * fx_pow2f((int32_t)n);
 }
 
