@@ -554,6 +554,10 @@ def test_a_compiler_that_cannot_build_the_kernels_is_not_picked(monkeypatch, tmp
     b, out = run_compiled(_softmax, x, config=fxforge.Config(debug=True))  # codegen="auto"
     torch.testing.assert_close(out, _softmax(x))
     assert backends(b) == {"torch"} and not fallbacks(b)
+    # named explicitly: a warning, and every node an ATen call of the extern backend (not eager)
+    b, out = run_compiled(_softmax, x, config=fxforge.Config(codegen="c", debug=True))
+    torch.testing.assert_close(out, _softmax(x))
+    assert backends(b) == {"torch"} and not fallbacks(b) and not b.failures
 
 
 # --------------------------------------------------------------------------- zero-copy cat

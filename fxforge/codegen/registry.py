@@ -67,7 +67,9 @@ class Registry:
             why = b.unavailable(devices) if b.unavailable is not None else None
             if why and (b.name, why) not in self._warned:
                 self._warned.add((b.name, why))
-                log.warning("fxforge: Config(codegen=%r) cannot run here: %s; its nodes run as eager fallbacks", b.name, why)
+                instead = (f"the {b.extern} backend's calls (eager fallbacks where it refuses them)" if b.extern
+                           else "eager fallbacks")
+                log.warning("fxforge: Config(codegen=%r) cannot run here: %s; its nodes run as %s", b.name, why, instead)
             return b
         best: CodegenBackend | None = None
         for b in self._backends.values():

@@ -41,8 +41,8 @@ def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None):
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
-    why = node_refusal(node, CTYPE, "C")
-    if why is not None:
+    why = node_refusal(node, CTYPE, "C") or unavailable(frozenset({"cpu"}))  # named explicitly, maybe
+    if why is not None:                                                       # without a compiler
         return why
     val, op = node.meta.get(VAL), node.target
     if tensors(val)[0].device.type != "cpu":
