@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .graph import VAL, ZERO_COPY, expr, node_kind, tensors
+
 aten = torch.ops.aten
 
 # Ops that only move bytes: their result is (parts of) their inputs, rearranged.
@@ -40,7 +42,7 @@ def moves_data(op: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
 
 def written_bytes(result: Any) -> int:
     """Bytes of the tensors a data-movement call writes (its result, or its out/self tensors)."""
-    ts = [result] if isinstance(result, torch.Tensor) else [t for t in (result or ()) if isinstance(t, torch.Tensor)]
+    ts = tensors(result)
     return sum(math.prod(int(s) for s in t.shape) * t.element_size() for t in ts)
 
 
@@ -48,7 +50,6 @@ def node_moves_data(node) -> bool:
     """An FX node whose op only moves bytes (``moves_data`` on its fake arguments)."""
     import torch.fx as fx
 
-    from .graph import VAL
 
     args = tuple(a.meta.get(VAL) if isinstance(a, fx.Node) else a for a in node.args)
     return node.op == "call_function" and moves_data(node.target, args, node.kwargs)
@@ -56,7 +57,6 @@ def node_moves_data(node) -> bool:
 
 def _nbytes(shape, dtype, hint) -> int:
     """Bytes of a dense tensor of ``shape`` and ``dtype`` at the traced sizes."""
-    from .graph import expr
 
     return hint(math.prod([expr(s) for s in shape]) * dtype.itemsize)
 
@@ -65,7 +65,6 @@ def node_copy_bytes(n, hint) -> int:
     """Bytes data-movement node ``n`` writes when it runs on its own (0 for any other node), at the
     traced sizes.  A cat or pad whose inputs are written in place (``meta[ZERO_COPY]``) writes
     only the inputs copied and a pad's border."""
-    from .graph import VAL, ZERO_COPY, node_kind
     from .regions import PAD, container_inputs, pad_border
 
     if node_kind(n) != "compute" or not node_moves_data(n):
@@ -90,7 +89,6 @@ def graph_copy_bytes(groups, hint, memory=None, demoted=()) -> int:
     A group in ``demoted`` (ids of groups whose kernel failed to compile: the wrapper runs their
     nodes eagerly, ``codegen/wrapper.py``) runs every node on its own, and a value of it that the
     plan (``memory``) put in a region of a cat or pad is copied there after it is computed."""
-    from .graph import node_kind
 
     demoted = set(demoted)
     total = 0

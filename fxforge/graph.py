@@ -56,6 +56,20 @@ FALLBACK_BACKEND = "fallback"
 # --------------------------------------------------------------------------- values
 
 
+def tensors(v: Any) -> list[torch.Tensor]:
+    """The tensors of a value (a tensor, or a tuple/list with tensors among other things)."""
+    return [t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)]
+
+
+def fake_call(gm: fx.GraphModule, mode, op, args: tuple, kwargs: dict | None = None) -> fx.Node:
+    """A new ``call_function`` node of ``op`` (at the graph's insertion point) with its fake value,
+    computed in the graph's fake mode from its arguments' (symbolic sizes kept)."""
+    node = gm.graph.call_function(op, args, kwargs or {})
+    with mode:
+        node.meta[VAL] = op(*[a.meta[VAL] if isinstance(a, fx.Node) else a for a in args], **(kwargs or {}))
+    return node
+
+
 def tensor_val(node: fx.Node) -> torch.Tensor | None:
     v = node.meta.get(VAL)
     return v if isinstance(v, torch.Tensor) else None

@@ -53,7 +53,8 @@ import torch.fx as fx
 
 from ..collectives import symmetric_arg_nodes
 from ..config import Config
-from ..graph import FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_display, op_path, output_nodes, storage_root
+from ..graph import (FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_display, op_path, output_nodes,
+                     storage_root, tensors)
 from ..plan import Buffer, Group, Plan
 from ..regions import PAD, container_inputs, pad_border, regions
 from . import runtime, symmetric
@@ -213,9 +214,8 @@ class _Builder:
         given the handle of the arena its input lives in."""
         t = node.target
         v = node.meta.get(VAL)
-        tensors = [x for x in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(x, torch.Tensor)]
-        if not isinstance(t, torch._ops.OpOverload) or t.namespace != "symm_mem" or not tensors \
-                or tensors[0].device.type == "cuda":
+        ts = tensors(v)
+        if not isinstance(t, torch._ops.OpOverload) or t.namespace != "symm_mem" or not ts or ts[0].device.type == "cuda":
             return None
         name = t.name().split("::", 1)[1].split(".", 1)[0]
         if name in symmetric.WORKSPACE_EMULATED:

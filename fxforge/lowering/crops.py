@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, fake_mode_of, node_kind, output_nodes
+from ..graph import VAL, fake_call, fake_mode_of, node_kind, output_nodes
 from ..pipeline import PassResult
 
 aten = torch.ops.aten
@@ -48,10 +48,10 @@ def lower_crops(gm: fx.GraphModule) -> bool:
                     continue
                 d = rank - 1 - i
                 end = right if right < 0 else _END  # a negative end counts from the dim's end
-                cur = _fake_call(gm, mode, aten.slice.Tensor, (cur, d, max(0, -left), end))
+                cur = fake_call(gm, mode, aten.slice.Tensor, (cur, d, max(0, -left), end))
             rest = [max(0, p) for p in pads]
             if any(rest):
-                cur = _fake_call(gm, mode, PAD, (cur, rest, *n.args[2:]), dict(n.kwargs))
+                cur = fake_call(gm, mode, PAD, (cur, rest, *n.args[2:]), dict(n.kwargs))
         n.replace_all_uses_with(cur)
         gm.graph.erase_node(n)
         _refresh_views(cur, mode)
@@ -84,11 +84,3 @@ def _returned(n: fx.Node, outputs: set) -> bool:
             seen.add(x)
             stack.extend(u for u in x.users if node_kind(u) == "view")
     return False
-
-
-def _fake_call(gm: fx.GraphModule, mode, op, args: tuple, kwargs: dict | None = None) -> fx.Node:
-    node = gm.graph.call_function(op, args, kwargs or {})
-    fake_args = [a.meta[VAL] if isinstance(a, fx.Node) else a for a in args]
-    with mode:
-        node.meta[VAL] = op(*fake_args, **(kwargs or {}))
-    return node

@@ -13,24 +13,16 @@ graph's fake mode, symbolic sizes kept), and the op's ``getitem`` users read the
 
 from __future__ import annotations
 
-from typing import Callable
-
 import operator
+from typing import Callable
 
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, fake_mode_of
+from ..graph import VAL, fake_call, fake_mode_of
 from ..pipeline import PassResult
 
 aten = torch.ops.aten
-
-
-def _call(gm: fx.GraphModule, mode, op, *args, **kwargs) -> fx.Node:
-    node = gm.graph.call_function(op, args, kwargs)
-    with mode:
-        node.meta[VAL] = op(*[a.meta[VAL] if isinstance(a, fx.Node) else a for a in args], **kwargs)
-    return node
 
 
 def _layer_norm(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
@@ -40,15 +32,15 @@ def _layer_norm(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
     if x.meta[VAL].dtype not in (torch.float32, torch.float64):
         return None  # low precision: eager computes in float32 and rounds once; left to ATen
     dims = list(range(x.meta[VAL].dim() - len(shape), x.meta[VAL].dim()))
-    var_mean = _call(gm, mode, aten.var_mean.correction, x, dims, correction=0, keepdim=True)
-    var = _call(gm, mode, operator.getitem, var_mean, 0)
-    mean = _call(gm, mode, operator.getitem, var_mean, 1)
-    rstd = _call(gm, mode, aten.rsqrt.default, _call(gm, mode, aten.add.Tensor, var, eps))
-    out = _call(gm, mode, aten.mul.Tensor, _call(gm, mode, aten.sub.Tensor, x, mean), rstd)
+    var_mean = fake_call(gm, mode, aten.var_mean.correction, (x, dims), {"correction": 0, "keepdim": True})
+    var = fake_call(gm, mode, operator.getitem, (var_mean, 0))
+    mean = fake_call(gm, mode, operator.getitem, (var_mean, 1))
+    rstd = fake_call(gm, mode, aten.rsqrt.default, (fake_call(gm, mode, aten.add.Tensor, (var, eps)),))
+    out = fake_call(gm, mode, aten.mul.Tensor, (fake_call(gm, mode, aten.sub.Tensor, (x, mean)), rstd))
     if w is not None:
-        out = _call(gm, mode, aten.mul.Tensor, out, w)
+        out = fake_call(gm, mode, aten.mul.Tensor, (out, w))
     if b is not None:
-        out = _call(gm, mode, aten.add.Tensor, out, b)
+        out = fake_call(gm, mode, aten.add.Tensor, (out, b))
     return [out, mean, rstd]
 
 

@@ -16,12 +16,12 @@ import torch
 import torch.fx as fx
 
 from ...config import Config
-from ...graph import VAL
+from ...graph import VAL, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from . import cache
 from .autotune import Tuner
-from .kernel import Emitter, Unsupported, node_refusal, tensors
+from .kernel import Emitter, Unsupported, node_refusal
 from .launch import KERNEL_NAME, Emitted
 from .ops import SIG_DTYPE
 from .prelude import helper_names, interp_missing, module_text
