@@ -1,12 +1,13 @@
 """The ``c`` codegen backend: fused C kernels for CPU graphs (the registry's ``c`` entry).
 
-The graph keeps ATen's composite kernels (``decompose="none"``: softmax, layer norm, GELU and
-their backward run as ATen's vector kernels); the pointwise chains around them (bias adds,
-residuals, scaling, masking, the gradients' sums and products) and row reductions become one C
-function per group, compiled for this CPU with the wrapper's other C kernels (``build.py``).
-Matmuls, convolutions, arg reductions, reductions over leading dims, ops without a C lowering and
-transcendental ops on large tensors run as the ``torch`` backend's ATen calls into the same
-planned buffers (``extern``).
+The graph keeps ATen's composite kernels (``decompose="none"``: softmax and every composite
+backward run as ATen's vector kernels) but for layer norm, split on the compiled graph
+(``splits``, ``lowering/splits.py``); the pointwise chains around them (bias adds, residuals,
+scaling, masking, GELU on small tensors) and row reductions become one C function per group,
+compiled for this CPU with the wrapper's other C kernels (``build.py``).  Matmuls, convolutions,
+arg reductions, reductions over leading dims, ops without a C lowering and transcendental ops on
+large tensors (``ops.TRANSCENDENTAL_MAX_NUMEL``) run as the ``torch`` backend's ATen calls into
+the same planned buffers (``extern``).
 ``accepts`` runs the emitter on the node itself, as the Triton backend does: the check and the
 emitter cannot disagree.
 """
@@ -17,10 +18,10 @@ import torch
 import torch.fx as fx
 
 from ...config import Config
-from ...graph import VAL, free_symbols, op_display
+from ...graph import VAL, free_symbols, op_display, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
-from ..triton.kernel import Unsupported, node_refusal, tensors
+from ..triton.kernel import Unsupported, node_refusal
 from .build import CUnit, compiler, refusal
 from .kernel import CEmitter
 from .ops import CTYPE, max_numel

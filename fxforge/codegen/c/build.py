@@ -10,13 +10,13 @@ kernels loads it without compiling.
 
 Flags: ``-O2 -ftree-vectorize -fvect-cost-model=dynamic -march=native`` (vector code for this CPU:
 the kernels run as fast as at ``-O3``, which took 4.7x as long to compile a 128-kernel wrapper,
-2.3 s against 0.5 s), ``-ffp-contract=off`` (no fused
-multiply-add: eager rounds ``a * b`` and ``+ c`` separately), ``-fno-math-errno`` (``sqrtf`` is
-an instruction), ``-mprefer-vector-width=512`` on x86 (AVX-512 where this CPU has it: the
-``fx_expf`` loops run 1.5x faster than at gcc's default 256 bits), ``-fopenmp-simd`` (the ``omp simd`` reductions of row folds: their sums may be
+2.3 s against 0.5 s), ``-ffp-contract=off`` (no fused multiply-add: eager rounds ``a * b`` and
+``+ c`` separately), ``-fno-math-errno`` (``sqrtf`` is an instruction), ``-mprefer-vector-width=512``
+on x86 (AVX-512 where this CPU has it: the ``fx_expf`` loops run 1.5x faster than at gcc's
+default 256 bits), ``-fopenmp-simd`` (the ``omp simd`` reductions of row folds: their sums may be
 taken in vector lanes, as eager's reductions are; no OpenMP runtime); nothing else reorders
-floating-point arithmetic. ``-fwrapv``: integer arithmetic wraps as eager's does (``abs`` of
-the most negative int64 is itself; without it the compiler may assume it is not negative).
+floating-point arithmetic.  ``-fwrapv``: integer arithmetic wraps as eager's does (``abs`` of the
+most negative int64 is itself; without it the compiler may assume it is not negative).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from ..triton.cache import atomic_write, cache_dir
 from .kernel import CEmitted
 from .prelude import PRELUDE
 
-FLAGS = ("-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march=native", "-fopenmp-simd", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11",
-         "-shared", "-fPIC") + (("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ())
+FLAGS = ("-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march=native", "-fopenmp-simd", "-fwrapv",
+         "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC") + (
+    ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ())
 _CTYPES = {"int64_t": ctypes.c_int64, "bool": ctypes.c_bool, "float": ctypes.c_float}
 
 
@@ -46,8 +47,14 @@ class CompileError(RuntimeError):
 
 
 def compiler() -> str | None:
-    """The C compiler's path (``$CC``, else ``cc``), or None."""
-    return shutil.which(os.environ.get("CC") or "cc")
+    """The C compiler's path (``$CC``, else ``cc``), or None.  Asked for every node the backend
+    is offered (``backend.accepts``): the PATH search is made once per ``$CC`` and ``$PATH``."""
+    return _which(os.environ.get("CC") or "cc", os.environ.get("PATH"))
+
+
+@functools.lru_cache(maxsize=None)
+def _which(cc: str, path: str | None) -> str | None:
+    return shutil.which(cc, path=path)
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,6 +20,7 @@ import sympy
 import torch
 import torch.fx as fx
 
+from ...graph import VAL
 from ...iteration import shape_of
 from ..triton.kernel import R, RINDEX, X, XINDEX, Emitter, Unsupported, _trailing
 from ..triton.launch import Param
@@ -94,7 +95,6 @@ class CEmitter(Emitter):
         super().__init__(*args, **kwargs)
         self.xvars: list[tuple[str, sympy.Expr]] = []  # the rows' loop variables and their sizes
         self.rvars: list[tuple[str, sympy.Expr]] = []
-        self.acc_dtype: torch.dtype | None = None  # the accumulator type of the fold being emitted
 
     def persistent(self) -> bool:
         return False  # one element per iteration: every fold is a loop
@@ -184,16 +184,18 @@ class CEmitter(Emitter):
 
     # ---------------------------------------------------------------- reductions
 
+    def accumulator(self, low: ReduceLowering, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
+        """float32 sums and moments accumulate in double (the row is folded in order, not in a tree)."""
+        acc = super().accumulator(low, in_dt, out_dt)
+        return torch.float64 if acc == torch.float32 and low.accumulate in ("sum", "moments") else acc
+
     def fold(self, r, low: ReduceLowering, acc_dt: torch.dtype, persistent: bool) -> dict[str, str]:
         if low.strategy == "arg":
             raise Unsupported("arg reductions (argmax, max.dim...) run as ATen kernels")
-        if not _trailing(shape_of(r.inp.meta["val"]), self.frame.layouts[shape_of(r.inp.meta["val"])]):
+        inp_shape = shape_of(r.inp.meta[VAL])
+        if not _trailing(inp_shape, self.frame.layouts[inp_shape]):
             raise Unsupported("a reduction over leading dims (strided rows) runs as an ATen kernel")
-        if acc_dt == torch.float32 and low.accumulate in ("sum", "moments"):
-            acc_dt = torch.float64
-        self.acc_dtype = acc_dt
         body, ct = self.body, CTYPE[acc_dt]
-        inp_shape = shape_of(r.inp.meta["val"])
 
         def element() -> str:
             x = self.operand(r.inp, inp_shape, "xr")
@@ -238,19 +240,12 @@ class CEmitter(Emitter):
         return {"mean": mean, "m2": m2}
 
     def reduce_result(self, kind: str, accs: dict[str, str], acc_dt: torch.dtype, correction: float) -> V:
-        acc_dt = self.acc_dtype
         ct, rn = CTYPE[acc_dt], CPrinter()(self.frame.rnumel)
-        if kind == "acc":
-            return V(accs["acc"], acc_dt)
         if kind == "mean":
             return V(f"({accs['acc']} / ({ct})({rn}))", acc_dt)
-        if kind == "nonzero":
-            return V(f"({accs['acc']} != 0)", torch.bool)
-        if kind == "avg":
-            return V(accs["mean"], acc_dt)
         if kind == "var":
             return V(f"({accs['m2']} / FX_MAX_NAN(({ct})({rn}) - {float(correction)!r}, 0.0))", acc_dt)
-        raise Unsupported(f"reduction result {kind}")
+        return super().reduce_result(kind, accs, acc_dt, correction)  # the accumulators themselves
 
     # ---------------------------------------------------------------- the function
 

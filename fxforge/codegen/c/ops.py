@@ -75,16 +75,10 @@ def _fn(name: str, a: V) -> str:
     return f"{name}f({a.expr})" if a.dtype == torch.float32 else f"{name}({a.expr})"
 
 
-def _exp(a: V) -> str:
-    return f"fx_expf({a.expr})" if a.dtype == torch.float32 else f"exp({a.expr})"
-
-
-def _tanh(a: V) -> str:
-    return f"fx_tanhf({a.expr})" if a.dtype == torch.float32 else f"tanh({a.expr})"
-
-
-def _erf(a: V) -> str:
-    return f"fx_erff({a.expr})" if a.dtype == torch.float32 else f"erf({a.expr})"
+def _vec(name: str, a: V) -> str:
+    """``exp``/``tanh``/``erf`` of ``a``: the prelude's vectorizable ``fx_<name>f`` on float32, the C
+    library's on float64."""
+    return f"fx_{name}f({a.expr})" if a.dtype == torch.float32 else f"{name}({a.expr})"
 
 
 def _one(a: V) -> str:
@@ -131,8 +125,8 @@ def _gelu(a: V, approximate: str) -> V:
     x, f = a.expr, "f" if a.dtype == torch.float32 else ""
     if approximate == "tanh":
         inner = V(f"(0.7978845608028654{f} * ({x} + 0.044715{f} * {x} * {x} * {x}))", a.dtype)
-        return V(f"(0.5{f} * {x} * (1.0{f} + {_tanh(inner)}))", a.dtype)
-    return V(f"(0.5{f} * {x} * (1.0{f} + {_erf(V(f'({x} * 0.7071067811865476{f})', a.dtype))}))", a.dtype)
+        return V(f"(0.5{f} * {x} * (1.0{f} + {_vec('tanh', inner)}))", a.dtype)
+    return V(f"(0.5{f} * {x} * (1.0{f} + {_vec('erf', V(f'({x} * 0.7071067811865476{f})', a.dtype))}))", a.dtype)
 
 
 def _sign(a: V) -> V:
@@ -181,10 +175,10 @@ _reg("clamp_max.default clamp_max.Tensor", OpLowering(("self", "max"), lambda a,
 _reg("hardtanh.default", OpLowering(("self",), lambda a, kw: _clamp(a, const(kw.get("min_val", -1.0), a.dtype), const(kw.get("max_val", 1.0), a.dtype))))
 
 _FLOAT_UNARY = {
-    "exp": lambda a: _exp(a),
-    "sigmoid": lambda a: f"({_one(a)} / ({_one(a)} + {_exp(V(f'(-{a.expr})', a.dtype))}))",
-    "tanh": _tanh,
-    "erf": _erf,
+    "exp": lambda a: _vec("exp", a),
+    "sigmoid": lambda a: f"({_one(a)} / ({_one(a)} + {_vec('exp', V(f'(-{a.expr})', a.dtype))}))",
+    "tanh": lambda a: _vec("tanh", a),
+    "erf": lambda a: _vec("erf", a),
     "sqrt": lambda a: _fn("sqrt", a),
     "rsqrt": lambda a: f"({_one(a)} / {_fn('sqrt', a)})",
     "reciprocal": lambda a: f"({_one(a)} / {a.expr})",
@@ -201,7 +195,7 @@ _reg("abs.default", OpLowering(("self",), lambda a, kw: a if a.dtype == torch.bo
 _reg("relu.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} < 0 ? {const(0, a.dtype).expr} : {a.expr})", a.dtype)))
 _reg("sign.default", OpLowering(("self",), lambda a, kw: _sign(a)))
 _reg("gelu.default", OpLowering(("self",), lambda a, kw: _gelu(a, kw.get("approximate", "none")), dtypes="float"))
-_reg("silu.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} / ({_one(a)} + {_exp(V(f'(-{a.expr})', a.dtype))}))", a.dtype), dtypes="float"))
+_reg("silu.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} / ({_one(a)} + {_vec('exp', V(f'(-{a.expr})', a.dtype))}))", a.dtype), dtypes="float"))
 _reg("isnan.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} != {a.expr})", torch.bool), K.ALWAYS_BOOL))
 _reg("isinf.default", OpLowering(("self",), lambda a, kw: V(f"({_fn('fabs', a)} == INFINITY)", torch.bool), K.ALWAYS_BOOL, dtypes="float"))
 _reg("leaky_relu.default", OpLowering(("self",), lambda a, kw: V(

@@ -33,7 +33,7 @@ import torch.fx as fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwise_dtypes
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind
+from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
 from ...iteration import numel as _numel, reduction_of, same_size as _same, schema_bind as _schema_bind, shape_of
 from ..pyexpr import PyExprPrinter
 from . import launch
@@ -70,11 +70,6 @@ def _contiguous(shape: list, stride: list) -> bool:
             return False
         inner = inner * s
     return True
-
-
-def tensors(v) -> list[torch.Tensor]:
-    """The tensors of a value (a tensor, or a tuple/list with tensors among other things)."""
-    return [t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)]
 
 
 def node_refusal(node: fx.Node, dtypes, language: str) -> str | None:
@@ -726,7 +721,7 @@ class Emitter:
         val = n.meta[VAL]
         multi = isinstance(val, (tuple, list))
         out_vals = list(val) if multi else [val]
-        acc_dt = accumulator_dtype(low, r.inp.meta[VAL].dtype, out_vals[0].dtype)
+        acc_dt = self.accumulator(low, r.inp.meta[VAL].dtype, out_vals[0].dtype)
         accs = self.fold(r, low, acc_dt, persistent)
         results = [self.reduce_result(k, accs, acc_dt, r.correction) for k in low.results]
         if len(results) != len(out_vals):
@@ -741,6 +736,10 @@ class Emitter:
             rounded.append(self.dialect.cast(res, self.dialect.compute_dtype(ov.dtype)))
         self.remember(("v", n), rounded if multi else rounded[0])
         self.check_rows_not_empty(r.kind)
+
+    def accumulator(self, low: ReduceLowering, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
+        """The dtype a fold of ``low`` accumulates in (``ops.accumulator_dtype``)."""
+        return accumulator_dtype(low, in_dt, out_dt)
 
     def fold(self, r, low: ReduceLowering, acc_dt: torch.dtype, persistent: bool) -> dict[str, str]:
         """Emit the fold of each row (one block, or a loop over blocks): the names of the
