@@ -1056,50 +1056,55 @@ def render(rows: list[dict], units: dict, gelu: list[dict], meta: dict) -> str:
                    f"{t['eager']['calls']}{' (recompiled!)' if r.get('recompiled_during_timing') else ''} | {first} | {kern} | "
                    + " / ".join(f"{r['minor_faults'][n]:,.0f}" if n in r["minor_faults"] else "—" for n in CONTENDERS) + " |")
     sums = [(r, summarize(r)) for r in rows if "breakdown" in r]
-    out += ["", f"**Where fxforge's time per call goes** (median µs of {clock} per step, summed over the case's graphs; "
-            "n = calls per step; all figures from the same interleaved rounds):", "",
-            "| case | fxforge step | = outside `call` | + inside `call` | (− `call` alone = in-situ penalty) "
-            "| `call` alone | = Python glue | + arena `empty` (n, KiB) | + output `empty_strided` (n) "
-            "| + arena views (n `as_strided` + `view(dtype)`) | + graph views (n) | + kernels (n; page faults) "
-            "| aot_eager − eager | eager step | eager's kernels replayed (n) | rounds |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r, s in sums:
-        aot = s["headline"].get("aot_eager")
-        out.append(
-            f"| {r['case']} {r['mode']} | {_us(s['total'])} | {_us(s['outside'])} | {_us(s['inside'])} | "
-            f"{_us(s['penalty'])} | {_us(s['call'])} | {_us(s['glue'])} | {_us(s['alloc_arena'])} "
-            f"({s['n_alloc_arena']}, {s['arena_bytes'] / 1024:,.0f}) | {_us(s['alloc_out'])} ({s['n_alloc_out']}) | "
-            f"{_us(s['arena_view'])} ({s['n_as_strided']} + {s['n_arena_view'] - s['n_as_strided']}) | "
-            f"{_us(s['graph_view'])} ({s['n_graph_view']}) | {_us(s['kernel'])} ({s['n_kernel']}; {s['faults']:,.0f}) | "
-            f"{_us(aot - s['headline']['eager'] if aot else None)} | {_us(s['eager'])} | "
-            f"{_us(s['eager_kernels'])} ({s['n_eager_kernel']}) | {s['rounds']} |")
-    out += ["", "**What the generated code does per step, and what each candidate change saves** (µs per step, "
-            "measured: `call` or a replay variant against another, same rounds):", "",
-            "| case | kernel functions called | `OpOverload.__call__` | `torch.ops.` paths | names `del`-ed "
-            "| `call_boxed` beyond `call` | kernel functions & rest (`call` − wrapper-like replay) "
-            "| bind op handles (`torch.ops` path + frame → `_op`) | persistent arenas + views of them (n views) "
-            "| torch's bindings for kernels & views | all together (`call` − lean replay) | floor: outside + penalty + kernels "
-            "| projected fxforge / eager | projected fxforge / Inductor |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r, s in sums:
-        po = s["projected_over_inductor"]
-        out.append(
-            f"| {r['case']} {r['mode']} | {s['n_kernel_fns']} | {s['n_opoverload']} | {s['n_paths']} | {s['n_del']} | "
-            f"{_us(s['call_boxed_extra'])} | {_us(s['save_wrapper_rest'])} | {_us(s['save_bind'])} | "
-            f"{_us(s['save_persistent'])} ({s['n_arena_view'] + s['n_arena_graph_views']}) | {_us(s['save_public'])} | {_us(s['save_all'])} | {_us(s['floor'])} | "
-            f"{s['projected_over_eager']:.2f}x | {'—' if po is None else f'{po:.2f}x'} |")
-    out += ["", "**out= into arena views vs the functional op on the same inputs** (each out= call writing an arena "
-            "view, alone, both through `_op`, medians of interleaved calls; µs summed over the calls):", "",
-            "| case | out= calls into the arena | Σ out= | Σ functional | out= >10% slower | out= >10% faster "
-            "| largest differences (out= vs functional, µs) |",
-            "|---|---:|---:|---:|---:|---:|---|"]
-    for r, s in sums:
-        if not s["out_arena"]:
-            continue
-        ws = "; ".join(f"{w['op']}{' in place' if w['in_place'] else ''} {w['op_s'] * 1e6:.1f} vs {w['functional_s'] * 1e6:.1f}"
-                       for w in s["out_worst"])
-        out.append(f"| {r['case']} {r['mode']} | {s['out_arena']} | {_us(s['out_s'])} | {_us(s['functional_s'])} | "
-                   f"{s['out_slower']} | {s['out_faster']} | {ws} |")
+    skipped = [r for r in rows if "breakdown_skipped" in r]
+    if skipped:  # no empty tables: say which cases have no breakdown, and why
+        out += ["", "No ATen-replay breakdown for " + ", ".join(f"{r['case']} {r['mode']}" for r in skipped)
+                + f": {skipped[0]['breakdown_skipped']}."]
+    if sums:
+        out += ["", f"**Where fxforge's time per call goes** (median µs of {clock} per step, summed over the case's graphs; "
+                "n = calls per step; all figures from the same interleaved rounds):", "",
+                "| case | fxforge step | = outside `call` | + inside `call` | (− `call` alone = in-situ penalty) "
+                "| `call` alone | = Python glue | + arena `empty` (n, KiB) | + output `empty_strided` (n) "
+                "| + arena views (n `as_strided` + `view(dtype)`) | + graph views (n) | + kernels (n; page faults) "
+                "| aot_eager − eager | eager step | eager's kernels replayed (n) | rounds |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r, s in sums:
+            aot = s["headline"].get("aot_eager")
+            out.append(
+                f"| {r['case']} {r['mode']} | {_us(s['total'])} | {_us(s['outside'])} | {_us(s['inside'])} | "
+                f"{_us(s['penalty'])} | {_us(s['call'])} | {_us(s['glue'])} | {_us(s['alloc_arena'])} "
+                f"({s['n_alloc_arena']}, {s['arena_bytes'] / 1024:,.0f}) | {_us(s['alloc_out'])} ({s['n_alloc_out']}) | "
+                f"{_us(s['arena_view'])} ({s['n_as_strided']} + {s['n_arena_view'] - s['n_as_strided']}) | "
+                f"{_us(s['graph_view'])} ({s['n_graph_view']}) | {_us(s['kernel'])} ({s['n_kernel']}; {s['faults']:,.0f}) | "
+                f"{_us(aot - s['headline']['eager'] if aot else None)} | {_us(s['eager'])} | "
+                f"{_us(s['eager_kernels'])} ({s['n_eager_kernel']}) | {s['rounds']} |")
+        out += ["", "**What the generated code does per step, and what each candidate change saves** (µs per step, "
+                "measured: `call` or a replay variant against another, same rounds):", "",
+                "| case | kernel functions called | `OpOverload.__call__` | `torch.ops.` paths | names `del`-ed "
+                "| `call_boxed` beyond `call` | kernel functions & rest (`call` − wrapper-like replay) "
+                "| bind op handles (`torch.ops` path + frame → `_op`) | persistent arenas + views of them (n views) "
+                "| torch's bindings for kernels & views | all together (`call` − lean replay) | floor: outside + penalty + kernels "
+                "| projected fxforge / eager | projected fxforge / Inductor |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r, s in sums:
+            po = s["projected_over_inductor"]
+            out.append(
+                f"| {r['case']} {r['mode']} | {s['n_kernel_fns']} | {s['n_opoverload']} | {s['n_paths']} | {s['n_del']} | "
+                f"{_us(s['call_boxed_extra'])} | {_us(s['save_wrapper_rest'])} | {_us(s['save_bind'])} | "
+                f"{_us(s['save_persistent'])} ({s['n_arena_view'] + s['n_arena_graph_views']}) | {_us(s['save_public'])} | {_us(s['save_all'])} | {_us(s['floor'])} | "
+                f"{s['projected_over_eager']:.2f}x | {'—' if po is None else f'{po:.2f}x'} |")
+        out += ["", "**out= into arena views vs the functional op on the same inputs** (each out= call writing an arena "
+                "view, alone, both through `_op`, medians of interleaved calls; µs summed over the calls):", "",
+                "| case | out= calls into the arena | Σ out= | Σ functional | out= >10% slower | out= >10% faster "
+                "| largest differences (out= vs functional, µs) |",
+                "|---|---:|---:|---:|---:|---:|---|"]
+        for r, s in sums:
+            if not s["out_arena"]:
+                continue
+            ws = "; ".join(f"{w['op']}{' in place' if w['in_place'] else ''} {w['op_s'] * 1e6:.1f} vs {w['functional_s'] * 1e6:.1f}"
+                           for w in s["out_worst"])
+            out.append(f"| {r['case']} {r['mode']} | {s['out_arena']} | {_us(s['out_s'])} | {_us(s['functional_s'])} | "
+                       f"{s['out_slower']} | {s['out_faster']} | {ws} |")
     out += ["", "**GELU micro-benchmark** (median µs per call):", ""]
     out += ["| variant | " + " | ".join(str(g["shape"]) for g in gelu) + " |", "|---|" + "---:|" * len(gelu)]
     for n in gelu[0]["times_s"]:
