@@ -64,9 +64,15 @@ class Config:
     # Keep a static-shape graph's arenas, and the views of the buffers in them, from one call to
     # the next (made once, laid out in one block: the arena windows at their own offsets) instead
     # of allocating them on every call: "inference" (every graph but a training step's forward
-    # and backward, which would hold their arenas through the whole step), "always", "never".
+    # and backward whose block is over keep_training_arenas_max_bytes: those would hold their
+    # arenas through the whole step), "always", "never".
     # Kept arenas hold their bytes between calls (stats["kept_arena_bytes"]).
     keep_arenas: str = "inference"
+    # Under keep_arenas="inference", a training step's forward or backward keeps its arenas when
+    # their block is at most this many bytes: small graphs, whose kernels are short enough that
+    # allocating arenas and views per call is a visible share of the step, hold at most this
+    # much more between steps (and during the other graph of the step).
+    keep_training_arenas_max_bytes: int = 1 << 20
     # Write each input of a cat or pad straight into its place in the result, so cat copies
     # nothing and pad fills only its border (passes/padcat.py); False: copy them.
     zero_copy: bool = True
@@ -93,9 +99,10 @@ class Config:
         for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args"):
             self._set(knob, _limit(knob, getattr(self, knob)))
         self._set("max_fusion_peak_growth", _fraction("max_fusion_peak_growth", self.max_fusion_peak_growth))
-        s = self.symmetric_all_reduce_bytes
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ValueError(f"Config.symmetric_all_reduce_bytes={s!r}: expected a byte count >= 0 (0: never)")
+        for knob in ("symmetric_all_reduce_bytes", "keep_training_arenas_max_bytes"):
+            s = getattr(self, knob)
+            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+                raise ValueError(f"Config.{knob}={s!r}: expected a byte count >= 0 (0: never)")
         a = self.alignment
         if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a & (a - 1):
             raise ValueError(f"Config.alignment={a!r}: expected a power of two (an int such as 16 or 64)")

@@ -132,10 +132,11 @@ def test_kept_arenas_are_lent_to_one_call_at_a_time():
         torch.testing.assert_close(got, ((torch.relu(x @ w) + 1) * 2) @ w)
 
 
-def test_training_graphs_allocate_arenas_per_call_unless_asked():
+def test_training_graphs_allocate_arenas_per_call_unless_small_or_asked():
     x = torch.randn(8, 32, requires_grad=True)
-    for policy, kept in (("inference", False), ("always", True)):
-        model, b, cm = _compiled(keep_arenas=policy)
+    for policy, limit, kept in (("inference", 0, False), ("always", 0, True), ("inference", 1 << 20, True),
+                                ("never", 1 << 20, False)):
+        model, b, cm = _compiled(keep_arenas=policy, keep_training_arenas_max_bytes=limit)
         cm(x).sum().backward()
         graphs = {c.stats["graph"]: c.stats["kept_arena_bytes"] > 0 for c in b.compiled}
         assert graphs == {"forward": kept, "backward": kept}, (policy, graphs)

@@ -299,8 +299,9 @@ def keep_arenas(arenas: list[Arena], buffers: dict[str, Buffer], config: Config,
     """Lay the arenas out in one block kept across calls (``Config.keep_arenas``), arenas that
     never live together sharing addresses (over whole kernel calls: ``call_spans``, as the
     wrapper binds them); the block's bytes, or 0 when they are not kept: a policy excluding this
-    graph, symbolic sizes, or arenas on several devices."""
-    if config.keep_arenas == "never" or not arenas or (config.keep_arenas == "inference" and kind in ("forward", "backward")):
+    graph (a training graph's block over ``keep_training_arenas_max_bytes`` under "inference"),
+    symbolic sizes, or arenas on several devices."""
+    if config.keep_arenas == "never" or not arenas:
         return 0
     names = {a.name for a in arenas}
     sizes = [a.nbytes for a in arenas] + [b.offset for b in buffers.values() if b.arena in names]
@@ -309,6 +310,9 @@ def keep_arenas(arenas: list[Arena], buffers: dict[str, Buffer], config: Config,
     first, last = calls
     offsets, nbytes, _ = place({a.name: (a.nbytes, int(first[a.start]), int(last[a.end])) for a in arenas},
                                config.alignment)
+    if config.keep_arenas == "inference" and kind in ("forward", "backward") \
+            and nbytes > config.keep_training_arenas_max_bytes:
+        return 0
     for a in arenas:
         a.block_offset = int(offsets[a.name])
     return int(nbytes)

@@ -129,6 +129,32 @@ def _gelu(a: V, approximate: str) -> V:
     return V(f"(0.5{f} * {x} * (1.0{f} + {_vec('erf', V(f'({x} * 0.7071067811865476{f})', a.dtype))}))", a.dtype)
 
 
+def _exp_nonpositive(a: V) -> str:
+    """``exp(a)`` for ``a <= 0`` or NaN (0 below float32's normal range, as the products it
+    feeds need: ``inf * exp(-inf)`` is NaN in eager)."""
+    if a.dtype != torch.float32:
+        return f"exp({a.expr})"
+    return f"({a.expr} < -87.3f ? 0.0f : fx_expf_neg({a.expr}))"
+
+
+def _gelu_backward(g: V, a: V, approximate: str) -> V:
+    """``gelu_backward`` as eager's CPU kernel computes it: ``g * (cdf + x * pdf)`` (exact), and
+    for ``tanh``, the derivative of ``0.5 x (1 + tanh(inner))`` written out as eager does."""
+    x, f = a.expr, "f" if a.dtype == torch.float32 else ""
+    if approximate == "tanh":
+        t = _vec("tanh", V(f"(0.7978845608028654{f} * ({x} + 0.044715{f} * {x} * {x} * {x}))", a.dtype))
+        dtanh = f"(1.0{f} - {t} * {t})"
+        dinner = f"(0.7978845608028654{f} * (1.0{f} + 0.134145{f} * {x} * {x}))"
+        return V(f"({g.expr} * (0.5{f} * (1.0{f} + {t}) + 0.5{f} * {x} * {dtanh} * {dinner}))", a.dtype)
+    pdf = f"({_exp_nonpositive(V(f'({x} * {x} * (-0.5{f}))', a.dtype))} * 0.3989422804014327{f})"
+    cdf = f"(0.5{f} * (1.0{f} + {_vec('erf', V(f'({x} * 0.7071067811865476{f})', a.dtype))}))"
+    return V(f"({g.expr} * ({cdf} + {x} * {pdf}))", a.dtype)
+
+
+def _sigmoid(a: V) -> str:
+    return f"({_one(a)} / ({_one(a)} + {_vec('exp', V(f'(-{a.expr})', a.dtype))}))"
+
+
 def _sign(a: V) -> V:
     x = a.expr
     if a.dtype == torch.bool:
@@ -176,7 +202,7 @@ _reg("hardtanh.default", OpLowering(("self",), lambda a, kw: _clamp(a, const(kw.
 
 _FLOAT_UNARY = {
     "exp": lambda a: _vec("exp", a),
-    "sigmoid": lambda a: f"({_one(a)} / ({_one(a)} + {_vec('exp', V(f'(-{a.expr})', a.dtype))}))",
+    "sigmoid": _sigmoid,
     "tanh": lambda a: _vec("tanh", a),
     "erf": lambda a: _vec("erf", a),
     "sqrt": lambda a: _fn("sqrt", a),
@@ -196,6 +222,16 @@ _reg("relu.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} < 0 ? {co
 _reg("sign.default", OpLowering(("self",), lambda a, kw: _sign(a)))
 _reg("gelu.default", OpLowering(("self",), lambda a, kw: _gelu(a, kw.get("approximate", "none")), dtypes="float"))
 _reg("silu.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} / ({_one(a)} + {_vec('exp', V(f'(-{a.expr})', a.dtype))}))", a.dtype), dtypes="float"))
+# the pointwise backward kernels autograd's graphs keep (``decompose="none"``), as eager's CPU kernels
+_reg("gelu_backward.default", OpLowering(("grad_output", "self"), lambda g, a, kw: _gelu_backward(g, a, kw.get("approximate", "none")), dtypes="float"))
+_reg("threshold_backward.default", OpLowering(("grad_output", "self", "threshold"), lambda g, a, t, kw: V(
+    f"({a.expr} <= {t.expr} ? {const(0, g.dtype).expr} : {g.expr})", g.dtype)))
+_reg("sigmoid_backward.default", OpLowering(("grad_output", "output"), lambda g, y, kw: V(
+    f"({g.expr} * ({_one(y)} - {y.expr}) * {y.expr})", g.dtype), dtypes="float"))
+_reg("tanh_backward.default", OpLowering(("grad_output", "output"), lambda g, y, kw: V(
+    f"({g.expr} * ({_one(y)} - {y.expr} * {y.expr}))", g.dtype), dtypes="float"))
+_reg("silu_backward.default", OpLowering(("grad_output", "self"), lambda g, a, kw: V(
+    f"({g.expr} * {_sigmoid(a)} * ({_one(a)} + {a.expr} * ({_one(a)} - {_sigmoid(a)})))", g.dtype), dtypes="float"))
 _reg("isnan.default", OpLowering(("self",), lambda a, kw: V(f"({a.expr} != {a.expr})", torch.bool), K.ALWAYS_BOOL))
 _reg("isinf.default", OpLowering(("self",), lambda a, kw: V(f"({_fn('fabs', a)} == INFINITY)", torch.bool), K.ALWAYS_BOOL, dtypes="float"))
 _reg("leaky_relu.default", OpLowering(("self",), lambda a, kw: V(
@@ -209,8 +245,8 @@ _reg("convert_element_type.default", OpLowering(("a",), lambda a, kw: a, None)) 
 # vector kernels (SLEEF), so the backend takes them only on tensors small enough that the ATen
 # call saved costs more (``backend.accepts``); ``fx_erff`` (erf, exact GELU) is about as fast as
 # ATen's up to 64k elements.
-TRANSCENDENTAL_MAX_NUMEL = {f"{n}.default": 8192 for n in ("exp", "sigmoid", "tanh", "silu")}
-TRANSCENDENTAL_MAX_NUMEL.update({"erf.default": 65536, "gelu.default": 65536})
+TRANSCENDENTAL_MAX_NUMEL = {f"{n}.default": 8192 for n in ("exp", "sigmoid", "tanh", "silu", "silu_backward")}
+TRANSCENDENTAL_MAX_NUMEL.update({"erf.default": 65536, "gelu.default": 65536, "gelu_backward.default": 65536})
 
 
 def _key(op: torch._ops.OpOverload) -> str:
@@ -225,7 +261,7 @@ def lowering_of(op: torch._ops.OpOverload) -> OpLowering | None:
 def max_numel(op: torch._ops.OpOverload, kwargs: dict) -> int | None:
     """The most elements the backend computes ``op`` on (None: no limit)."""
     key = _key(op)
-    if key == "gelu.default" and kwargs.get("approximate", "none") == "tanh":
+    if key in ("gelu.default", "gelu_backward.default") and kwargs.get("approximate", "none") == "tanh":
         key = "tanh.default"
     return TRANSCENDENTAL_MAX_NUMEL.get(key)
 
