@@ -22,9 +22,10 @@ import torch.fx as fx
 
 from ...graph import VAL
 from ...iteration import shape_of
+from ...iteration import reduction_of
 from ..triton.kernel import R, RINDEX, X, XINDEX, Emitter, Unsupported, _trailing
 from ..triton.launch import Param
-from ..triton.ops import ReduceLowering, V
+from ..triton.ops import REDUCE_LOWERINGS, ReduceLowering, V
 from ..triton.printer import TritonPrinter
 from . import ops as c_ops
 from .ops import COMBINE, CTYPE, cast, identity
@@ -95,6 +96,8 @@ class CEmitter(Emitter):
         super().__init__(*args, **kwargs)
         self.xvars: list[tuple[str, sympy.Expr]] = []  # the rows' loop variables and their sizes
         self.rvars: list[tuple[str, sympy.Expr]] = []
+        self.columns = False  # the rows are columns (the last dim kept): see fold_columns
+        self.column_accs: dict[tuple, dict[str, str]] = {}
 
     def persistent(self) -> bool:
         return False  # one element per iteration: every fold is a loop
@@ -108,7 +111,15 @@ class CEmitter(Emitter):
         if fr.reduction:
             dims = fr.layouts[fr.shape]
             self.xvars = self.nest([ks[d] for d in range(len(ks)) if d not in dims], X, "xi")
-            self.rvars = self.nest([ks[d] for d in dims], R, "ri")
+            self.columns = not _trailing(fr.shape, dims)
+            inner = [d for d in range(len(ks)) if ks[d] != 1]
+            if self.columns and inner and inner[-1] in dims:
+                raise Unsupported("a reduction over the last dim and others not next to it runs as an ATen kernel")
+            # columns: one flat loop over the reduced dims (a nest inside the vectorized kept loop
+            # would keep the compiler from vectorizing it); coordinates from rindex where needed
+            self.rvars = [("ri", fr.rnumel)] if self.columns else self.nest([ks[d] for d in dims], R, "ri")
+            if self.columns:
+                self.deps["ri"] = {RINDEX}
         else:
             self.xvars = self.nest(ks, X, "xi")
         return fr
@@ -189,41 +200,94 @@ class CEmitter(Emitter):
         acc = super().accumulator(low, in_dt, out_dt)
         return torch.float64 if acc == torch.float32 and low.accumulate in ("sum", "moments") else acc
 
+    def element(self, r, low: ReduceLowering, acc_dt: torch.dtype) -> str:
+        """The element of reduction ``r``'s input that the open fold loop reads, as its accumulator type."""
+        x = self.operand(r.inp, shape_of(r.inp.meta[VAL]), "xr")
+        if low.accumulate == "flag":
+            return f"((int32_t)({x.expr} != 0))"
+        return cast(x, acc_dt).expr
+
+    def combine(self, low: ReduceLowering, acc_dt: torch.dtype, acc: str, nan: str | None, element: str) -> None:
+        """Fold ``element`` into ``acc`` (max/min: the vectorizable compare, NaN tracked in ``nan``)."""
+        if nan is None:
+            self.body.append(f"{acc} = {COMBINE[low.combine].format(a=acc, b=element)};")
+            return
+        v = self.emit_assign(self.fresh("e"), V(element, acc_dt))
+        cmp = ">" if low.combine == "_max_nan" else "<"
+        self.body.append(f"{acc} = {v.expr} {cmp} {acc} ? {v.expr} : {acc};")
+        self.body.append(f"{nan} |= {v.expr} != {v.expr};")
+
+    def open_fold(self, low: ReduceLowering, acc_dt: torch.dtype, track_nan: bool = True) -> tuple[str, str | None]:
+        """Declare a combine fold's accumulator (and, for max/min in an ``omp simd`` reduction,
+        its NaN flag: the reduction clause needs the plain compare): their names."""
+        acc = self.fresh("acc")
+        self.body.append(f"{CTYPE[acc_dt]} {acc} = {identity(low.identity, acc_dt)};")
+        if not track_nan or low.combine not in ("_max_nan", "_min_nan"):
+            return acc, None
+        nan = self.fresh("nan")
+        self.body.append(f"int {nan} = 0;")
+        return acc, nan
+
+    def close_fold(self, acc: str, nan: str | None, acc_dt: torch.dtype) -> None:
+        if nan is not None and acc_dt.is_floating_point:
+            self.body.append(f"{acc} = {nan} ? NAN : {acc};")  # NaN wins, as in eager
+
+    def fold_columns(self) -> None:
+        """Every fold of a column kernel (the last dim kept: sums over the batch, a bias's
+        gradient, a mean over tokens...) in one loop over the reduced elements, with the full
+        outputs stored in the same loop: the innermost kept loop around it is the vectorized one
+        (``launch``), each lane folding its own column.  Values derived from a fold's result cannot be full outputs here: that
+        raises ``Unsupported`` (read before its reduction ran)."""
+        folds = []
+        for n in self.reductions:
+            r = reduction_of(n)
+            low = REDUCE_LOWERINGS[r.kind]
+            if low.strategy != "combine":
+                raise Unsupported(f"{r.kind} over leading dims runs as an ATen kernel")
+            key = (r.inp, r.kind, tuple(r.dims))
+            if key not in self.column_accs:
+                out = n.meta[VAL]
+                acc_dt = self.accumulator(low, r.inp.meta[VAL].dtype, (out[0] if isinstance(out, (list, tuple)) else out).dtype)
+                acc, nan = self.open_fold(low, acc_dt, track_nan=False)  # each lane its own: FX_MAX_NAN
+                self.column_accs[key] = {"acc": acc}
+                folds.append((r, low, acc_dt, acc, nan))
+        full = self.full_outputs()
+
+        def one_pass():
+            for r, low, acc_dt, acc, nan in folds:
+                self.combine(low, acc_dt, acc, nan, self.element(r, low, acc_dt))
+            for n in full:
+                self.store(n, None, n.meta[VAL], self.value(n), "xr")
+
+        self.loop(one_pass)
+        for r, low, acc_dt, acc, nan in folds:
+            self.close_fold(acc, nan, acc_dt)
+
+    def store_full(self, full: list[fx.Node], persistent: bool) -> None:
+        if not self.columns:  # a column kernel stored them in its fold loop
+            super().store_full(full, persistent)
+
     def fold(self, r, low: ReduceLowering, acc_dt: torch.dtype, persistent: bool) -> dict[str, str]:
         if low.strategy == "arg":
             raise Unsupported("arg reductions (argmax, max.dim...) run as ATen kernels")
-        inp_shape = shape_of(r.inp.meta[VAL])
-        if not _trailing(inp_shape, self.frame.layouts[inp_shape]):
-            raise Unsupported("a reduction over leading dims (strided rows) runs as an ATen kernel")
+        if self.columns:
+            if not self.column_accs:
+                self.fold_columns()
+            return self.column_accs[(r.inp, r.kind, tuple(r.dims))]
         body, ct = self.body, CTYPE[acc_dt]
 
         def element() -> str:
-            x = self.operand(r.inp, inp_shape, "xr")
-            if low.accumulate == "flag":
-                return f"((int32_t)({x.expr} != 0))"
-            return cast(x, acc_dt).expr
+            return self.element(r, low, acc_dt)
 
         if low.strategy == "combine":
-            acc = self.fresh("acc")
-            body.append(f"{ct} {acc} = {identity(low.identity, acc_dt)};")
-            if low.combine in ("_max_nan", "_min_nan"):
-                # max/min as the vectorizable reduction, NaN tracked on the side (it wins, as in eager)
-                op, cmp = ("max", ">") if low.combine == "_max_nan" else ("min", "<")
-                nan = self.fresh("nan")
-                body.append(f"int {nan} = 0;")
-
-                def fold_extreme():
-                    v = self.emit_assign(self.fresh("e"), V(element(), acc_dt))
-                    body.append(f"{acc} = {v.expr} {cmp} {acc} ? {v.expr} : {acc};")
-                    body.append(f"{nan} |= {v.expr} != {v.expr};")
-
-                self.loop(fold_extreme, f"reduction({op}:{acc}) reduction(|:{nan})")
-                if acc_dt.is_floating_point:
-                    body.append(f"{acc} = {nan} ? NAN : {acc};")
-                return {"acc": acc}
-            red = "+" if low.combine == "_sum_combine" else "*"
-            self.loop(lambda: body.append(f"{acc} = {COMBINE[low.combine].format(a=acc, b=element())};"),
-                      f"reduction({red}:{acc})")
+            acc, nan = self.open_fold(low, acc_dt)
+            if nan is not None:
+                op = "max" if low.combine == "_max_nan" else "min"
+                self.loop(lambda: self.combine(low, acc_dt, acc, nan, element()), f"reduction({op}:{acc}) reduction(|:{nan})")
+            else:
+                red = "+" if low.combine == "_sum_combine" else "*"
+                self.loop(lambda: self.combine(low, acc_dt, acc, None, element()), f"reduction({red}:{acc})")
+            self.close_fold(acc, nan, acc_dt)
             return {"acc": acc}
         total, mean, m2 = self.fresh("sum"), self.fresh("mean"), self.fresh("m2")
         body.append(f"{ct} {total} = 0;")
@@ -258,6 +322,8 @@ class CEmitter(Emitter):
             else:
                 sig.append(f"{_SCALAR_CTYPE[p.sig]} {p.name}")
         head = self.open_nest(self.xvars, XINDEX)
+        if self.columns:  # each lane of the vectorized kept loop folds a column
+            head.insert(len(self.xvars) - 1, "#pragma omp simd")
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
             head.append("    const int64_t rindex = 0;")
         lines = [f"void {self.name}({', '.join(sig)})", "{"]

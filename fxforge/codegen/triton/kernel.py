@@ -62,6 +62,13 @@ def _trailing(shape: tuple, dims: list[int]) -> bool:
     return list(dims) == list(range(len(shape) - len(dims), len(shape)))
 
 
+def _leading(shape: tuple, dims: list[int]) -> bool:
+    """The reduced dims come before every kept dim but those of size 1: row i (a position in the
+    kept dims) is the column of elements i, i + xnumel, i + 2 xnumel..."""
+    kept = [d for d in range(len(shape)) if d not in dims and shape[d] != 1]
+    return not kept or not dims or min(kept) > max(dims)
+
+
 def _contiguous(shape: list, stride: list) -> bool:
     """Row-major dense strides (size-1 dims may have any stride)."""
     inner = sympy.Integer(1)
@@ -350,6 +357,8 @@ class Emitter:
             c = {**dict(zip(kept, xc)), **dict(zip(layout, rc))}
             if _trailing(shape, layout):  # row-major: row xindex holds [xindex * rnumel, ...)
                 self.flat_of[tuple(c[d] for d in range(len(shape)))] = (tuple(ks), X * self.frame.rnumel + R)
+            elif _leading(shape, layout):  # columns: element (xindex, rindex) at rindex * xnumel + xindex
+                self.flat_of[tuple(c[d] for d in range(len(shape)))] = (tuple(ks), R * self.frame.xnumel + X)
             return c
         return dict(enumerate(self.coords(ks, self.flat_index())))
 
@@ -657,16 +666,24 @@ class Emitter:
                 self.reduce(n, persistent)
             elif persistent or self.dom(n) == "x":
                 self.value(n)
-        full = [n for n in outs if n not in self.reductions and self.dom(n) == "xr"]
+        full = self.full_outputs()
         for n in outs:
             if n not in self.reductions and n not in full:
                 self.store(n, None, n.meta[VAL], self.value(n), "x")
         if full:
-            def store_full():
-                for n in full:
-                    self.store(n, None, n.meta[VAL], self.value(n), "xr")
-            store_full() if persistent else self.loop(store_full)
+            self.store_full(full, persistent)
         return self.launch()
+
+    def full_outputs(self) -> list[fx.Node]:
+        """The outputs with one value per element of the rows ("xr"), not per row."""
+        return [n for n in self.outputs_of() if n not in self.reductions and self.dom(n) == "xr"]
+
+    def store_full(self, full: list[fx.Node], persistent: bool) -> None:
+        """Store the full outputs (after the folds, recomputing their values in a loop of their own)."""
+        def store():
+            for n in full:
+                self.store(n, None, n.meta[VAL], self.value(n), "xr")
+        store() if persistent else self.loop(store)
 
     def persistent(self) -> bool:
         """A reduction whose rows fit one block (no loop over them)."""
