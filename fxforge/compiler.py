@@ -19,7 +19,7 @@ from .config import Config
 from .collectives import collective_stats
 from .copies import graph_copy_bytes
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
-from .lowering.cleanup import DedupeGetitems, EliminateDeadCode
+from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.crops import LowerCrops
 from .lowering.splits import SplitForFusion
 from .passes.assign import AssignBackends
@@ -54,7 +54,8 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> li
     extern = registry.get(backend.extern) if backend.extern and backend.extern != backend.name else None
     assign = AssignBackends(backend, config, extern)
     return [
-        DedupeGetitems(), *([SplitForFusion(backend.splits)] if backend.splits else []), EliminateDeadCode(), LowerCrops(),
+        DedupeGetitems(), EliminateIdentityViews(),
+        *([SplitForFusion(backend.splits)] if backend.splits else []), EliminateDeadCode(), LowerCrops(),
         *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
         *config.passes_at("after_lowering"),
         assign, *config.passes_at("after_assignment"),

@@ -1,13 +1,16 @@
-"""Graph hygiene before planning: one getitem per output slot, dead code gone (side effects kept)."""
+"""Graph hygiene before planning: one getitem per output slot, identity view chains bypassed,
+dead code gone (side effects kept)."""
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
 import torch.fx as fx
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..graph import VAL, is_mutating
+from ..graph import VAL, expr, is_mutating
 from ..pipeline import PassResult
 
 
@@ -29,6 +32,82 @@ class DedupeGetitems:
                 else:
                     seen[key] = n
         return PassResult(gm, removed > 0, {"removed": removed})
+
+
+def is_view_node(n: fx.Node) -> bool:
+    """An ATen op that always returns an alias of its first argument and writes nothing.
+
+    Read off the schema (one ``Tensor(a)`` return, not ``Tensor(a!)``), and limited to ATen's
+    true view ops: those with a generated ``<op>_copy`` twin (``t``/``t_copy``, ...).  Ops whose
+    schema says ``Tensor(a)`` but that copy when they must (``reshape``, ``contiguous``,
+    ``to``, ``flatten``, ``resolve_conj``...) have no such twin, so a chain through them is not
+    followed: ``x.t().reshape(-1).view(x.shape)`` has ``x``'s sizes and strides but not its data.
+    ``_unsafe_view`` is a view its schema does not annotate.
+    """
+    return (
+        n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+        and isinstance(n.args[0] if n.args else None, fx.Node) and _always_views(n.target)
+    )
+
+
+@functools.cache
+def _always_views(op: torch._ops.OpOverload) -> bool:
+    if op is torch.ops.aten._unsafe_view.default:
+        return True
+    if op.namespace != "aten" or op in _NOT_PLAIN_VIEWS:
+        return False
+    rets = op._schema.returns
+    if len(rets) != 1 or not isinstance(rets[0].type, torch.TensorType):
+        return False
+    alias = rets[0].alias_info
+    packet = op._schema.name.split("::", 1)[1]
+    return alias is not None and not alias.is_write and hasattr(torch.ops.aten, packet + "_copy")
+
+
+# forward-AD duals: the result is not the argument as autograd sees it
+_NOT_PLAIN_VIEWS = {torch.ops.aten._make_dual.default, torch.ops.aten._fw_primal.default}
+
+
+def _layout(v) -> tuple | None:
+    """dtype, device, sizes, strides, storage offset, conj/neg bits of a plain strided tensor value
+    (sizes as sympy expressions, compared structurally: no guard is added), else None."""
+    if not isinstance(v, torch.Tensor) or is_traceable_wrapper_subclass(v) or v.layout != torch.strided or v.is_nested:
+        return None
+    return (
+        v.dtype, v.device,
+        tuple(expr(s) for s in v.shape), tuple(expr(s) for s in v.stride()), expr(v.storage_offset()),
+        v.is_conj(), v.is_neg(),
+    )
+
+
+class EliminateIdentityViews:
+    """A chain of views that ends where it began (``x.t().t()``, ``detach(detach(x))``) is ``x``.
+
+    Each view node whose value has its chain root's exact layout (dtype, device, sizes, strides,
+    storage offset; symbolic sizes equal as expressions) has its uses replaced by the root; the
+    views left unused are ``EliminateDeadCode``'s.  Kept: views the graph returns (an output
+    aliasing an input or intermediate carries AOTAutograd's aliasing metadata), views some user
+    writes into, and roots whose value is not a plain strided tensor.
+    """
+
+    name = "eliminate_identity_views"
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        replaced = 0
+        for n in list(gm.graph.nodes):
+            if not is_view_node(n) or not n.users:
+                continue
+            if any(u.op == "output" or is_mutating(u) for u in n.users):
+                continue
+            root = n.args[0]
+            while is_view_node(root):
+                root = root.args[0]
+            layout = _layout(root.meta.get(VAL))
+            if layout is None or layout != _layout(n.meta.get(VAL)):
+                continue
+            n.replace_all_uses_with(root)
+            replaced += 1
+        return PassResult(gm, replaced > 0, {"removed": replaced})
 
 
 def has_side_effects(n: fx.Node) -> bool:
