@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -496,6 +497,48 @@ def test_column_reductions_are_c_kernels(name, dynamic):
         a2, g2 = torch.randn(5, 16, 64), torch.randn(5, 16, 64)
         torch.testing.assert_close(torch.compile(fn, backend=b, fullgraph=True, dynamic=True)(a2, g2), fn(a2, g2),
                                    equal_nan=True)
+
+
+def _loads_inside_fold_loops(source: str) -> list[str]:
+    """The reads inside a C kernel's loops over reduced elements (``for (int64_t ri...``), with the
+    offset each reads at."""
+    out, depth, inner = [], 0, None
+    for line in (l[2:] for l in source.splitlines() if l.startswith("# ")):
+        if line.strip().startswith("for (int64_t ri") and inner is None:
+            inner = depth
+        depth += line.count("{") - line.count("}")
+        if inner is not None and depth <= inner and "}" in line:
+            inner = None
+        m = re.match(r"\s*const \w+ \w+ = in_ptr\d+\[(.*)\];", line)
+        if m and inner is not None:
+            out.append(m.group(1))
+    return out
+
+
+@pytest.mark.parametrize("case", ["row", "column"])
+def test_reads_of_row_values_are_made_once_per_row_not_in_the_fold_loops(case):
+    # a row's mean and scale (a layer norm backward's shape), a column's bias: read once per row,
+    # before the loops, so the loops storing full outputs stay vectorizable
+    a, mean, rstd, bias = torch.randn(32, 64), torch.randn(32, 1), torch.rand(32, 1) + 0.5, torch.randn(64)
+    if case == "row":
+        fn = lambda x, m, r, b: (lambda h: (h, (h * x).sum(-1, keepdim=True), h * 2 + x))((x - m) * r)  # noqa: E731
+    else:
+        fn = lambda x, m, r, b: (lambda h: (h.sum(0), h * 3))((x + b) * b)  # noqa: E731
+    b = check(fn, a, mean, rstd, bias)
+    reads = _loads_inside_fold_loops(b.compiled[0].source)
+    assert reads, b.compiled[0].source  # the full values are read in the loops
+    assert all(re.search(r"\br", off) for off in reads), reads  # each at an offset varying with the reduced index
+
+
+def test_masked_fill_and_bool_masks():
+    x, m = torch.randn(4, 8, 16), torch.rand(8, 16) > 0.5
+    b = check(lambda a, mm: (a * 0.5).masked_fill(~mm, float("-inf")), x, m)
+    assert "const uint8_t* in_ptr" in b.compiled[0].source  # bools read as bytes (the fill's mask)
+    b = check(lambda a, mm: (a > 0) & mm, x, m)
+    assert "uint8_t* out_ptr0" in b.compiled[0].source
+    check(lambda a, mm: a.to(torch.float64).masked_fill(mm, float("nan")) + 1, x, m)
+    b = check(lambda a, mm: (a * 10).to(torch.int64).masked_fill(mm, 7), x, m, c_only=False)  # ints: ATen
+    assert [op for op, _ in outside_c(b)] == ["aten.masked_fill.Scalar"]
 
 
 def test_full_output_of_a_column_sum_runs_in_two_kernels_and_last_dim_with_others_is_aten():

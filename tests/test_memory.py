@@ -39,7 +39,7 @@ def test_static_plan_reuses_bytes_and_verifies():
 
 def test_verify_memory_plan_catches_overlap():
     gm = make_fx(chain, tracing_mode="fake")(torch.randn(8, 8))
-    c = compile_graph(gm, fxforge.Config(inplace=False))
+    c = compile_graph(gm, fxforge.Config(inplace=False, codegen="torch"))  # one buffer per op (C fuses the chain)
     mem = c.plan.memory
     heads = blocks([b for b in mem.buffers.values() if b.kind == "arena"])
     spans = {k: (min(m.start for m in ms), max(m.end for m in ms)) for k, ms in heads.items()}
@@ -228,7 +228,9 @@ def test_arena_is_freed_once_its_buffers_are_dead():
     assert lines.index("    args.clear()") < alloc < free < out  # allocated in the body, freed before the output
     assert f"{first.name}_f32" in lines[free]  # typed views go with it
     x = torch.randn(128, 128)
-    torch.testing.assert_close(c(x)[0], early_then_late(x)[0])
+    # the column sum accumulates in double (C backend), eager's in float: the squared sums differ by
+    # ~1e-5 relative (both are ~4e-4 from the float64 result, the matmuls' rounding)
+    torch.testing.assert_close(c(x)[0], early_then_late(x)[0], rtol=1e-4, atol=1e-3)
     # measured: no more than eager, and less than one arena held for the whole call
     whole = compile_graph(make_fx(early_then_late, tracing_mode="fake")(x),
                           fxforge.Config(arena_windows=False, keep_arenas="never"))

@@ -14,6 +14,7 @@ function; every index is ``int64_t``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import sympy
@@ -21,14 +22,15 @@ import torch
 import torch.fx as fx
 
 from ...graph import VAL
-from ...iteration import shape_of
-from ...iteration import reduction_of
+from ...iteration import reduction_of, shape_of
 from ..triton.kernel import R, RINDEX, X, XINDEX, Emitter, Unsupported, _trailing
 from ..triton.launch import Param
 from ..triton.ops import REDUCE_LOWERINGS, ReduceLowering, V
 from ..triton.printer import TritonPrinter
 from . import ops as c_ops
 from .ops import COMBINE, CTYPE, cast, identity
+
+_DEFINED = re.compile(r"\s*const \w+ (\w+) =")  # a local the body defines
 
 # Kernel parameter types: tensors are ``*`` + their element type (``ops.SIG_DTYPE``); sizes and
 # scalars keep the emitter's names.
@@ -97,6 +99,7 @@ class CEmitter(Emitter):
         self.xvars: list[tuple[str, sympy.Expr]] = []  # the rows' loop variables and their sizes
         self.rvars: list[tuple[str, sympy.Expr]] = []
         self.columns = False  # the rows are columns (the last dim kept): see fold_columns
+        self.hoisted: list[str] | None = None  # inside a fold's loop: the lines before it (``load``)
         self.column_accs: dict[tuple, dict[str, str]] = {}
 
     def persistent(self) -> bool:
@@ -156,14 +159,29 @@ class CEmitter(Emitter):
         head = self.open_nest(self.rvars, RINDEX)
         if simd and self.rvars:
             head.insert(len(self.rvars) - 1, f"#pragma omp simd {simd}")
-        self.body += head[:-1]
-        start = len(self.body)
-        self.body.append(head[-1].strip())
+        self.hoisted, self.body = self.body, [head[-1].strip()]  # loads of row values go before the loop
         self.scopes.append({})
         body()
         self.scopes.pop()
-        self.body[start:] = ["    " + l for l in self.body[start:]]
-        self.body.append("}")
+        inner, self.body, self.hoisted = self.body, self.hoisted, None
+        self.body += head[:-1] + ["    " + l for l in inner] + ["}"]
+
+    def load(self, a: fx.Node, shape: tuple, dom: str) -> V:
+        """A read inside a fold's loop whose offset does not vary with the reduced index (a row's
+        mean, a column's bias) is made once per row, before the loop: left inside, next to the
+        loop's stores, the compiler could not tell it from them and would not vectorize the loop."""
+        if self.hoisted is None or dom != "xr":
+            return super().load(a, shape, dom)
+        before = len(self.body)
+        v = super().load(a, shape, dom)
+        new = self.body[before:]
+        if len(new) == 1:
+            defined = {m.group(1) for l in self.body for m in [_DEFINED.match(l)] if m}
+            names = set(re.findall(r"\b[A-Za-z_]\w*\b", new[0].split("=", 1)[1]))
+            if not any(RINDEX in self.deps.get(x, ()) or x == RINDEX or x in defined for x in names):
+                self.hoisted.append(self.body.pop())
+                self.scopes[-2][("load", a, shape, dom)] = v
+        return v
 
     # ---------------------------------------------------------------- text
 
@@ -274,7 +292,7 @@ class CEmitter(Emitter):
             if not self.column_accs:
                 self.fold_columns()
             return self.column_accs[(r.inp, r.kind, tuple(r.dims))]
-        body, ct = self.body, CTYPE[acc_dt]
+        ct = CTYPE[acc_dt]
 
         def element() -> str:
             return self.element(r, low, acc_dt)
@@ -290,15 +308,15 @@ class CEmitter(Emitter):
             self.close_fold(acc, nan, acc_dt)
             return {"acc": acc}
         total, mean, m2 = self.fresh("sum"), self.fresh("mean"), self.fresh("m2")
-        body.append(f"{ct} {total} = 0;")
-        self.loop(lambda: body.append(f"{total} = {total} + {element()};"), f"reduction(+:{total})")
-        body.append(f"const {ct} {mean} = {total} / ({ct})({CPrinter()(self.frame.rnumel)});")
-        body.append(f"{ct} {m2} = 0;")
+        self.body.append(f"{ct} {total} = 0;")
+        self.loop(lambda: self.body.append(f"{total} = {total} + {element()};"), f"reduction(+:{total})")
+        self.body.append(f"const {ct} {mean} = {total} / ({ct})({CPrinter()(self.frame.rnumel)});")
+        self.body.append(f"{ct} {m2} = 0;")
 
         def deviation():
             d = self.fresh("d")
-            body.append(f"const {ct} {d} = {element()} - {mean};")
-            body.append(f"{m2} = {m2} + {d} * {d};")
+            self.body.append(f"const {ct} {d} = {element()} - {mean};")
+            self.body.append(f"{m2} = {m2} + {d} * {d};")
 
         self.loop(deviation, f"reduction(+:{m2})")
         return {"mean": mean, "m2": m2}

@@ -109,6 +109,8 @@ def node_refusal(node: fx.Node, dtypes, language: str) -> str | None:
 
 aten = torch.ops.aten
 XINDEX, RINDEX = "xindex", "rindex"
+# Operands (by schema name) that select, read as bool and left out of type promotion.
+CONDITIONS = ("condition", "mask")
 X = sympy.Symbol(XINDEX, integer=True, nonnegative=True)
 R = sympy.Symbol(RINDEX, integer=True, nonnegative=True)
 
@@ -583,7 +585,7 @@ class Emitter:
             return V(x.expr, x.dtype)
         fake_args = []
         for name, a in zip(low.operands, raw):
-            if name == "condition":
+            if name in CONDITIONS:
                 continue
             if isinstance(a, fx.Node):
                 fake_args.append(a.meta[VAL])
@@ -608,7 +610,7 @@ class Emitter:
         for name, a in zip(low.operands, raw):
             if a is None:
                 ops.append(None)
-            elif name == "condition":
+            elif name in CONDITIONS:
                 ops.append(cast(operand(a), torch.bool) if isinstance(a, fx.Node) else const(a, torch.bool))
             elif isinstance(a, fx.Node):
                 ops.append(cast(operand(a), cdt))
