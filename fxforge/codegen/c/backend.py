@@ -1,13 +1,13 @@
 """The ``c`` codegen backend: fused C kernels for CPU graphs (the registry's ``c`` entry).
 
-The graph keeps ATen's composite kernels (``decompose="none"``: softmax and every composite
-backward run as ATen's vector kernels) but for layer norm, split on the compiled graph
+The graph keeps ATen's composite kernels (``decompose="none"``: softmax and most composite
+backward kernels run as ATen's vector kernels) but for layer norm, split on the compiled graph
 (``splits``, ``lowering/splits.py``); the pointwise chains around them (bias adds, residuals,
-scaling, masking, GELU on small tensors) and row reductions become one C function per group,
-compiled for this CPU with the wrapper's other C kernels (``build.py``).  Matmuls, convolutions,
-arg reductions, reductions over leading dims, ops without a C lowering and transcendental ops on
-large tensors (``ops.TRANSCENDENTAL_MAX_NUMEL``) run as the ``torch`` backend's ATen calls into
-the same planned buffers (``extern``).
+scaling, masking, GELU and the pointwise backward kernels) and row and column reductions become
+one C function per group, compiled for this CPU with the wrapper's other C kernels
+(``build.py``).  Matmuls, convolutions, arg reductions, ops without a C lowering and
+transcendental ops on large tensors (``ops.TRANSCENDENTAL_MAX_NUMEL``) run as the ``torch``
+backend's ATen calls into the same planned buffers (``extern``).
 ``accepts`` runs the emitter on the node itself, as the Triton backend does: the check and the
 emitter cannot disagree.
 """

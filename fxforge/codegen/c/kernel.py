@@ -254,8 +254,9 @@ class CEmitter(Emitter):
         """Every fold of a column kernel (the last dim kept: sums over the batch, a bias's
         gradient, a mean over tokens...) in one loop over the reduced elements, with the full
         outputs stored in the same loop: the innermost kept loop around it is the vectorized one
-        (``launch``), each lane folding its own column.  Values derived from a fold's result cannot be full outputs here: that
-        raises ``Unsupported`` (read before its reduction ran)."""
+        (``launch``), each lane folding its own column (max/min with ``FX_MAX_NAN``: no reduction
+        clause to satisfy).  Values derived from a fold's result cannot be full outputs here:
+        that raises ``Unsupported`` (read before its reduction ran)."""
         folds = []
         for n in self.reductions:
             r = reduction_of(n)
@@ -264,22 +265,19 @@ class CEmitter(Emitter):
                 raise Unsupported(f"{r.kind} over leading dims runs as an ATen kernel")
             key = (r.inp, r.kind, tuple(r.dims))
             if key not in self.column_accs:
-                out = n.meta[VAL]
-                acc_dt = self.accumulator(low, r.inp.meta[VAL].dtype, (out[0] if isinstance(out, (list, tuple)) else out).dtype)
-                acc, nan = self.open_fold(low, acc_dt, track_nan=False)  # each lane its own: FX_MAX_NAN
+                acc_dt = self.accumulator(low, r.inp.meta[VAL].dtype, n.meta[VAL].dtype)
+                acc, _ = self.open_fold(low, acc_dt, track_nan=False)
                 self.column_accs[key] = {"acc": acc}
-                folds.append((r, low, acc_dt, acc, nan))
+                folds.append((r, low, acc_dt, acc))
         full = self.full_outputs()
 
         def one_pass():
-            for r, low, acc_dt, acc, nan in folds:
-                self.combine(low, acc_dt, acc, nan, self.element(r, low, acc_dt))
+            for r, low, acc_dt, acc in folds:
+                self.combine(low, acc_dt, acc, None, self.element(r, low, acc_dt))
             for n in full:
                 self.store(n, None, n.meta[VAL], self.value(n), "xr")
 
         self.loop(one_pass)
-        for r, low, acc_dt, acc, nan in folds:
-            self.close_fold(acc, nan, acc_dt)
 
     def store_full(self, full: list[fx.Node], persistent: bool) -> None:
         if not self.columns:  # a column kernel stored them in its fold loop
