@@ -5,9 +5,11 @@ would run eager and prove nothing) and compares with eager on fresh random input
 values, the cases check where the nodes ran: fused chains are few ``c`` kernels, ops without a C
 lowering are the ``torch`` backend's extern calls in the same graph (never eager fallbacks).
 
-The backend keeps ATen's composite kernels (``decompose="none"``: softmax, layer norm, GELU run
-as ATen calls); the fused row reductions they decompose into are tested with
-``Config(decompose="core")`` (``CORE``).  ``exp``/``tanh``/``sigmoid``/``silu`` are C only on up to
+The backend keeps ATen's composite kernels (``decompose="none"``: softmax and the layer norm's
+backward run as ATen calls; layer norm is split, GELU and the pointwise backward kernels are
+lowered directly); the fused row reductions the others decompose into are tested with
+``Config(decompose="core")`` (``CORE``).  Column reductions (the last dim kept: bias gradients)
+are C kernels too.  ``exp``/``tanh``/``sigmoid``/``silu`` are C only on up to
 8,192 elements, ``erf``/``gelu`` on up to 65,536 (``TRANSCENDENTAL_MAX_NUMEL``): cases that must
 run them in C stay below.
 The C kernels' shared objects are cached in one directory per test session

@@ -14,6 +14,7 @@ function; every index is ``int64_t``.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -69,6 +70,18 @@ class CPrinter(TritonPrinter):
             return f"({x} % {y})"
         r = f"({x} % {y})"
         return f"(({r} != 0 && (({r} < 0) != ({y} < 0))) ? {r} + {y} : {r})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _nest_lines(loops: tuple[tuple[str, sympy.Expr], ...], index: str) -> tuple[str, ...]:
+    """``CEmitter.open_nest``'s lines, a function of the loops alone: the same nests recur in
+    every kernel a fusion pass probes (printing them is most of a probe's text)."""
+    p = CPrinter()
+    lines = [f"for (int64_t {v} = 0; {v} < {p(s)}; {v}++)" for v, s in loops]
+    flat, inner = sympy.Integer(0), sympy.Integer(1)
+    for v, s in reversed(loops):
+        flat, inner = flat + sympy.Symbol(v, integer=True, nonnegative=True) * inner, inner * s
+    return (*lines, "{", f"    const int64_t {index} = {p(flat)};")
 
 
 @dataclass
@@ -145,12 +158,10 @@ class CEmitter(Emitter):
 
     def open_nest(self, loops: list[tuple[str, sympy.Expr]], index: str) -> list[str]:
         """The ``for`` lines of a nest and the flat index they stand for."""
-        p = CPrinter()
-        lines = [f"for (int64_t {v} = 0; {v} < {p(s)}; {v}++)" for v, s in loops]
-        flat, inner = sympy.Integer(0), sympy.Integer(1)
-        for v, s in reversed(loops):
-            flat, inner = flat + sympy.Symbol(v, integer=True, nonnegative=True) * inner, inner * s
-        return lines + ["{", f"    const int64_t {index} = {p(flat)};"]
+        return list(_nest_lines(tuple(loops), index))
+
+    def check_int64(self, vals) -> None:
+        pass  # every C index is int64_t: no narrower choice to rule out
 
     def loop(self, body, simd: str = "") -> None:
         """Emit ``body()`` inside the loops over a row's reduced dims, in its own scope.
