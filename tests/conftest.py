@@ -16,3 +16,14 @@ def fxforge_command() -> list[str]:
     """The installed console script next to this interpreter, else ``python -m fxforge.cli``."""
     script = os.path.join(os.path.dirname(sys.executable), "fxforge")
     return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "fxforge.cli"]
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """dynamo's caches reset before and after the test (modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("fresh_dynamo")``)."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -33,11 +33,7 @@ backend_module = importlib.import_module("fxforge.backend")  # fxforge.backend i
 TINY = GPTConfig(vocab=64, seq=16, d=32, heads=2, layers=1)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.fixture
