@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..graph import VAL, expr, is_mutating
+from ..graph import VAL, aliased_input, expr, is_mutating, node_kind
 from ..pipeline import PassResult
 
 
@@ -35,33 +35,25 @@ class DedupeGetitems:
 
 
 def is_view_node(n: fx.Node) -> bool:
-    """An ATen op that always returns an alias of its first argument and writes nothing.
-
-    Read off the schema (one ``Tensor(a)`` return, not ``Tensor(a!)``), and limited to ATen's
-    true view ops: those with a generated ``<op>_copy`` twin (``t``/``t_copy``, ...).  Ops whose
-    schema says ``Tensor(a)`` but that copy when they must (``reshape``, ``contiguous``,
-    ``to``, ``flatten``, ``resolve_conj``...) have no such twin, so a chain through them is not
-    followed: ``x.t().reshape(-1).view(x.shape)`` has ``x``'s sizes and strides but not its data.
-    ``_unsafe_view`` is a view its schema does not annotate.
+    """A view (``graph.node_kind``: its output shares its first argument's storage, written by
+    no one) by one of ATen's true view ops: those with a generated ``<op>_copy`` twin
+    (``t``/``t_copy``, ...), and ``_unsafe_view``.  Ops whose schema says ``Tensor(a)`` but that
+    copy when they must (``reshape``, ``contiguous``, ``to``, ``flatten``, ``resolve_conj``...)
+    have no such twin, so a chain through them is not followed: ``x.t().reshape(-1).view(x.shape)``
+    has ``x``'s sizes and strides but not its data.
     """
     return (
-        n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-        and isinstance(n.args[0] if n.args else None, fx.Node) and _always_views(n.target)
+        isinstance(n.target, torch._ops.OpOverload) and node_kind(n) == "view"
+        and aliased_input(n) is (n.args[0] if n.args else None) and _true_view(n.target)
     )
 
 
 @functools.cache
-def _always_views(op: torch._ops.OpOverload) -> bool:
+def _true_view(op: torch._ops.OpOverload) -> bool:
     if op is torch.ops.aten._unsafe_view.default:
         return True
-    if op.namespace != "aten" or op in _NOT_PLAIN_VIEWS:
-        return False
-    rets = op._schema.returns
-    if len(rets) != 1 or not isinstance(rets[0].type, torch.TensorType):
-        return False
-    alias = rets[0].alias_info
     packet = op._schema.name.split("::", 1)[1]
-    return alias is not None and not alias.is_write and hasattr(torch.ops.aten, packet + "_copy")
+    return op.namespace == "aten" and op not in _NOT_PLAIN_VIEWS and hasattr(torch.ops.aten, packet + "_copy")
 
 
 # forward-AD duals: the result is not the argument as autograd sees it
