@@ -50,14 +50,12 @@ def node_moves_data(node) -> bool:
     """An FX node whose op only moves bytes (``moves_data`` on its fake arguments)."""
     import torch.fx as fx
 
-
     args = tuple(a.meta.get(VAL) if isinstance(a, fx.Node) else a for a in node.args)
     return node.op == "call_function" and moves_data(node.target, args, node.kwargs)
 
 
 def _nbytes(shape, dtype, hint) -> int:
     """Bytes of a dense tensor of ``shape`` and ``dtype`` at the traced sizes."""
-
     return hint(math.prod([expr(s) for s in shape]) * dtype.itemsize)
 
 
@@ -89,7 +87,6 @@ def graph_copy_bytes(groups, hint, memory=None, demoted=()) -> int:
     A group in ``demoted`` (ids of groups whose kernel failed to compile: the wrapper runs their
     nodes eagerly, ``codegen/wrapper.py``) runs every node on its own, and a value of it that the
     plan (``memory``) put in a region of a cat or pad is copied there after it is computed."""
-
     demoted = set(demoted)
     total = 0
     for g in groups:

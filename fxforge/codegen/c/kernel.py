@@ -4,9 +4,12 @@ The loop nest, index math, operand reads and dtype rules are the Triton emitter'
 (``codegen/triton/kernel.py``), with one element per iteration instead of a block: the kernel
 is a loop nest over the dims of the output (pointwise) or of the reduction's kept dims (rows),
 each coordinate a loop variable, so a contiguous or broadcast read is an affine index the C
-compiler vectorizes; a reduction folds each row in loops over its reduced dims (an inner loop
-per fold, and one storing the row's full-size outputs), and the values it needs are computed
-inside each loop.  Sums and moments of float32 accumulate in double.
+compiler vectorizes; a reduction over the last dims folds each row in loops over its reduced
+dims (an inner loop per fold, and one storing the row's full-size outputs), and the values it
+needs are computed inside each loop; one keeping the last dim (columns, ``fold_columns``) folds
+every column at once, in one loop over the reduced elements inside the vectorized kept loop.
+Reads that do not vary inside a fold's loop are made before it (``load``).  Sums and moments of
+float32 accumulate in double.
 
 Shapes that are symbolic become ``int64_t`` parameters read off the tensors by the launch
 function; every index is ``int64_t``.

@@ -123,12 +123,21 @@ def _clamp(a: V, lo: V | None, hi: V | None) -> V:
     return V(x, a.dtype)
 
 
+def _gelu_tanh(a: V) -> str:
+    """``tanh(sqrt(2/pi) * (x + 0.044715 x**3))``, the tanh GELU's inner term."""
+    x, f = a.expr, "f" if a.dtype == torch.float32 else ""
+    return _vec("tanh", V(f"(0.7978845608028654{f} * ({x} + 0.044715{f} * {x} * {x} * {x}))", a.dtype))
+
+
+def _gelu_erf(a: V) -> str:
+    """``erf(x / sqrt(2))``, the exact GELU's inner term."""
+    return _vec("erf", V(f"({a.expr} * 0.7071067811865476{'f' if a.dtype == torch.float32 else ''})", a.dtype))
+
+
 def _gelu(a: V, approximate: str) -> V:
     x, f = a.expr, "f" if a.dtype == torch.float32 else ""
-    if approximate == "tanh":
-        inner = V(f"(0.7978845608028654{f} * ({x} + 0.044715{f} * {x} * {x} * {x}))", a.dtype)
-        return V(f"(0.5{f} * {x} * (1.0{f} + {_vec('tanh', inner)}))", a.dtype)
-    return V(f"(0.5{f} * {x} * (1.0{f} + {_vec('erf', V(f'({x} * 0.7071067811865476{f})', a.dtype))}))", a.dtype)
+    inner = _gelu_tanh(a) if approximate == "tanh" else _gelu_erf(a)
+    return V(f"(0.5{f} * {x} * (1.0{f} + {inner}))", a.dtype)
 
 
 def _exp_nonpositive(a: V) -> str:
@@ -144,12 +153,12 @@ def _gelu_backward(g: V, a: V, approximate: str) -> V:
     for ``tanh``, the derivative of ``0.5 x (1 + tanh(inner))`` written out as eager does."""
     x, f = a.expr, "f" if a.dtype == torch.float32 else ""
     if approximate == "tanh":
-        t = _vec("tanh", V(f"(0.7978845608028654{f} * ({x} + 0.044715{f} * {x} * {x} * {x}))", a.dtype))
+        t = _gelu_tanh(a)
         dtanh = f"(1.0{f} - {t} * {t})"
         dinner = f"(0.7978845608028654{f} * (1.0{f} + 0.134145{f} * {x} * {x}))"
         return V(f"({g.expr} * (0.5{f} * (1.0{f} + {t}) + 0.5{f} * {x} * {dtanh} * {dinner}))", a.dtype)
     pdf = f"({_exp_nonpositive(V(f'({x} * {x} * (-0.5{f}))', a.dtype))} * 0.3989422804014327{f})"
-    cdf = f"(0.5{f} * (1.0{f} + {_vec('erf', V(f'({x} * 0.7071067811865476{f})', a.dtype))}))"
+    cdf = f"(0.5{f} * (1.0{f} + {_gelu_erf(a)}))"
     return V(f"({g.expr} * ({cdf} + {x} * {pdf}))", a.dtype)
 
 
