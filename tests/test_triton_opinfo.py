@@ -64,10 +64,12 @@ def _close(got, exp) -> None:
             assert a == b or (a != a and b != b)
 
 
-def run_triton(op, sample) -> str:
-    """'lowered' (Triton kernels ran) or 'fallback'; raises on a mismatch, ``Unsupported`` when
-    torch.compile itself cannot run the sample."""
-    fn, tensors = build_fn(op.op, sample)
+KINDS = ("lowered", "partial", "fallback")  # best first
+
+
+def reference(fn, tensors):
+    """Eager's result of ``fn``, once torch.compile itself is shown to run it (``aot_eager``
+    matches eager); ``Unsupported`` otherwise."""
     try:
         exp = fn(*clone_inputs(tensors))
         torch._dynamo.reset()
@@ -75,6 +77,84 @@ def run_triton(op, sample) -> str:
         _close(ref, exp)
     except Exception as e:
         raise Unsupported(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    return exp
+
+
+def describe(sample) -> str:
+    """A sample's arguments in one line: tensors as dtype[shape], the rest as written."""
+
+    def one(v) -> str:
+        if isinstance(v, torch.Tensor):
+            s = f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+            return s if v.is_contiguous() else s + f"(strides {list(v.stride())})"
+        if isinstance(v, (list, tuple)):
+            inner = ", ".join(one(x) for x in v)
+            return f"[{inner}]" if isinstance(v, list) else f"({inner})"
+        return repr(v)
+
+    args = [one(sample.input)] + [one(a) for a in sample.args] + [f"{k}={one(v)}" for k, v in sample.kwargs.items()]
+    return ", ".join(args)
+
+
+def classify_with(run, op, n: int, dtype=torch.float32, tally: dict | None = None) -> str:
+    """The best kind (``KINDS``) ``run(op, sample)`` gave any of the first ``n`` samples
+    ("skipped": none could run); ``tally`` (a Counter), if given, counts every sample's kind.
+    A mismatch raises, naming the sample."""
+    kinds, skipped = [], 0
+    for i, s in enumerate(samples(op, n, dtype)):
+        try:
+            kinds.append(run(op, s))
+        except Unsupported:
+            skipped += 1
+        except Exception as e:
+            raise AssertionError(f"{op.name} sample {i} ({describe(s)}): {type(e).__name__}: {e}") from e
+    if tally is not None:
+        tally.update(kinds + ["skipped"] * skipped)
+    return next((k for k in KINDS if k in kinds), "skipped")
+
+
+def sweep_case(classify, name: str, record_property) -> None:
+    """One sweep entry (``-m slow``): its kind and per-sample counts recorded (in --junitxml: the
+    counts of a sweep run with -n 2); skipped where torch.compile cannot run its samples."""
+    tally = collections.Counter()
+    kind = classify(sweep_ops()[name], SWEEP_SAMPLES, tally=tally)
+    record_property("kind", kind)
+    for k, v in tally.items():
+        record_property(f"samples_{k}", v)
+    if kind == "skipped":
+        pytest.skip("torch.compile cannot run its samples")
+
+
+def sweep_main(classify, names: list[str], known_failures: dict | None = None) -> None:
+    """Classify ``names`` (default: the whole sweep) and print per-entry kinds, the counts and the
+    failures (``xfail`` for those in ``known_failures``)."""
+    import time
+
+    known = known_failures or {}
+    counts, tally, failed = collections.Counter(), collections.Counter(), {}
+    t0 = time.time()
+    names = names or sorted(sweep_ops())
+    for name in names:
+        try:
+            k = classify(sweep_ops()[name], SWEEP_SAMPLES, tally=tally)
+        except Exception as e:  # a mismatch or a crash: a bug to report (unless already known)
+            k = "xfail" if name in known else "FAILED"
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+        counts[k] += 1
+        print(f"{k:9s} {name}", flush=True)
+    ops = {sweep_ops()[n].name for n in names}
+    variants = sum(1 for n in names if sweep_ops()[n].variant_test_name)
+    print(f"{len(names)} entries ({len(ops)} ops, {variants} variants); entries: {dict(counts)}; "
+          f"samples: {dict(tally)}; {time.time() - t0:.0f}s")
+    for name, why in failed.items():
+        print("xfail" if name in known else "FAILED", name, why)
+
+
+def run_triton(op, sample) -> str:
+    """'lowered' (Triton kernels ran), 'partial' or 'fallback'; raises on a mismatch,
+    ``Unsupported`` when torch.compile itself cannot run the sample."""
+    fn, tensors = build_fn(op.op, sample)
+    exp = reference(fn, tensors)
     b, got = run_compiled(fn, *clone_inputs(tensors))
     _close(got, exp)
     if not triton_kernels(b):
@@ -83,21 +163,7 @@ def run_triton(op, sample) -> str:
 
 
 def classify(op, n: int, dtype=torch.float32, tally: dict | None = None) -> str:
-    """The best kind any of the first ``n`` samples reached ("skipped": none could run);
-    ``tally`` (a Counter), if given, counts every sample's kind."""
-    kinds, skipped = [], []
-    for s in samples(op, n, dtype):
-        try:
-            kinds.append(run_triton(op, s))
-        except Unsupported as e:
-            skipped.append(str(e))
-    if tally is not None:
-        tally.update(kinds + ["skipped"] * len(skipped))
-    if not kinds:
-        return "skipped"
-    for k in ("lowered", "partial", "fallback"):  # the best any sample reached
-        if k in kinds:
-            return k
+    return classify_with(run_triton, op, n, dtype, tally)
 
 
 # float32 ops lowered to Triton and matching eager with their first sample (kept small: the
@@ -149,38 +215,8 @@ KNOWN_FAILURES = {
     if n in KNOWN_FAILURES else n
     for n in sorted(sweep_ops())])
 def test_triton_op_sweep(name, record_property):
-    tally = collections.Counter()
-    kind = classify(sweep_ops()[name], SWEEP_SAMPLES, tally=tally)
-    record_property("kind", kind)  # in --junitxml: the counts of a sweep run with -n 2
-    for k, v in tally.items():
-        record_property(f"samples_{k}", v)
-    if kind == "skipped":
-        pytest.skip("torch.compile cannot run its samples")
-
-
-def main(names: list[str]) -> None:
-    """Classify ``names`` (default: the whole sweep) and print per-entry kinds and the counts."""
-    import time
-
-    counts, tally = collections.Counter(), collections.Counter()
-    failed = {}
-    t0 = time.time()
-    names = names or sorted(sweep_ops())
-    for name in names:
-        try:
-            k = classify(sweep_ops()[name], SWEEP_SAMPLES, tally=tally)
-        except Exception as e:  # a mismatch or a crash: a bug to report (unless already known)
-            k = "xfail" if name in KNOWN_FAILURES else "FAILED"
-            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        counts[k] += 1
-        print(f"{k:9s} {name}", flush=True)
-    ops = {sweep_ops()[n].name for n in names}
-    variants = sum(1 for n in names if sweep_ops()[n].variant_test_name)
-    print(f"{len(names)} entries ({len(ops)} ops, {variants} variants); entries: {dict(counts)}; "
-          f"samples: {dict(tally)}; {time.time() - t0:.0f}s")
-    for k, v in failed.items():
-        print("xfail" if k in KNOWN_FAILURES else "FAILED", k, v)
+    sweep_case(classify, name, record_property)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sweep_main(classify, sys.argv[1:], KNOWN_FAILURES)
