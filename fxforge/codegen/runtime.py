@@ -56,3 +56,11 @@ class KeptArenas:
     def give(self, views: tuple) -> None:
         if views is self._views:
             self._lock.release()
+
+
+def as_traced(t: torch.Tensor, shape: tuple, stride: tuple) -> torch.Tensor:
+    """``t``'s values laid out at ``stride``, the layout the graph was traced with (a copy; the
+    wrapper calls it only where an ATen kernel returned another layout than its trace)."""
+    out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out

@@ -464,6 +464,8 @@ class _Builder:
                 self.assign(n.name, self.call_source(n))
                 if kind in ("compute", "scalar"):
                     self.bind_symbols_from(n.name, n.meta.get(VAL))
+                if kind in ("compute", "getitem"):
+                    self.guard_layout(n)
             for arena in barriers.get(n.name, ()):
                 self.lines.append(f"{arena}_h.barrier()  # every rank is done reading {arena}: its bytes may be written again")
             if i == emit_at.get(next_node.get(n), -1):
@@ -526,6 +528,38 @@ class _Builder:
         self.lines.append(f"{name} = {rhs}")
         self.bound.add(name)
 
+    def read_at_traced_layout(self, node: fx.Node) -> bool:
+        """A generated kernel reads ``node``'s value, or a view of it, indexing with the strides
+        traced (a fusing backend that does not read its inputs' own strides)."""
+        for u in node.users:
+            if node_kind(u) in ("view", "getitem") and self.read_at_traced_layout(u):
+                return True
+            g = self.plan.group_of(u)
+            if g is None or g.backend == FALLBACK_BACKEND or u in self.demoted_nodes:
+                continue
+            backend = self.registry.get(g.backend)
+            if backend.fuses and not backend.reads_views:
+                return True
+        return False
+
+    def guard_layout(self, node: fx.Node) -> None:
+        """A tensor an ATen kernel allocated (an eager fallback, an op without an out form) may
+        come back laid out otherwise than its meta function traced it: on CPU,
+        ``native_layer_norm_backward`` returns a contiguous grad_input where the trace follows
+        grad_out's strides.  A kernel reading it at the traced strides would read the wrong
+        elements, so where one does, a mismatch is copied to the traced layout."""
+        val = node.meta.get(VAL)
+        if not isinstance(val, torch.Tensor) or not self.read_at_traced_layout(node):
+            return
+        try:
+            shape = _tuple(self.size(s) for s in val.shape)
+            stride = _tuple(self.size(s) for s in val.stride())
+        except Exception:  # a size the wrapper has no name for: the kernel's own checks apply
+            return
+        self.lines.append(f"if {node.name}.stride() != {stride}:")
+        self.lines.append(f"    {node.name} = as_traced({node.name}, {shape}, {stride})")
+        self.globals["as_traced"] = runtime.as_traced
+
     def written_by_kernel(self, producer: fx.Node, index: int | None) -> bool:
         return producer not in self.demoted_nodes and self.plan.memory.of(producer, index) is not None
 
@@ -553,6 +587,9 @@ class _Builder:
         if k.returns:
             self.lines.append(f"{', '.join(k.returns)}{',' if len(k.returns) == 1 else ''} = {call}")
             self.bound.update(k.returns)
+            for n in g.nodes:
+                if n.name in k.returns:
+                    self.guard_layout(n)
         else:
             self.lines.append(call)
 
