@@ -18,13 +18,14 @@ import torch
 import torch.fx as fx
 
 from ...config import Config
-from ...graph import VAL, free_symbols, op_display, tensors
+from ...graph import VAL, free_symbols, node_kind, op_display, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..triton.kernel import Unsupported, node_refusal
 from .build import CUnit, compiler, refusal
 from .kernel import CEmitter
 from .ops import CTYPE, max_numel
+from .templates import template_of
 
 
 def unavailable(device_types: frozenset[str]) -> str | None:
@@ -42,6 +43,10 @@ def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None):
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
+    template = template_of(node)
+    if template is not None:  # a hand-written kernel (templates.py) checks what it needs itself
+        why = template[0](node) or unavailable(frozenset({"cpu"}))
+        return None if why is None else f"c: {why}"
     why = node_refusal(node, CTYPE, "C") or unavailable(frozenset({"cpu"}))  # named explicitly, maybe
     if why is not None:                                                       # without a compiler
         return why
@@ -67,6 +72,9 @@ def writes_views(node: fx.Node, config: Config) -> bool:
 
 
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
+    computed = [n for n in nodes if node_kind(n) == "compute"]
+    if len(computed) > 1 and any(template_of(n) for n in computed):
+        return "c: a template kernel (layer norm backward) runs alone"
     try:
         k = _probe(nodes, outputs)
     except (Unsupported, NotImplementedError) as e:
@@ -75,7 +83,12 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
 
 
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:
-    k = CEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, layout=ctx.layout).emit()
+    computed = [n for n in group.nodes if node_kind(n) == "compute"]
+    template = template_of(computed[0]) if len(computed) == 1 else None
+    if template is not None:
+        k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout)
+    else:
+        k = CEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, layout=ctx.layout).emit()
     unit = ctx.units.setdefault("c", CUnit())
     unit.kernels.append(k)
     return Kernel(name=k.name, source=k.launch_source, args=list(k.args), node_count=k.node_count,

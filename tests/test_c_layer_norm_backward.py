@@ -1,0 +1,145 @@
+"""Layer norm's gradient on the C backend: the hand-written template kernel (``codegen/c/templates.py``)
+and the layout guard for tensors an ATen kernel allocates (``Wrapper.guard_layout``).
+
+The guard's bug, found on an MLP-mixer's training step: on CPU, ATen's
+``native_layer_norm_backward`` returns a contiguous grad_input, while its meta function (what the
+graph is traced with) follows grad_out's strides.  A token-mixing block transposes the norm's
+output, so grad_out is transposed; a C kernel reading the grad_input at the traced (transposed)
+strides read the wrong elements, and every gradient before that norm was wrong (no error raised).
+
+Every case compares a training step's gradients with eager on fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxforge
+from fxforge.codegen.c import backend as c_backend, build, templates
+from fxforge.graph import BACKEND
+
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine")
+
+
+@pytest.fixture(autouse=True)
+def _cache(monkeypatch, tmp_path_factory):
+    if "FXFORGE_TEST_CACHE" not in os.environ:
+        os.environ["FXFORGE_TEST_CACHE"] = str(tmp_path_factory.mktemp("fxforge-cache"))
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", os.environ["FXFORGE_TEST_CACHE"])
+
+
+class TokenMix(nn.Module):
+    """A mixer block's token half: the norm's output is transposed, so its gradient arrives transposed."""
+
+    def __init__(self, d: int, tokens: int, affine: bool = True, shape: tuple | None = None):
+        super().__init__()
+        self.norm = nn.LayerNorm(shape or d, elementwise_affine=affine)
+        self.mix = nn.Linear(tokens, tokens)
+
+    def forward(self, x):
+        return x + self.mix(self.norm(x).transpose(1, 2)).transpose(1, 2)
+
+
+def _grads_match(model: nn.Module, x: torch.Tensor, *, dynamic: bool = False, requires_grad: bool = False):
+    """Compile a training step (C backend), compare the loss and every gradient with eager."""
+    torch._dynamo.reset()
+    ref = copy.deepcopy(model)
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    compiled = torch.compile(model, backend=b, fullgraph=True, dynamic=dynamic)
+    xc, xr = x.clone().requires_grad_(requires_grad), x.clone().requires_grad_(requires_grad)
+    w = torch.randn_like(x)  # a loss whose gradient is not uniform
+    loss = (compiled(xc) * w).sum()
+    loss.backward()
+    ref_loss = (ref(xr) * w).sum()
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-4)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+    if requires_grad:
+        torch.testing.assert_close(xc.grad, xr.grad, rtol=1e-4, atol=1e-4)
+    (bw,) = [c for c in b.compiled if c.stats["graph"] == "backward"]
+    assert not bw.stats["fallbacks"], bw.stats["fallbacks"]
+    return bw
+
+
+def _mix(dtype, affine=True):
+    return nn.Sequential(TokenMix(24, 16, affine), TokenMix(24, 16, affine)).to(dtype)
+
+
+def _two_normalized_dims(dtype):  # contiguous grads: the two dims are one run
+    return nn.Sequential(nn.LayerNorm((16, 24)), nn.Linear(24, 24), nn.LayerNorm((16, 24))).to(dtype)
+
+
+CASES = {"affine": _mix, "no_affine": lambda dt: _mix(dt, affine=False), "two_normalized_dims": _two_normalized_dims}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_template_matches_eager(case, dtype, input_grad):
+    torch.manual_seed(0)
+    # the first norm's grad_input is not asked for unless the input requires grad (mask [False, ...])
+    bw = _grads_match(CASES[case](dtype), torch.randn(4, 16, 24, dtype=dtype) * 3 + 1, requires_grad=input_grad)
+    # without weights or an input gradient the first norm's backward computes nothing
+    expected = 2 if input_grad or case != "no_affine" else 1
+    assert bw.source.count("template: layer norm backward") == expected, bw.source
+    assert "native_layer_norm_backward.default(" not in bw.source
+
+
+def test_normalized_dims_that_are_not_one_run_run_as_aten_with_the_reason():
+    torch.manual_seed(6)
+    model = nn.Sequential(TokenMix(24, 16, shape=(16, 24)), TokenMix(24, 16, shape=(16, 24)))
+    bw = _grads_match(model, torch.randn(4, 16, 24), requires_grad=True)
+    lnb = [n for n in bw.graph.graph.nodes if n.target is torch.ops.aten.native_layer_norm_backward.default]
+    assert lnb and all(n.meta.get(BACKEND) != "c" for n in lnb)
+    assert "not one strided run" in c_backend.accepts(lnb[-1], fxforge.Config(codegen="c"))
+
+
+def test_template_reads_contiguous_and_transposed_grads_in_one_model():
+    torch.manual_seed(1)
+    model = nn.Sequential(TokenMix(32, 8), nn.LayerNorm(32), nn.Linear(32, 32), TokenMix(32, 8))
+    bw = _grads_match(model, torch.randn(2, 8, 32))
+    assert bw.source.count("template: layer norm backward") == 3
+
+
+def test_symbolic_sizes_run_atens_kernel_and_the_guard_restrides_its_result():
+    torch.manual_seed(2)
+    model = nn.Sequential(TokenMix(24, 16), TokenMix(24, 16))
+    bw = _grads_match(model, torch.randn(4, 16, 24), dynamic=True, requires_grad=True)
+    assert "native_layer_norm_backward.default(" in bw.source  # the template refuses symbolic sizes
+    assert "as_traced(" in bw.source.split("\ndef call(", 1)[1]  # a C kernel reads its grad_input at the traced strides
+
+
+def test_the_guard_alone_fixes_atens_layer_norm_backward(monkeypatch):
+    """Without the template (its table emptied), ATen's kernel runs and the guard restrides."""
+    monkeypatch.setattr(templates, "TEMPLATES", {})
+    torch.manual_seed(3)
+    model = nn.Sequential(TokenMix(24, 16), TokenMix(24, 16))
+    bw = _grads_match(model, torch.randn(4, 16, 24), requires_grad=True)
+    assert "as_traced(" in bw.source.split("\ndef call(", 1)[1]
+
+
+def test_no_guard_where_only_aten_reads_the_value():
+    """The torch backend's ATen calls read every tensor's own strides: no check, no copy."""
+    torch.manual_seed(4)
+    model = nn.Sequential(TokenMix(24, 16), TokenMix(24, 16))
+    torch._dynamo.reset()
+    b = fxforge.backend(fxforge.Config(codegen="torch", debug=True))
+    torch.compile(model, backend=b, fullgraph=True)(torch.randn(4, 16, 24)).sum().backward()
+    assert all("as_traced(" not in c.source for c in b.compiled)
+
+
+def test_template_refusals_name_the_reason():
+    torch.manual_seed(5)
+    big = templates.LAYER_NORM_MAX_COLUMNS + 64
+    model = nn.Sequential(nn.Linear(big, big), nn.LayerNorm(big))
+    bw = _grads_match(model, torch.randn(2, big))
+    assert "template: layer norm backward" not in bw.source
+    (n,) = [n for n in bw.graph.graph.nodes if n.target is torch.ops.aten.native_layer_norm_backward.default]
+    assert n.meta.get(BACKEND) != "c"
+    assert "normalized elements" in c_backend.accepts(n, fxforge.Config(codegen="c"))
