@@ -99,6 +99,8 @@ _CLOCK = [time.thread_time]
 
 
 CASES = ("demo", "mixer", "chain", "gpt2-2l")
+# Largest difference from eager's gradients (absolute) a training case may show before the run warns.
+GRAD_TOLERANCE = 1e-3
 # fxforge: the default Config (on CPU the C backend where a compiler is found); fxforge_torch:
 # Config(codegen="torch"), ATen calls only (the default before the C backend).
 CONTENDERS = ("eager", "aot_eager", "fxforge_torch", "fxforge", "inductor")
@@ -786,6 +788,7 @@ def run_case(case: Case, mode: str, args) -> dict:
     kw = case.kw(train)
     run = _step(case, kw, train)
     ref = run(base)
+    ref_grads = [p.grad for p in base.parameters()] if train else None
     models: dict[str, nn.Module] = {"eager": base}
     backend = fxforge.backend(fxforge.Config())
     backends = {"fxforge": backend, "fxforge_torch": fxforge.backend(fxforge.Config(codegen="torch"))}
@@ -803,6 +806,11 @@ def run_case(case: Case, mode: str, args) -> dict:
         t0 = time.perf_counter()
         out = run(cm)
         first[who] = {"first_call_s": time.perf_counter() - t0, "max_abs_err": measure.max_abs_err(out, ref)}
+        if train:  # a wrong gradient leaves the loss right: compare every parameter's gradient too
+            first[who]["grad_max_abs_err"] = measure.max_abs_err([p.grad for p in m.parameters()], ref_grads)
+            if not first[who]["grad_max_abs_err"] <= GRAD_TOLERANCE:
+                print(f"WARNING: {case.name} {mode} {who}: gradients differ from eager's by "
+                      f"{first[who]['grad_max_abs_err']:.2e}", file=sys.stderr, flush=True)
         models[who] = cm
     from torch._dynamo.utils import counters
 
@@ -1065,6 +1073,12 @@ def render(rows: list[dict], units: dict, gelu: list[dict], meta: dict) -> str:
                    f"{ratio('fxforge', 'eager', 'median_s')} | {ratio('fxforge', 'inductor', 'median_s')} | "
                    f"{t['eager']['calls']}{' (recompiled!)' if r.get('recompiled_during_timing') else ''} | {first} | {compile_s} | {kern} | "
                    + " / ".join(f"{r['minor_faults'][n]:,.0f}" if n in r["minor_faults"] else "—" for n in CONTENDERS) + " |")
+    trained = [r for r in rows if any("grad_max_abs_err" in v for v in r.get("first_call", {}).values())]
+    if trained:  # the step timed computes what eager's does: every parameter's gradient checked
+        out += ["", "Gradients after the first call, max abs difference from eager's (warned above "
+                f"{GRAD_TOLERANCE:g}): " + "; ".join(
+                    f"{r['case']} " + ", ".join(f"{n} {v['grad_max_abs_err']:.1e}" for n, v in r["first_call"].items()
+                                                  if "grad_max_abs_err" in v) for r in trained) + "."]
     sums = [(r, summarize(r)) for r in rows if "breakdown" in r]
     skipped = [r for r in rows if "breakdown_skipped" in r]
     if skipped:  # no empty tables: say which cases have no breakdown, and why

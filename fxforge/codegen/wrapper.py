@@ -32,8 +32,10 @@ Kept arenas (``plan.memory.kept_bytes``: static sizes, ``Config.keep_arenas``): 
 at their own offsets in one block, and every view of a buffer in them is made once, by
 ``_arenas()``; ``call`` takes them (``runtime.KeptArenas``) and unpacks them at its start, and
 lends them back when it returns: no allocation, no view and no ``del`` for them per call.  Ops
-are called as ``aten.mm.out(...)``: namespaces of the graph's ops bound once to their dispatcher
-entries (``runtime.bind_ops``); views of wrapper values through the Tensor methods.
+are called as ``aten.cumsum.out(...)``: namespaces of the graph's ops bound once to their dispatcher
+entries (``runtime.bind_ops``), matmuls through torch's bindings (``runtime.PUBLIC_OUT``); views of
+wrapper values through the Tensor methods.  A tensor an ATen call allocated that a generated
+kernel reads at its traced strides has its layout checked first (``guard_layout``).
 """
 
 from __future__ import annotations
@@ -142,7 +144,10 @@ class _Builder:
         return n.name
 
     def op(self, op: torch._ops.OpOverload) -> str:
-        """Source calling ``op``: ``aten.mm.out``, a namespace of ops bound once at load."""
+        """Source calling ``op``: ``aten.mm.out``, a namespace of ops bound once at load (or
+        torch's generated binding, ``runtime.PUBLIC_OUT``)."""
+        if op in runtime.PUBLIC_OUT:
+            return runtime.PUBLIC_OUT[op]
         ns, rest = op.name().split("::", 1)
         name, _, overload = rest.partition(".")
         key = (ns, name, overload or "default")
@@ -242,6 +247,9 @@ class _Builder:
             if x is None:
                 raise AssertionError(f"{b.name}: no bound value holds the storage of {b.reuses}")
             return f"{x.name}.as_strided({shape}, {stride}, 0)"
+        if b.kind == "fresh" and torch.device(b.device).type == "cpu":
+            self.globals["empty_strided_cpu"] = runtime.empty_strided_cpu
+            return f"empty_strided_cpu({shape}, {stride}, {literal(b.dtype)})"
         if b.kind == "fresh":
             return f"torch.empty_strided({shape}, {stride}, dtype={literal(b.dtype)}, device={literal(b.device)})"
         typed = self.typed_arena(b.arena, b.dtype)
