@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 
-import sympy
 import torch
 import torch.fx as fx
 
