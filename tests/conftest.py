@@ -27,3 +27,12 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def kernel_cache(monkeypatch, tmp_path_factory):
+    """Compiled kernels (C shared objects, Triton's) cached in one directory per test session,
+    ``$FXFORGE_TEST_CACHE``, shared by the modules that compile kernels."""
+    if "FXFORGE_TEST_CACHE" not in os.environ:
+        os.environ["FXFORGE_TEST_CACHE"] = str(tmp_path_factory.mktemp("fxforge-cache"))
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", os.environ["FXFORGE_TEST_CACHE"])

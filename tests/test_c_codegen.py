@@ -39,7 +39,8 @@ from fxforge.graph import BACKEND
 from fxforge.regions import CAT
 from fxforge.testing import check_pass, graphs, profile
 
-pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine")
+pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
+              pytest.mark.usefixtures("kernel_cache")]
 
 C = fxforge.Config(codegen="c", debug=True)
 CORE = fxforge.Config(codegen="c", debug=True, decompose="core")  # softmax, layer norm... as fused C rows
@@ -47,13 +48,6 @@ CORE = fxforge.Config(codegen="c", debug=True, decompose="core")  # softmax, lay
 for _knob in ("recompile_limit", "cache_size_limit"):
     if hasattr(torch._dynamo.config, _knob):
         setattr(torch._dynamo.config, _knob, 100_000)
-
-
-@pytest.fixture(autouse=True)
-def _cache(monkeypatch, tmp_path_factory):
-    if "FXFORGE_TEST_CACHE" not in os.environ:
-        os.environ["FXFORGE_TEST_CACHE"] = str(tmp_path_factory.mktemp("fxforge-cache"))
-    monkeypatch.setenv("FXFORGE_CACHE_DIR", os.environ["FXFORGE_TEST_CACHE"])
 
 
 def run_compiled(fn, *args, dynamic=False, config=None):

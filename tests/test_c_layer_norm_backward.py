@@ -13,7 +13,6 @@ Every case compares a training step's gradients with eager on fresh random input
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -23,14 +22,8 @@ import fxforge
 from fxforge.codegen.c import backend as c_backend, build, templates
 from fxforge.graph import BACKEND
 
-pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine")
-
-
-@pytest.fixture(autouse=True)
-def _cache(monkeypatch, tmp_path_factory):
-    if "FXFORGE_TEST_CACHE" not in os.environ:
-        os.environ["FXFORGE_TEST_CACHE"] = str(tmp_path_factory.mktemp("fxforge-cache"))
-    monkeypatch.setenv("FXFORGE_CACHE_DIR", os.environ["FXFORGE_TEST_CACHE"])
+pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
+              pytest.mark.usefixtures("kernel_cache")]
 
 
 class TokenMix(nn.Module):

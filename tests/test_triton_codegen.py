@@ -39,12 +39,9 @@ for _knob in ("recompile_limit", "cache_size_limit"):
 
 
 @pytest.fixture(autouse=True)
-def _interpret(monkeypatch, tmp_path_factory):
+def _interpret(monkeypatch, kernel_cache):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
-    if "FXFORGE_TEST_CACHE" not in os.environ:
-        os.environ["FXFORGE_TEST_CACHE"] = str(tmp_path_factory.mktemp("fxforge-cache"))
-    monkeypatch.setenv("FXFORGE_CACHE_DIR", os.environ["FXFORGE_TEST_CACHE"])
 
 
 def check(fn, *args, fallback_ok=False, atol=1e-5, rtol=1.3e-5, dynamic=False, config=None):
