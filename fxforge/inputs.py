@@ -17,6 +17,8 @@ from typing import Any, Sequence
 import sympy
 import torch
 
+from .codegen.runtime import as_traced
+
 
 class InputError(RuntimeError):
     """A call's inputs do not match what the graph was compiled for (the compiled code stays
@@ -105,18 +107,17 @@ def check_inputs(expected: Sequence[Expected], args: Sequence[Any], ranges: dict
     out = InputCheck(list(args))
     for i, (e, a) in enumerate(zip(expected, args)):
         if isinstance(e.val, torch.Tensor):
-            stride = _stride(e.val, a, env)
+            stride = _stride(e.val, env)
             if stride is not None:
-                out.args[i] = torch.empty_strided(tuple(a.shape), stride, dtype=a.dtype, device=a.device).copy_(a)
-                out.copied_bytes += a.numel() * a.element_size()
+                out.args[i] = as_traced(a, stride)
+                if out.args[i] is not a:
+                    out.copied_bytes += a.numel() * a.element_size()
     return out
 
 
-def _stride(v: torch.Tensor, a: torch.Tensor, env: dict) -> tuple[int, ...] | None:
-    """The compiled stride of ``a`` when ``a``'s own layout differs from it (None: same layout;
-    strides of size-1 dims and of empty tensors carry no meaning)."""
-    if a.numel() == 0:
-        return None
+def _stride(v: torch.Tensor, env: dict) -> tuple[int, ...] | None:
+    """The compiled stride of ``v``'s input at the sizes ``env`` binds (None: a stride the sizes do
+    not determine, nothing to compare with)."""
     want = []
     for st in v.stride():
         if isinstance(st, torch.SymInt):
@@ -125,8 +126,6 @@ def _stride(v: torch.Tensor, a: torch.Tensor, env: dict) -> tuple[int, ...] | No
                 return None  # a stride the sizes do not determine: nothing to compare with
             st = int(e)
         want.append(int(st))
-    if all(w == g or s == 1 for w, g, s in zip(want, a.stride(), a.shape)):
-        return None
     return tuple(want)
 
 

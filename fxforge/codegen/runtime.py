@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -82,9 +82,17 @@ class KeptArenas:
             self._lock.release()
 
 
-def as_traced(t: torch.Tensor, shape: tuple, stride: tuple) -> torch.Tensor:
-    """``t``'s values laid out at ``stride``, the layout the graph was traced with (a copy; the
-    wrapper calls it only where an ATen kernel returned another layout than its trace)."""
-    out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
+def same_layout(t: torch.Tensor, stride: Sequence[int]) -> bool:
+    """``t`` is laid out at ``stride`` (the strides of size-1 dims, and an empty tensor's, carry
+    no meaning)."""
+    return t.numel() == 0 or all(w == g or s == 1 for w, g, s in zip(stride, t.stride(), t.shape))
+
+
+def as_traced(t: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+    """``t``, or a copy of it laid out at ``stride`` where it is not: the layout a graph was traced
+    or compiled with, at which generated kernels index it (a caller's transposed input,
+    ``inputs.check_inputs``; a tensor an ATen kernel returned in another layout than its meta
+    function traced, ``Wrapper.guard_layout``)."""
+    if same_layout(t, stride):
+        return t
+    return torch.empty_strided(tuple(t.shape), tuple(stride), dtype=t.dtype, device=t.device).copy_(t)

@@ -560,12 +560,13 @@ class _Builder:
         if not isinstance(val, torch.Tensor) or not self.read_at_traced_layout(node):
             return
         try:
-            shape = _tuple(self.size(s) for s in val.shape)
             stride = _tuple(self.size(s) for s in val.stride())
         except Exception:  # a size the wrapper has no name for: the kernel's own checks apply
             return
+        # the plain comparison first: as_traced (which ignores the strides of size-1 dims) runs
+        # only where it differs
         self.lines.append(f"if {node.name}.stride() != {stride}:")
-        self.lines.append(f"    {node.name} = as_traced({node.name}, {shape}, {stride})")
+        self.lines.append(f"    {node.name} = as_traced({node.name}, {stride})")
         self.globals["as_traced"] = runtime.as_traced
 
     def written_by_kernel(self, producer: fx.Node, index: int | None) -> bool:
