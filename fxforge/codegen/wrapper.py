@@ -540,7 +540,7 @@ class _Builder:
         """A generated kernel reads ``node``'s value, or a view of it, indexing with the strides
         traced (a fusing backend that does not read its inputs' own strides)."""
         for u in node.users:
-            if node_kind(u) in ("view", "getitem") and self.read_at_traced_layout(u):
+            if node_kind(u) == "view" and self.read_at_traced_layout(u):
                 return True
             g = self.plan.group_of(u)
             if g is None or g.backend == FALLBACK_BACKEND or u in self.demoted_nodes:

@@ -43,16 +43,16 @@ def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None):
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
-    template = template_of(node)
-    if template is not None:  # a hand-written kernel (templates.py) checks what it needs itself
-        why = template[0](node) or unavailable(frozenset({"cpu"}))
-        return None if why is None else f"c: {why}"
-    why = node_refusal(node, CTYPE, "C") or unavailable(frozenset({"cpu"}))  # named explicitly, maybe
-    if why is not None:                                                       # without a compiler
+    template = template_of(node)  # a hand-written kernel (templates.py) for the op, or None
+    why = node_refusal(node, CTYPE, "C", masked_outputs=template is not None) or unavailable(frozenset({"cpu"}))
+    if why is not None:  # (the backend named explicitly, maybe without a compiler)
         return why
     val, op = node.meta.get(VAL), node.target
     if tensors(val)[0].device.type != "cpu":
         return "not a CPU tensor"
+    if template is not None:
+        why = template[0](node)
+        return None if why is None else f"c: {why}"
     limit = max_numel(op, node.kwargs)
     if limit is not None and (free_symbols(val) or tensors(val)[0].numel() > limit):
         return (f"c: {op_display(op)} on more than {limit} elements (or a symbolic count) runs as ATen's "

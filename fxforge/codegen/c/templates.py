@@ -26,13 +26,8 @@ from .ops import CTYPE
 
 aten = torch.ops.aten
 
-# Per-column accumulators live on the C stack (two doubles a column).
+# Per-column accumulators live on the C stack (a double a column for each of dw and db).
 LAYER_NORM_MAX_COLUMNS = 8192
-
-
-def _layout(t: torch.Tensor, layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    shape, stride = layout if layout is not None else (t.shape, t.stride())
-    return tuple(int(s) for s in shape), tuple(int(s) for s in stride)
 
 
 def _flat_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
@@ -47,28 +42,21 @@ def _flat_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
 
 
 def layer_norm_backward_refusal(node: fx.Node) -> str | None:
-    grad, x, shape, mean, rstd, weight, bias, mask = (list(node.args) + [None] * 8)[:8]
-    val = node.meta.get(VAL)
-    if not isinstance(val, (list, tuple)) or len(val) != 3 or not any(isinstance(v, torch.Tensor) for v in val):
-        return "layer norm backward computing no tensor"
-    ins = [a for a in (grad, x, mean, rstd, weight) if isinstance(a, fx.Node)]
-    every = tensors(val) + [a.meta.get(VAL) for a in ins]
-    if not all(isinstance(t, torch.Tensor) for t in every):
-        return "an input without a traced tensor value"
-    dtypes = {t.dtype for t in every}
-    if len(dtypes) != 1 or dtypes.pop() not in (torch.float32, torch.float64):
+    """What the template needs besides what every C kernel needs (``backend.accepts`` checked
+    that: ATen op, strided CPU tensors of C types, outputs left out only by the mask)."""
+    grad, x, shape = node.args[:3]
+    every = tensors(node.meta[VAL]) + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
+    if {t.dtype for t in every} not in ({torch.float32}, {torch.float64}):
         return "layer norm backward template: float32 or float64 tensors of one dtype only"
     if any(free_symbols(t) for t in every):
         return "layer norm backward template: symbolic sizes run as ATen's kernel"
-    if any(t.device.type != "cpu" for t in every):
-        return "not a CPU tensor"
     xv = x.meta[VAL]
+    lead = xv.dim() - len(shape)
     n = math.prod(int(s) for s in shape)
-    if xv.dim() <= len(shape) or n == 0 or xv.numel() == 0:
+    if lead <= 0 or n == 0 or xv.numel() == 0:
         return "layer norm backward template: no rows to normalize"
     if n > LAYER_NORM_MAX_COLUMNS:
         return f"layer norm backward template: over {LAYER_NORM_MAX_COLUMNS} normalized elements"
-    lead = xv.dim() - len(shape)
     for a in (grad, x):
         t = a.meta[VAL]
         if _flat_stride(tuple(t.shape[lead:]), tuple(t.stride()[lead:])) is None:
@@ -86,73 +74,59 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
 
     Per row (mean ``mu``, ``rs`` = rstd, g = dy * w over the row's n elements, as ATen):
     ``ds = sum(g * x)``, ``db = sum(g)``, ``b = (db * mu - ds) * rs^3 / n``, ``c = -b * mu - db * rs / n``,
-    ``dx = rs * g + b * x + c``; ``dw += dy * (x - mu) * rs`` and ``dbias += dy`` per column."""
+    ``dx = rs * g + b * x + c``; ``dw += dy * (x - mu) * rs`` and ``dbias += dy`` per column.
+    Tensors are indexed at the plan's layouts (``layout``, ``KernelContext.layout``)."""
     grad, x, shape, mean, rstd, weight = node.args[:6]
     val = node.meta[VAL]
     xv = x.meta[VAL]
     ct = CTYPE[xv.dtype]
     lead = xv.dim() - len(shape)
     n = math.prod(int(s) for s in shape)
-    lead_shape = tuple(int(s) for s in xv.shape[:lead])
 
     params: list[Param] = []
-    args: list[str] = []
-    ptr: dict[str, str] = {}
+    ptr: dict[str, str] = {}  # dx, dw, db, dy, x, mean, rstd, w -> the C parameter
+    layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
-    def tensor(key: str, var: str, role: str, t: torch.Tensor, lay) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        pname = f"{role}_ptr{sum(1 for p in params if p.name.startswith(role))}"
-        params.append(Param(pname, "*" + ct, var))
-        args.append(var)
-        ptr[key] = pname
-        return _layout(t, lay)
+    def tensor(key: str, var: str, role: str, a: fx.Node, i: int | None, t: torch.Tensor) -> None:
+        ptr[key] = f"{role}_ptr{sum(1 for p in params if p.name.startswith(role))}"
+        params.append(Param(ptr[key], "*" + ct, var))
+        sizes, strides = layout(a, i) if layout is not None else (t.shape, t.stride())
+        layouts[key] = tuple(int(s) for s in sizes), tuple(int(s) for s in strides)
 
-    def lay(a: fx.Node, i: int | None):
-        return layout(a, i) if layout is not None else None
-
-    outs = {}
     for i, key in enumerate(("dx", "dw", "db")):
         if isinstance(val[i], torch.Tensor):
-            outs[key] = tensor(key, buffer(node, i), "out", val[i], lay(node, i))
+            tensor(key, buffer(node, i), "out", node, i, val[i])
     ins = {"dy": grad, "x": x, "mean": mean, "rstd": rstd}
-    if isinstance(weight, fx.Node):
+    if "dx" in ptr and isinstance(weight, fx.Node):  # only the input's gradient reads the weight
         ins["w"] = weight
-    strides = dict(outs)
     for key, a in ins.items():
-        strides[key] = tensor(key, ref(a), "in", a.meta[VAL], lay(a, None))
+        tensor(key, ref(a), "in", a, None, a.meta[VAL])
 
     coords = [f"i{d}" for d in range(lead)]
-    row_stride = {}  # key -> offset of the row's first element (C expression)
-    col_stride = {}  # key -> stride along the normalized elements
-    for key in ("dy", "x", "dx"):
-        if key not in strides:
+    row = {}  # key -> offset of the row's first element (C expression; the row tensors)
+    col = {}  # key -> stride along the normalized elements
+    for key, (sizes, strides) in layouts.items():
+        if key in ("mean", "rstd"):
+            row[key] = _offset(coords, strides[:lead])
             continue
-        sh, st = strides[key]
-        row_stride[key] = _offset(coords, st[:lead])
-        cs = _flat_stride(sh[lead:], st[lead:])
-        if cs is None:
-            raise NotImplementedError(f"{key}: normalized dims that do not merge")
-        col_stride[key] = cs
-    stat = {k: _offset(coords, strides[k][1][:lead]) for k in ("mean", "rstd")}
-    for key in ("w", "dw", "db"):
-        if key in strides:
-            cs = _flat_stride(*strides[key])
-            if cs is None:
-                raise NotImplementedError(f"{key}: dims that do not merge")
-            col_stride[key] = cs
+        rows = key in ("dy", "x", "dx")
+        if rows:
+            row[key] = _offset(coords, strides[:lead])
+        col[key] = _flat_stride(sizes[lead:], strides[lead:]) if rows else _flat_stride(sizes, strides)
+        if col[key] is None:  # the plan laid it out otherwise than traced (accepts checked that)
+            raise NotImplementedError(f"{key}: normalized dims that are not one strided run")
 
-    def at(key: str, j: str = "j") -> str:
-        base = row_stride.get(key)
-        off = f"{col_stride[key]}*{j}"
-        return f"{ptr[key]}[{base} + {off}]" if base else f"{ptr[key]}[{off}]"
+    def at(key: str) -> str:
+        off = f"{col[key]}*j" if key not in row else f"{row[key]} + {col[key]}*j"
+        return f"{ptr[key]}[{off}]"
 
     g = f"({at('dy')} * {at('w')})" if "w" in ptr else at("dy")
-    lines = []
-    if "dw" in ptr or "db" in ptr:
-        lines += [f"double acc_dw[{n}];", f"double acc_db[{n}];",
-                  f"for (int64_t j = 0; j < {n}; j++) {{ acc_dw[j] = 0; acc_db[j] = 0; }}"]
-    for d, s in enumerate(lead_shape):
-        lines.append(f"for (int64_t i{d} = 0; i{d} < {s}; i{d}++)")
-    body = [f"const {ct} mu = {ptr['mean']}[{stat['mean']}];", f"const {ct} rs = {ptr['rstd']}[{stat['rstd']}];"]
+    accs = [(key, f"acc_{key}") for key in ("dw", "db") if key in ptr]
+    lines = [f"double {acc}[{n}];" for _, acc in accs]
+    if accs:
+        lines.append(f"for (int64_t j = 0; j < {n}; j++) {{ {' '.join(f'{acc}[j] = 0;' for _, acc in accs)} }}")
+    lines += [f"for (int64_t i{d} = 0; i{d} < {int(s)}; i{d}++)" for d, s in enumerate(xv.shape[:lead])]
+    body = [f"const {ct} mu = {ptr['mean']}[{row['mean']}];", f"const {ct} rs = {ptr['rstd']}[{row['rstd']}];"]
     if "dx" in ptr:
         body += ["double ds = 0, db = 0;", "#pragma omp simd reduction(+:ds) reduction(+:db)",
                  f"for (int64_t j = 0; j < {n}; j++)", "{",
@@ -163,20 +137,19 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
                  f"const {ct} c = ({ct})(-(double)b * (double)mu - db * (double)rs / {n}.0);"]
     body += [f"for (int64_t j = 0; j < {n}; j++)", "{"]
     if "dx" in ptr:
-        body += [f"    {at('dx')} = rs * {g} + b * {at('x')} + c;"]
+        body.append(f"    {at('dx')} = rs * {g} + b * {at('x')} + c;")
     if "dw" in ptr:
-        body += [f"    acc_dw[j] += (double)({at('dy')} * (({at('x')} - mu) * rs));"]
+        body.append(f"    acc_dw[j] += (double)({at('dy')} * (({at('x')} - mu) * rs));")
     if "db" in ptr:
-        body += [f"    acc_db[j] += (double){at('dy')};"]
-    body += ["}"]
+        body.append(f"    acc_db[j] += (double){at('dy')};")
+    body.append("}")
     lines += ["{"] + ["    " + l for l in body] + ["}"]
-    for key, acc in (("dw", "acc_dw"), ("db", "acc_db")):
-        if key in ptr:
-            lines.append(f"for (int64_t j = 0; j < {n}; j++) {ptr[key]}[{col_stride[key]}*j] = ({ct}){acc}[j];")
+    lines += [f"for (int64_t j = 0; j < {n}; j++) {at(key)} = ({ct}){acc}[j];" for key, acc in accs]
 
     sig = [f"{'const ' if p.name.startswith('in') else ''}{p.sig[1:]}* {p.name}" for p in params]
     c_lines = [f"void {name}({', '.join(sig)})", "{"] + ["    " + l for l in lines] + ["}"]
-    call = ", ".join(f"{p.launch}.data_ptr()" for p in params)
+    args = [p.launch for p in params]
+    call = ", ".join(f"{a}.data_ptr()" for a in args)
     launch = [f"# C kernel {name}_c (template: layer norm backward, fxforge/codegen/c/templates.py)"]
     launch += ["# " + l for l in c_lines]
     launch += [f"def {name}({', '.join(args)}):", f"    {name}_c({call})"]

@@ -79,18 +79,21 @@ def _contiguous(shape: list, stride: list) -> bool:
     return True
 
 
-def node_refusal(node: fx.Node, dtypes, language: str) -> str | None:
+def node_refusal(node: fx.Node, dtypes, language: str, masked_outputs: bool = False) -> str | None:
     """Why a kernel emitted by this emitter (in ``language``, for element types ``dtypes``) cannot
     run ``node``, whatever the op: not an ATen operator, mutating, non-tensor outputs, a dtype
     without a lowering, a non-strided tensor, tensors on several devices, an output whose size
-    depends on data or is statically empty.  None: it is up to the op's lowering."""
+    depends on data or is statically empty.  None: it is up to the op's lowering.
+    ``masked_outputs``: outputs an op leaves uncomputed (None, by an output mask) are allowed, for
+    kernels that write only the others (``codegen/c/templates.py``)."""
     if not isinstance(node.target, torch._ops.OpOverload):
         return "not an ATen operator"
     if is_mutating(node):
         return "mutates its inputs"
     val = node.meta.get(VAL)
     outs = tensors(val)
-    if not outs or (isinstance(val, (list, tuple)) and len(outs) != len(val)):
+    computed = [v for v in val if not (masked_outputs and v is None)] if isinstance(val, (list, tuple)) else None
+    if not outs or (computed is not None and len(outs) != len(computed)):
         return "returns non-tensor values"
     every = outs + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
     for t in every:
