@@ -69,10 +69,11 @@ class Config:
     # Kept arenas hold their bytes between calls (stats["kept_arena_bytes"]).
     keep_arenas: str = "inference"
     # Under keep_arenas="inference", a training step's forward or backward keeps its arenas when
-    # their block is at most this many bytes: small graphs, whose kernels are short enough that
-    # allocating arenas and views per call is a visible share of the step, hold at most this
-    # much more between steps (and during the other graph of the step).
-    keep_training_arenas_max_bytes: int = 1 << 20
+    # their block is at most this many bytes: graphs with small temporaries, whose kernels are
+    # short enough that making arenas and views per call (a few µs of Python each) is a visible
+    # share of the step, hold at most this much more between steps (and during the other graph
+    # of the step).
+    keep_training_arenas_max_bytes: int = 4 << 20
     # Write each input of a cat or pad straight into its place in the result, so cat copies
     # nothing and pad fills only its border (passes/padcat.py); False: copy them.
     zero_copy: bool = True

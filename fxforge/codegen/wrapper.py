@@ -10,7 +10,7 @@ Shape of the source::
         args.clear()                          # inputs are freed after their last use
         s0 = arg0_1.size(0)                   # size symbols read off the inputs
         ...
-        arena0 = torch.empty(..., dtype=torch.uint8, device=...)   # arena0: live 4..9
+        arena0 = empty_strided_cpu((...,), (1,), torch.uint8)     # arena0: live 4..9
         arena0_f32 = arena0.view(torch.float32)
         add = arena0_f32.as_strided((s0, 16), (16, 1), 0)           # planned buffer = arena view
         kernel3(mm, arg2_1, add)
@@ -247,11 +247,8 @@ class _Builder:
             if x is None:
                 raise AssertionError(f"{b.name}: no bound value holds the storage of {b.reuses}")
             return f"{x.name}.as_strided({shape}, {stride}, 0)"
-        if b.kind == "fresh" and torch.device(b.device).type == "cpu":
-            self.globals["empty_strided_cpu"] = runtime.empty_strided_cpu
-            return f"empty_strided_cpu({shape}, {stride}, {literal(b.dtype)})"
         if b.kind == "fresh":
-            return f"torch.empty_strided({shape}, {stride}, dtype={literal(b.dtype)}, device={literal(b.device)})"
+            return self.empty(shape, stride, b.dtype, b.device)
         typed = self.typed_arena(b.arena, b.dtype)
         itemsize = torch.empty((), dtype=b.dtype).element_size()
         at = sympy.sympify(b.offset)
@@ -259,6 +256,13 @@ class _Builder:
             at = at + self.arenas[b.arena].block_offset
         offset = self.size(at / itemsize) if itemsize > 1 else self.size(at)
         return f"{typed}.as_strided({shape}, {stride}, {offset})"
+
+    def empty(self, shape: str, stride: str, dtype: torch.dtype, device: Any) -> str:
+        """A fresh tensor: on CPU through torch's fast allocator (``runtime.empty_strided_cpu``)."""
+        if torch.device(device).type == "cpu":
+            self.globals["empty_strided_cpu"] = runtime.empty_strided_cpu
+            return f"empty_strided_cpu({shape}, {stride}, {literal(dtype)})"
+        return f"torch.empty_strided({shape}, {stride}, dtype={literal(dtype)}, device={literal(device)})"
 
     def typed_arena(self, arena: str, dtype: torch.dtype) -> str:
         self.allocate_arena(arena)
@@ -301,10 +305,8 @@ class _Builder:
             self.setup.append(f"# {a.name}: bytes {a.block_offset}..{end} of the block, live {a.start}..{a.end}")
             return  # the block is poisoned once per call
         else:
-            self.lines.append(
-                f"{a.name} = torch.empty({self.size(a.nbytes)}, dtype=torch.uint8, device={literal(a.device)})"
-                f"  # {a.name}: live {a.start}..{a.end}"
-            )
+            self.lines.append(f"{a.name} = {self.empty(f'({self.size(a.nbytes)},)', '(1,)', torch.uint8, a.device)}"
+                              f"  # {a.name}: live {a.start}..{a.end}")
         if self.config.poison_arena:
             self.lines.append(f"{a.name}.fill_(255)  # poison: NaN for floats")
 
@@ -526,7 +528,7 @@ class _Builder:
         """``_arenas()``: the block holding every arena, and the buffer views in them, made once
         (``runtime.KeptArenas``: a call finding them in use makes its own)."""
         device = next(a.device for a in self.plan.memory.arenas if a.symmetric is None)
-        lines = [f"_block = torch.empty({self.plan.memory.kept_bytes}, dtype=torch.uint8, device={literal(device)})"]
+        lines = [f"_block = {self.empty(f'({self.plan.memory.kept_bytes},)', '(1,)', torch.uint8, device)}"]
         lines += self.setup + [f"return {', '.join(['_block', *self.kept_names])},"]
         self.globals["KeptArenas"] = runtime.KeptArenas
         return ["def _arenas():  # kept across calls: made on the first call, reused by the next ones"] + \
