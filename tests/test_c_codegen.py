@@ -670,6 +670,70 @@ def test_shared_object_cached_in_process_and_compile_errors_name_the_file(monkey
     assert _so_files(tmp_path) == [so]
 
 
+def _bound_kernels(b) -> dict:
+    """Each C kernel's callable (``<kernel>_c``) of every graph ``b`` compiled."""
+    return {(i, k.name): c._fn.__globals__[f"{k.name}_c"] for i, c in enumerate(b.compiled)
+            for k in c.kernels if k.backend == "c"}
+
+
+def _residual_block(x, w, bias, r):
+    return F.gelu(F.layer_norm(x + r, (x.shape[-1],), w, bias)) * 2 + r
+
+
+@pytest.mark.skipif(build.python_include() is None, reason="no Python.h for this interpreter: kernels go through ctypes")
+def test_kernels_are_functions_of_an_extension_module_called_with_the_tensors():
+    args = (torch.randn(6, 16), torch.randn(16), torch.randn(16), torch.randn(6, 16))
+    b, out = run_compiled(_residual_block, *args)
+    torch.testing.assert_close(out, _residual_block(*args))
+    bound = _bound_kernels(b)
+    assert bound and all(type(f).__name__ == "builtin_function_or_method" for f in bound.values())
+    (i, name), fn = next(iter(bound.items()))
+    source = b.compiled[i].source
+    assert f"\n{name} = {name}_c\n" in source  # no Python launch frame: the wrapper calls the module's function
+    assert ".data_ptr()" not in source
+    # misuse raises Python errors: the argument count, and what is not a tensor
+    with pytest.raises(TypeError, match="arguments"):
+        fn()
+    n = source.split(f"\n{name} = {name}_c", 1)[0].rsplit(f"# void {name}(", 1)[1].split(")", 1)[0].count(",") + 1
+    with pytest.raises(AttributeError, match="data_ptr"):
+        fn(*([3] * n))
+
+
+def test_kernels_called_through_ctypes_without_python_headers(monkeypatch):
+    monkeypatch.setattr(build, "python_include", lambda: None)
+    args = (torch.randn(6, 16), torch.randn(16), torch.randn(16), torch.randn(6, 16))
+    b, out = run_compiled(_residual_block, *args)
+    torch.testing.assert_close(out, _residual_block(*args))
+    bound = _bound_kernels(b)
+    assert bound and all(type(f).__name__ == "function" for f in bound.values())  # ctypes adapters
+    # dynamic shapes: sizes passed as scalars after the tensors
+    x = torch.randn(5, 16)
+    b, out = run_compiled(_residual_block, x, *args[1:3], torch.randn(5, 16), dynamic=True)
+    assert _bound_kernels(b)
+
+
+def test_a_sparse_input_to_an_exported_program_raises_before_any_kernel():
+    """A tensor without storage never reaches a kernel (its data pointer would abort the process
+    inside torch): the exported program's input check raises first.  Run in a child process."""
+    script = textwrap.dedent("""
+        import torch, fxforge
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return torch.nn.functional.gelu(x * 2 + 1)
+        x = torch.randn(4, 8)
+        c = fxforge.compile_exported(torch.export.export(M(), (x,)), fxforge.Config(codegen="c"))
+        torch.testing.assert_close(c(x), M()(x))
+        try:
+            c(x.to_sparse())
+        except Exception as e:
+            print("RAISED", type(e).__name__)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "RAISED" in p.stdout
+
+
 def test_no_compiler_auto_picks_torch(monkeypatch):
     cc = build.compiler()
     monkeypatch.setenv("CC", "/nonexistent/cc")

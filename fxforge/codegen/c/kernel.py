@@ -112,6 +112,17 @@ class CEmitted:
         return [p.sig if p.sig.startswith("*") else _SCALAR_CTYPE[p.sig] for p in self.params]
 
 
+def launch_source(name: str, args: list[str], params: list[Param], prologue: list[str], head: list[str]) -> str:
+    """The launch function ``name(*args)``: ``prologue`` (sizes read, checks), then ``<name>_c``
+    called with each parameter's tensor or scalar (``build.link`` binds it).  A kernel whose
+    parameters are its arguments is ``<name>_c`` itself: no Python frame per call."""
+    launch = [p.launch for p in params]
+    if not prologue and launch == list(args):
+        return "\n".join(head + [f"{name} = {name}_c"]) + "\n"
+    lines = head + [f"def {name}({', '.join(args)}):"] + ["    " + l for l in prologue]
+    return "\n".join(lines + [f"    {name}_c({', '.join(launch)})"]) + "\n"
+
+
 class CEmitter(Emitter):
     dialect = c_ops
 
@@ -368,12 +379,8 @@ class CEmitter(Emitter):
             head.append("    const int64_t rindex = 0;")
         lines = [f"void {self.name}({', '.join(sig)})", "{"]
         lines += ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }", "}"]
-        call = ", ".join(f"{p.launch}.data_ptr()" if p.sig.startswith("*") else p.launch for p in self.params)
-        prologue = self.launch_lines + self.launch_checks
-        launch = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "
-                  "helpers: fxforge/codegen/c/prelude.py)"]
-        launch += ["# " + l for l in lines]
-        launch += [f"def {self.name}({', '.join(self.args)}):"] + ["    " + l for l in prologue]
-        launch += [f"    {self.name}_c({call})"]
-        return CEmitted("\n".join(lines) + "\n", "\n".join(launch) + "\n", self.name, list(self.args), list(self.params),
+        head = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "
+                "helpers: fxforge/codegen/c/prelude.py)"] + ["# " + l for l in lines]
+        launch = launch_source(self.name, self.args, self.params, self.launch_lines + self.launch_checks, head)
+        return CEmitted("\n".join(lines) + "\n", launch, self.name, list(self.args), list(self.params),
                         len(self.nodes), len(self.storages))

@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from ...graph import VAL, free_symbols, tensors
 from ..triton.launch import Param
-from .kernel import CEmitted
+from .kernel import CEmitted, launch_source
 from .ops import CTYPE
 
 aten = torch.ops.aten
@@ -148,12 +148,10 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
 
     sig = [f"{'const ' if p.name.startswith('in') else ''}{p.sig[1:]}* {p.name}" for p in params]
     c_lines = [f"void {name}({', '.join(sig)})", "{"] + ["    " + l for l in lines] + ["}"]
-    args = [p.launch for p in params]
-    call = ", ".join(f"{a}.data_ptr()" for a in args)
-    launch = [f"# C kernel {name}_c (template: layer norm backward, fxforge/codegen/c/templates.py)"]
-    launch += ["# " + l for l in c_lines]
-    launch += [f"def {name}({', '.join(args)}):", f"    {name}_c({call})"]
-    return CEmitted("\n".join(c_lines) + "\n", "\n".join(launch) + "\n", name, args, params, 1, len(set(args)))
+    args = list(dict.fromkeys(p.launch for p in params))  # a tensor passed twice is one argument
+    head = [f"# C kernel {name}_c (template: layer norm backward, fxforge/codegen/c/templates.py)"]
+    launch = launch_source(name, args, params, [], head + ["# " + l for l in c_lines])
+    return CEmitted("\n".join(c_lines) + "\n", launch, name, args, params, 1, len(set(args)))
 
 
 # op -> (why it cannot run as the template, or None; the emitter)
