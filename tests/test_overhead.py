@@ -103,6 +103,28 @@ def test_ops_are_called_through_their_bound_entries():
     assert "torch.addmm(" in c.source and "aten.gelu.default(" in c.source and "torch.ops.aten." not in c.source
 
 
+def test_unsafe_views_inside_the_call_are_tensor_views_and_returned_ones_are_not_views():
+    aten = torch.ops.aten
+
+    def f(x, w):
+        inner = aten._unsafe_view.default(x, [16, 8])  # an input's view, read by the matmul
+        out = aten._unsafe_view.default(aten.mm.default(inner, w).relu(), [4, 32])  # returned
+        return out, inner.sum()
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(torch.randn(8, 16), torch.randn(8, 8))
+    from fxforge.compiler import compile_graph
+
+    c = compile_graph(gm, fxforge.Config(debug=True, codegen="torch"))
+    x, w = torch.randn(8, 16), torch.randn(8, 8)
+    out, total = c(x, w)
+    want = f(x, w)
+    torch.testing.assert_close(out, want[0])
+    torch.testing.assert_close(total, want[1])
+    assert out._base is None  # returned: not a view of an internal tensor
+    src = c.source.split("\ndef call(", 1)[1]
+    assert src.count("aten._unsafe_view.default(") == 1 and ".view([16, 8])" in src, src
+
+
 def test_public_bindings_resolve_to_the_out_overload():
     """``runtime.PUBLIC_OUT``: each binding, called as the wrapper calls it, dispatches the overload."""
     from fxforge.codegen.runtime import PUBLIC_OUT

@@ -104,6 +104,7 @@ class _Builder:
         self.demoted: list[tuple[int, str]] = []
         self.demoted_nodes: set[fx.Node] = set()
         self.node_names = {n.name for n in gm.graph.nodes}
+        self.returned = set(output_nodes(gm))
         self.unheld: list[str] = []
         self.bound: set[str] = set()  # local names currently bound in call(); only these are del'ed
         self.arena_alloced: set[str] = set()
@@ -203,6 +204,10 @@ class _Builder:
         t = node.target
         if t is operator.getitem:
             return f"{self.ref(node.args[0])}[{format_arg(node.args[1], self.ref, self.const)}]"
+        if t is torch.ops.aten._unsafe_view.default and node not in self.returned:
+            # inside the call the same tensor as ``view`` (the graph is run without autograd); a
+            # returned one stays ``_unsafe_view``: autograd must not see a view of an internal tensor
+            t = torch.ops.aten.view.default
         if t in VIEW_METHODS and isinstance(node.args[0], fx.Node) and not node.kwargs:
             # a view through the Tensor method: torch's generated binding, the same ATen op
             return format_call(f"{self.ref(node.args[0])}.{VIEW_METHODS[t]}", node.args[1:], {}, self.ref, self.const)
@@ -416,7 +421,7 @@ class _Builder:
                 self.arena_of[b.name] = b.arena
                 self.arena_pending[b.arena] = self.arena_pending.get(b.arena, 0) + 1
                 self.arena_bound.setdefault(b.arena, set())
-        outputs = set(output_nodes(self.gm))
+        outputs = self.returned
         barriers: dict[str, list[str]] = {}
         for node_name, arena in plan.memory.barriers:
             barriers.setdefault(node_name, []).append(arena)
