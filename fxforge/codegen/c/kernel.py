@@ -226,8 +226,17 @@ class CEmitter(Emitter):
         deps = self.deps_of(e)
         name = self.fresh("x" if deps == {XINDEX} else "r" if deps == {RINDEX} else "f")
         self.body.append(f"const int64_t {name} = {CPrinter()(e)};")
-        self.deps[name] = deps
-        return sympy.Symbol(name, integer=True, nonnegative=True)
+        return self.define(name, e, deps)
+
+    def index_bound(self, sym: sympy.Symbol) -> int | None:
+        """Loop variables run over their sizes, xindex and rindex over the row and reduced counts
+        (every C loop stays in range): static sizes only."""
+        size = dict(self.xvars + self.rvars).get(sym.name)
+        frame = getattr(self, "frame", None)
+        if size is None and frame is not None:
+            size = {XINDEX: frame.xnumel, RINDEX: frame.rnumel}.get(sym.name)
+        size = sympy.sympify(size) if size is not None else None
+        return int(size) if size is not None and size.is_Integer else None
 
     def print_offset(self, e: sympy.Expr, dom: str) -> str:
         return CPrinter()(e)

@@ -33,6 +33,8 @@ import torch.fx as fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwise_dtypes
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
+from ..indexing import floor_div, modular
+
 from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
 from ...iteration import numel as _numel, reduction_of, same_size as _same, schema_bind as _schema_bind, shape_of
 from ..pyexpr import PyExprPrinter
@@ -209,6 +211,7 @@ class Emitter:
         self.scopes: list[dict] = [{}]  # the kernel's top level, then the open loop's body
         self.n_locals = 0
         self.deps: dict[str, set[str]] = {}  # index local -> the indices it varies with
+        self.defs: dict[sympy.Symbol, sympy.Expr] = {}  # index local -> the expression it holds
         self.flat_of: dict[tuple, tuple] = {}  # coordinates -> (shape, flat index) they decompose
         self.launch_checks: list[str] = []
         self.reductions: list[fx.Node] = []
@@ -322,8 +325,31 @@ class Emitter:
         deps = self.deps_of(e)
         name = self.fresh("x" if deps == {XINDEX} else "r" if deps == {RINDEX} else "f")
         self.body.append(f"{name} = {TritonPrinter()(e)}")
+        return self.define(name, e, deps)
+
+    def define(self, name: str, e: sympy.Expr, deps: set[str]) -> sympy.Symbol:
+        """The symbol of the index local ``name``, which holds ``e`` (emitted by ``local``)."""
         self.deps[name] = deps
-        return sympy.Symbol(name, integer=True, nonnegative=True)
+        sym = sympy.Symbol(name, integer=True, nonnegative=True)
+        self.defs[sym] = e
+        return sym
+
+    def index_bound(self, sym: sympy.Symbol) -> int | None:
+        """An exclusive upper bound of the loop index ``sym`` that holds for every element the
+        kernel computes (None: unknown).  None here: a Triton block's masked lanes run past it."""
+        return None
+
+    def fold_index(self, index: sympy.Expr, div: sympy.Expr, mod: sympy.Expr | None) -> sympy.Expr | None:
+        """``index // div`` (``% mod``) with the divisions the loop indices' ranges make exact
+        folded away (``indexing.py``), or None."""
+        if not div.is_Integer or (mod is not None and not mod.is_Integer):
+            return None
+        e = index
+        for _ in range(4):  # through locals holding other locals
+            e = e.xreplace(self.defs)
+        if mod is None:
+            return floor_div(e, int(div), self.index_bound) if div != 1 else None
+        return modular(e, int(div), int(mod), self.index_bound)
 
     def coords(self, shape: list[sympy.Expr], index: sympy.Expr) -> list[sympy.Expr]:
         """Row-major coordinates of the flat ``index`` over ``shape`` (kernel-parameter sizes)."""
@@ -338,9 +364,9 @@ class Emitter:
             if s == 1:
                 exprs.append(sympy.Integer(0))
             elif d == 0 or all(x == 1 for x in shape[:d]):
-                exprs.append(FloorDiv(index, inner) if inner != 1 else index)
+                exprs.append(self.fold_index(index, inner, None) or (FloorDiv(index, inner) if inner != 1 else index))
             else:
-                exprs.append(ModularIndexing(index, inner, s))
+                exprs.append(self.fold_index(index, inner, s) or ModularIndexing(index, inner, s))
             inner = inner * s
         out = [self.local(e) for e in reversed(exprs)]
         self.flat_of[tuple(out)] = (tuple(shape), index)
