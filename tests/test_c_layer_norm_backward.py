@@ -12,6 +12,8 @@ Every case compares a training step's gradients with eager on fresh random input
 
 from __future__ import annotations
 
+import re
+
 import copy
 
 import pytest
@@ -98,6 +100,14 @@ def test_template_reads_contiguous_and_transposed_grads_in_one_model():
     model = nn.Sequential(TokenMix(32, 8), nn.LayerNorm(32), nn.Linear(32, 32), TokenMix(32, 8))
     bw = _grads_match(model, torch.randn(2, 8, 32))
     assert bw.source.count("template: layer norm backward") == 3
+    # where grad_input is computed (two loops over a row) a transposed grad is copied into a
+    # contiguous row once; a contiguous one is read in place
+    kernels = [k for k in bw.source.split("# C kernel ")[1:]
+               if "template: layer norm backward" in k.split("\n", 1)[0] and "double ds" in k]
+    for k in kernels:
+        dy = re.search(r"(?:const float g = \()?(in_ptr0\[[^\]]*\]|row_dy\[j\] = in_ptr0\[[^\]]*\])", k).group(1)
+        assert ("row_dy[j] =" in k) == (not dy.endswith("1*j]")), k
+    assert any("row_dy[j] =" in k for k in kernels) and not all("row_dy[j] =" in k for k in kernels)
 
 
 def test_symbolic_sizes_run_atens_kernel_and_the_guard_restrides_its_result():

@@ -116,7 +116,14 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
         if col[key] is None:  # the plan laid it out otherwise than traced (accepts checked that)
             raise NotImplementedError(f"{key}: normalized dims that are not one strided run")
 
+    # a row read by both loops (dy, x where grad_input is computed) at a stride other than 1
+    # (a transposed gradient...) is copied once into a contiguous local row: the loops then read
+    # it as vectors instead of gathering it twice
+    staged = [key for key in ("dy", "x") if "dx" in ptr and col[key] != 1]
+
     def at(key: str) -> str:
+        if key in staged:
+            return f"row_{key}[j]"
         off = f"{col[key]}*j" if key not in row else f"{row[key]} + {col[key]}*j"
         return f"{ptr[key]}[{off}]"
 
@@ -127,6 +134,9 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
         lines.append(f"for (int64_t j = 0; j < {n}; j++) {{ {' '.join(f'{acc}[j] = 0;' for _, acc in accs)} }}")
     lines += [f"for (int64_t i{d} = 0; i{d} < {int(s)}; i{d}++)" for d, s in enumerate(xv.shape[:lead])]
     body = [f"const {ct} mu = {ptr['mean']}[{row['mean']}];", f"const {ct} rs = {ptr['rstd']}[{row['rstd']}];"]
+    for key in staged:
+        body += [f"{ct} row_{key}[{n}];",
+                 f"for (int64_t j = 0; j < {n}; j++) row_{key}[j] = {ptr[key]}[{row[key]} + {col[key]}*j];"]
     if "dx" in ptr:
         body += ["double ds = 0, db = 0;", "#pragma omp simd reduction(+:ds) reduction(+:db)",
                  f"for (int64_t j = 0; j < {n}; j++)", "{",
