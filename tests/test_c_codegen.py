@@ -536,6 +536,25 @@ def test_reads_of_row_values_are_made_once_per_row_not_in_the_fold_loops(case):
     assert all(re.search(r"\br", off) for off in reads), reads  # each at an offset varying with the reduced index
 
 
+@pytest.mark.parametrize("transposed", [True, False])
+def test_a_multi_pass_row_reads_its_inputs_once(transposed):
+    """A layer norm over a residual sum (three passes over each row: the sum, the deviations, the
+    normalized output): the sum's inputs are read by the first pass only, which keeps the row in
+    a local array for the others (``ROW_CACHE_MAX_NUMEL``) -- a transposed one is gathered once."""
+    x, w, bias = torch.randn(4, 8, 32), torch.randn(32), torch.randn(32)
+    y = torch.randn(4, 32, 8) if transposed else torch.randn(4, 8, 32)
+
+    def fn(x, y, w, bias):
+        h = x + (y.transpose(1, 2) if transposed else y)
+        return h, F.layer_norm(h, (32,), w, bias)
+
+    b = check(fn, x, y, w, bias)
+    kernel = next(k for k in b.compiled[0].source.split("# C kernel ")[1:] if "moments" in k or "m2" in k or "double m" in k)
+    loads = re.findall(r"= (in_ptr\d+)\[", kernel)
+    assert sorted(loads).count("in_ptr0") == 1 and sorted(loads).count("in_ptr1") == 1, kernel
+    assert re.search(r"float row\d+\[32\];", kernel), kernel
+
+
 def test_masked_fill_and_bool_masks():
     x, m = torch.randn(4, 8, 16), torch.rand(8, 16) > 0.5
     b = check(lambda a, mm: (a * 0.5).masked_fill(~mm, float("-inf")), x, m)

@@ -38,6 +38,12 @@ from .ops import COMBINE, CTYPE, cast, identity
 # the data it reduces has to stay in cache: a BERT vocabulary bias gradient (256 x 30,522 floats)
 # took 19.7 ms where ATen's row-blocked column sum takes well under 1 ms.
 COLUMN_MAX_NUMEL = 1 << 18
+# A row kernel making several passes over each row (a layer norm: the sum, the deviations, the
+# normalized output) keeps the row's reduction inputs, computed in its first pass, in a local
+# array for the later ones, when the row has at most this many elements (static): the later
+# passes read it as a contiguous vector instead of reloading (and recomputing) it, which counts
+# most where the input is read at a stride (a residual added from a transposed value).
+ROW_CACHE_MAX_NUMEL = 4096
 
 _DEFINED = re.compile(r"\s*const \w+ (\w+) =")  # a local the body defines
 
@@ -133,6 +139,8 @@ class CEmitter(Emitter):
         self.columns = False  # the rows are columns (the last dim kept): see fold_columns
         self.hoisted: list[str] | None = None  # inside a fold's loop: the lines before it (``load``)
         self.column_accs: dict[tuple, dict[str, str]] = {}
+        self.row_cache: dict[fx.Node, str | None] = {}  # reduction input -> its row array (None: not yet made)
+        self.row_dtype: dict[str, torch.dtype] = {}
 
     def persistent(self) -> bool:
         return False  # one element per iteration: every fold is a loop
@@ -162,6 +170,12 @@ class CEmitter(Emitter):
                 self.deps["ri"] = {RINDEX}
         else:
             self.xvars = self.nest(ks, X, "xi")
+        rn = sympy.sympify(fr.rnumel) if fr.reduction else None
+        if fr.reduction and not self.columns and rn.is_Integer and int(rn) <= ROW_CACHE_MAX_NUMEL:
+            passes = sum(2 if REDUCE_LOWERINGS[reduction_of(n).kind].strategy == "moments" else 1
+                         for n in self.reductions) + bool(self.full_outputs())
+            if passes > 1:
+                self.row_cache = {reduction_of(n).inp: None for n in self.reductions}
         return fr
 
     def nest(self, shape: list[sympy.Expr], index: sympy.Symbol, prefix: str) -> list[tuple[str, sympy.Expr]]:
@@ -200,6 +214,36 @@ class CEmitter(Emitter):
         self.scopes.pop()
         inner, self.body, self.hoisted = self.body, self.hoisted, None
         self.body += head[:-1] + ["    " + l for l in inner] + ["}"]
+
+    def operand(self, a, shape: tuple, dom: str) -> V:
+        if isinstance(a, fx.Node) and a in self.row_cache and dom == "xr" and shape == shape_of(a.meta[VAL]):
+            return self.row_cached(a, lambda: super(CEmitter, self).operand(a, shape, dom))
+        return super().operand(a, shape, dom)
+
+    def value(self, n: fx.Node):
+        if n in self.row_cache and self.dom(n) == "xr":
+            return self.row_cached(n, lambda: super(CEmitter, self).value(n))
+        return super().value(n)
+
+    def row_cached(self, a: fx.Node, compute) -> V:
+        """A reduction input of a multi-pass row (``ROW_CACHE_MAX_NUMEL``), inside a pass's
+        loop: the first pass computes it (``compute``) and stores it in the row's array,
+        declared before that pass's loop; the later passes read the array."""
+        if self.hoisted is None or a not in self.row_cache:
+            return compute()
+        found = self.lookup(("row", a))
+        if found is not None:
+            return found
+        row = self.row_cache[a]
+        if row is None:
+            v = compute()
+            row = self.row_cache[a] = self.fresh("row")
+            self.row_dtype[row] = v.dtype
+            self.hoisted.append(f"{CTYPE[v.dtype]} {row}[{CPrinter()(self.frame.rnumel)}];")
+            self.body.append(f"{row}[{RINDEX}] = {v.expr};")
+        else:
+            v = self.emit_assign(self.fresh("c"), V(f"{row}[{RINDEX}]", self.row_dtype[row]))
+        return self.remember(("row", a), v)
 
     def load(self, a: fx.Node, shape: tuple, dom: str) -> V:
         """A read inside a fold's loop whose offset does not vary with the reduced index (a row's
