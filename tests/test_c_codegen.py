@@ -524,8 +524,11 @@ def _loads_inside_fold_loops(source: str) -> list[str]:
 @pytest.mark.parametrize("case", ["row", "column"])
 def test_reads_of_row_values_are_made_once_per_row_not_in_the_fold_loops(case):
     # a row's mean and scale (a layer norm backward's shape), a column's bias: read once per row,
-    # before the loops, so the loops storing full outputs stay vectorizable
+    # before the loops, so the loops storing full outputs stay vectorizable (16 columns: a column
+    # kernel walking down its columns, kernel.COLUMNS_BY_ROWS_MIN)
     a, mean, rstd, bias = torch.randn(32, 64), torch.randn(32, 1), torch.rand(32, 1) + 0.5, torch.randn(64)
+    if case == "column":
+        a, bias = torch.randn(32, 16), torch.randn(16)
     if case == "row":
         fn = lambda x, m, r, b: (lambda h: (h, (h * x).sum(-1, keepdim=True), h * 2 + x))((x - m) * r)  # noqa: E731
     else:
@@ -534,6 +537,20 @@ def test_reads_of_row_values_are_made_once_per_row_not_in_the_fold_loops(case):
     reads = _loads_inside_fold_loops(b.compiled[0].source)
     assert reads, b.compiled[0].source  # the full values are read in the loops
     assert all(re.search(r"\br", off) for off in reads), reads  # each at an offset varying with the reduced index
+
+
+def test_a_column_kernel_with_many_columns_walks_its_rows_in_order():
+    """64 columns (``kernel.COLUMNS_BY_ROWS_MIN``): the rows in order, each row's columns in the
+    vectorized loop folding into one accumulator per column (the same sums as walking down)."""
+    a, bias = torch.randn(48, 64), torch.randn(64)
+    fn = lambda x, b: (lambda h: (h.sum(0), h * 3, h.amax(0)))((x + b) * b)  # noqa: E731
+    b = check(fn, a, bias)
+    src = b.compiled[0].source
+    assert re.search(r"double acc\d+\[64\];", src) and re.search(r"float acc\d+\[64\];", src), src
+    # the rows' loop holds the columns' vectorized loop
+    assert re.search(r"for \(int64_t ri = 0; ri < 48; ri\+\+\)\n#\s+\{\n#\s+#pragma omp simd\n", src), src
+    # larger inputs than one call: the same as eager
+    check(fn, torch.randn(300, 40), torch.randn(40))
 
 
 @pytest.mark.parametrize("transposed", [True, False])

@@ -44,6 +44,13 @@ COLUMN_MAX_NUMEL = 1 << 18
 # passes read it as a contiguous vector instead of reloading (and recomputing) it, which counts
 # most where the input is read at a stride (a residual added from a transposed value).
 ROW_CACHE_MAX_NUMEL = 4096
+# A column kernel with at least this many columns (static) walks its rows in order, each row's
+# columns in the vectorized inner loop, folding into one accumulator per column (an array on the
+# stack, of at most COLUMNS_BY_ROWS_MAX_BYTES): memory is read as it lies, where walking down each
+# vector of columns touches a new cache line at every row.  Fewer columns fit one vector: they
+# walk down, the accumulators in registers.
+COLUMNS_BY_ROWS_MIN = 32
+COLUMNS_BY_ROWS_MAX_BYTES = 64 << 10
 
 _DEFINED = re.compile(r"\s*const \w+ (\w+) =")  # a local the body defines
 
@@ -141,6 +148,7 @@ class CEmitter(Emitter):
         self.column_accs: dict[tuple, dict[str, str]] = {}
         self.row_cache: dict[fx.Node, str | None] = {}  # reduction input -> its row array (None: not yet made)
         self.row_dtype: dict[str, torch.dtype] = {}
+        self.fold_span: tuple[int, int] | None = None  # a column kernel's fold loop: its lines in body
 
     def persistent(self) -> bool:
         return False  # one element per iteration: every fold is a loop
@@ -201,7 +209,7 @@ class CEmitter(Emitter):
     def check_int64(self, vals) -> None:
         pass  # every C index is int64_t: no narrower choice to rule out
 
-    def loop(self, body, simd: str = "") -> None:
+    def loop(self, body, simd: str = "") -> int:
         """Emit ``body()`` inside the loops over a row's reduced dims, in its own scope.
         ``simd``: the clauses of an ``omp simd`` pragma on the innermost loop (a fold's
         accumulators: the compiler may then sum in vector lanes, as eager's kernels do)."""
@@ -214,6 +222,7 @@ class CEmitter(Emitter):
         self.scopes.pop()
         inner, self.body, self.hoisted = self.body, self.hoisted, None
         self.body += head[:-1] + ["    " + l for l in inner] + ["}"]
+        return len(head) + len(inner)  # the lines of the loop, at the end of body
 
     def operand(self, a, shape: tuple, dom: str) -> V:
         if isinstance(a, fx.Node) and a in self.row_cache and dom == "xr" and shape == shape_of(a.meta[VAL]):
@@ -365,7 +374,8 @@ class CEmitter(Emitter):
             for n in full:
                 self.store(n, None, n.meta[VAL], self.value(n), "xr")
 
-        self.loop(one_pass)
+        n = self.loop(one_pass)
+        self.fold_span = (len(self.body) - n, len(self.body))
 
     def store_full(self, full: list[fx.Node], persistent: bool) -> None:
         if not self.columns:  # a column kernel stored them in its fold loop
@@ -415,6 +425,47 @@ class CEmitter(Emitter):
             return V(f"({accs['m2']} / FX_MAX_NAN(({ct})({rn}) - {float(correction)!r}, 0.0))", acc_dt)
         return super().reduce_result(kind, accs, acc_dt, correction)  # the accumulators themselves
 
+    def columns_by_rows(self, head: list[str]) -> list[str] | None:
+        """A column kernel's body walking the rows in order (``COLUMNS_BY_ROWS_MIN``), or None.
+
+        The body emitted for the walk down each column -- per column: its definitions and
+        accumulators, the fold loop over the rows, then what follows from the folds -- becomes
+        three loop nests: the accumulators (one array element per column) set, then for each
+        row the columns (the vectorized loop) with their definitions and the fold loop's body,
+        then per column its definitions and what follows.  Each column still folds its rows in
+        order: the same sums."""
+        columns = sympy.sympify(self.frame.xnumel)
+        if self.fold_span is None or not columns.is_Integer or int(columns) < COLUMNS_BY_ROWS_MIN:
+            return None
+        start, end = self.fold_span
+        pre, fold, post = self.body[:start], self.body[start:end], self.body[end:]
+        accs = {}  # name -> (C type, initial value)
+        for a in (v["acc"] for v in self.column_accs.values()):
+            m = next((m for l in pre for m in [re.fullmatch(rf"(\w+) {a} = (.*);", l)] if m), None)
+            if m is None:
+                return None
+            accs[a] = (m.group(1), m.group(2))
+        nbytes = int(columns) * sum({"double": 8, "float": 4, "int64_t": 8}.get(t, 8) for t, _ in accs.values())
+        if nbytes > COLUMNS_BY_ROWS_MAX_BYTES:
+            return None
+        decls = {f"{t} {a} = {v};" for a, (t, v) in accs.items()}
+        defs = [l for l in pre if l not in decls and not l.startswith("out_ptr")]
+        per_column = re.compile(rf"\b({'|'.join(map(re.escape, accs))})\b")
+
+        def indexed(lines: list[str]) -> list[str]:
+            return [per_column.sub(rf"\1[{XINDEX}]", l) for l in lines]
+
+        def nest(lines: list[str]) -> list[str]:
+            return head + ["    " + l for l in lines] + ["}"]
+
+        opened = fold.index("{") + 1  # the fold loop: its for lines and brace, its body, its brace
+        out = [f"{t} {a}[{int(columns)}];" for a, (t, _) in accs.items()]
+        out += nest([f"{a}[{XINDEX}] = {v};" for a, (_, v) in accs.items()])
+        body = [l[4:] if l.startswith("    ") else l for l in fold[opened:-1]]
+        out += fold[:opened] + ["    " + l for l in nest(defs + indexed(body))] + ["}"]
+        out += nest([l for l in pre if l not in decls] + indexed(post))
+        return out
+
     # ---------------------------------------------------------------- the function
 
     def launch(self) -> CEmitted:
@@ -431,7 +482,11 @@ class CEmitter(Emitter):
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
             head.append("    const int64_t rindex = 0;")
         lines = [f"void {self.name}({', '.join(sig)})", "{"]
-        lines += ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }", "}"]
+        by_rows = self.columns_by_rows(head)
+        if by_rows is not None:
+            lines += ["    " + l for l in by_rows] + ["}"]
+        else:
+            lines += ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }", "}"]
         head = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "
                 "helpers: fxforge/codegen/c/prelude.py)"] + ["# " + l for l in lines]
         launch = launch_source(self.name, self.args, self.params, self.launch_lines + self.launch_checks, head)
