@@ -743,9 +743,10 @@ def test_kernels_called_through_ctypes_without_python_headers(monkeypatch):
     bound = _bound_kernels(b)
     assert bound and all(type(f).__name__ == "function" for f in bound.values())  # ctypes adapters
     # dynamic shapes: sizes passed as scalars after the tensors
-    x = torch.randn(5, 16)
-    b, out = run_compiled(_residual_block, x, *args[1:3], torch.randn(5, 16), dynamic=True)
-    assert _bound_kernels(b)
+    args = (torch.randn(5, 16), *args[1:3], torch.randn(5, 16))
+    b, out = run_compiled(_residual_block, *args, dynamic=True)
+    torch.testing.assert_close(out, _residual_block(*args))
+    assert _bound_kernels(b) and "_c(" in b.compiled[0].source  # a launch function passing the sizes
 
 
 def test_a_sparse_input_to_an_exported_program_raises_before_any_kernel():

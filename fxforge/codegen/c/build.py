@@ -11,10 +11,12 @@ bound to the wrapper global ``<kernel>_c``, called with the wrapper's tensors an
   that a tensor without storage raises a Python error), converts the sizes, and runs the kernel
   with the GIL released: about 0.05 µs a call against 0.6 µs through ``ctypes``;
 * otherwise (no ``Python.h``, or the module fails to build: logged once) through ``ctypes``, a
-  Python adapter passing each tensor's ``data_ptr()``.  The shared object is named by a hash of the source, the compiler's version,
-the flags and this machine's CPU flags, in ``$FXFORGE_CACHE_DIR/c`` (the same checked private
-directory as the Triton kernels' cache, ``triton/cache.py``): a later process with the same
-kernels loads it without compiling.
+  Python adapter passing each tensor's ``data_ptr()``.
+
+The shared object is named by a hash of the source (with the bindings, the interpreter's extension
+suffix), the compiler's version, the flags and this machine's CPU flags, in
+``$FXFORGE_CACHE_DIR/c`` (the same checked private directory as the Triton kernels' cache,
+``triton/cache.py``): a later process with the same kernels loads it without compiling.
 
 Flags: ``-O2 -ftree-vectorize -fvect-cost-model=dynamic -march=native`` (vector code for this CPU:
 the kernels run as fast as at ``-O3``, which took 4.7x as long to compile a 128-kernel wrapper,

@@ -149,6 +149,7 @@ class CEmitter(Emitter):
         self.row_cache: dict[fx.Node, str | None] = {}  # reduction input -> its row array (None: not yet made)
         self.row_dtype: dict[str, torch.dtype] = {}
         self.fold_span: tuple[int, int] | None = None  # a column kernel's fold loop: its lines in body
+        self.column_acc_decls: dict[str, tuple[torch.dtype, str]] = {}  # accumulator -> dtype, declaration
 
     def persistent(self) -> bool:
         return False  # one element per iteration: every fold is a loop
@@ -365,6 +366,7 @@ class CEmitter(Emitter):
                 acc_dt = self.accumulator(low, r.inp.meta[VAL].dtype, n.meta[VAL].dtype)
                 acc, _ = self.open_fold(low, acc_dt, track_nan=False)
                 self.column_accs[key] = {"acc": acc}
+                self.column_acc_decls[acc] = (acc_dt, self.body[-1])  # open_fold's declaration
                 folds.append((r, low, acc_dt, acc))
         full = self.full_outputs()
 
@@ -439,16 +441,15 @@ class CEmitter(Emitter):
             return None
         start, end = self.fold_span
         pre, fold, post = self.body[:start], self.body[start:end], self.body[end:]
-        accs = {}  # name -> (C type, initial value)
-        for a in (v["acc"] for v in self.column_accs.values()):
-            m = next((m for l in pre for m in [re.fullmatch(rf"(\w+) {a} = (.*);", l)] if m), None)
-            if m is None:
-                return None
-            accs[a] = (m.group(1), m.group(2))
-        nbytes = int(columns) * sum({"double": 8, "float": 4, "int64_t": 8}.get(t, 8) for t, _ in accs.values())
-        if nbytes > COLUMNS_BY_ROWS_MAX_BYTES:
+        accs = self.column_acc_decls
+        if not accs:
             return None
-        decls = {f"{t} {a} = {v};" for a, (t, v) in accs.items()}
+        itemsize = sum(torch.empty((), dtype=dt).element_size() for dt, _ in accs.values())
+        if int(columns) * itemsize > COLUMNS_BY_ROWS_MAX_BYTES:
+            return None
+        decls = {decl for _, decl in accs.values()}
+        # what the columns' loops before the fold define (coordinates, hoisted reads), without the
+        # stores of row values (out_ptr params): those are made once, after the fold
         defs = [l for l in pre if l not in decls and not l.startswith("out_ptr")]
         per_column = re.compile(rf"\b({'|'.join(map(re.escape, accs))})\b")
 
@@ -459,8 +460,8 @@ class CEmitter(Emitter):
             return head + ["    " + l for l in lines] + ["}"]
 
         opened = fold.index("{") + 1  # the fold loop: its for lines and brace, its body, its brace
-        out = [f"{t} {a}[{int(columns)}];" for a, (t, _) in accs.items()]
-        out += nest([f"{a}[{XINDEX}] = {v};" for a, (_, v) in accs.items()])
+        out = [f"{CTYPE[dt]} {a}[{int(columns)}];" for a, (dt, _) in accs.items()]
+        out += nest([indexed([decl.split(" ", 1)[1]])[0] for _, decl in accs.values()])  # acc[x] = identity;
         body = [l[4:] if l.startswith("    ") else l for l in fold[opened:-1]]
         out += fold[:opened] + ["    " + l for l in nest(defs + indexed(body))] + ["}"]
         out += nest([l for l in pre if l not in decls] + indexed(post))

@@ -33,10 +33,9 @@ import torch.fx as fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwise_dtypes
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from ..indexing import floor_div, modular
-
 from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
 from ...iteration import numel as _numel, reduction_of, same_size as _same, schema_bind as _schema_bind, shape_of
+from ..indexing import floor_div, modular
 from ..pyexpr import PyExprPrinter
 from . import launch
 from .launch import Emitted, Param
