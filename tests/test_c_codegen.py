@@ -749,6 +749,21 @@ def test_kernels_called_through_ctypes_without_python_headers(monkeypatch):
     assert _bound_kernels(b) and "_c(" in b.compiled[0].source  # a launch function passing the sizes
 
 
+def test_bindings_that_fail_to_load_fall_back_to_ctypes_with_one_warning(monkeypatch, caplog):
+    def refuse(path):
+        raise ImportError(f"cannot load {path}")
+
+    monkeypatch.setattr(build, "_load_extension", refuse)
+    build._warn_once.cache_clear()
+    args = (torch.randn(6, 16), torch.randn(16), torch.randn(16), torch.randn(6, 16))
+    with caplog.at_level("WARNING", logger="fxforge.codegen.c.build"):
+        for _ in range(2):
+            b, out = run_compiled(_residual_block, *args)
+            torch.testing.assert_close(out, _residual_block(*args))
+            assert all(type(f).__name__ == "function" for f in _bound_kernels(b).values())
+    assert sum("bindings failed" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_a_sparse_input_to_an_exported_program_raises_before_any_kernel():
     """A tensor without storage never reaches a kernel (its data pointer would abort the process
     inside torch): the exported program's input check raises first.  Run in a child process."""
