@@ -48,13 +48,14 @@ def device_types(gm: fx.GraphModule) -> set[str]:
     return out or {"cpu"}
 
 
-def default_passes(config: Config, registry: Registry, gm: fx.GraphModule) -> list:
-    """fxforge's pipeline, with the user passes of ``config.passes`` at their named points."""
+def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind: str = "graph") -> list:
+    """fxforge's pipeline, with the user passes of ``config.passes`` at their named points
+    (``kind``: the graph's role, ``compile_graph``'s)."""
     backend = registry.select(config, device_types(gm))
     extern = registry.get(backend.extern) if backend.extern and backend.extern != backend.name else None
     assign = AssignBackends(backend, config, extern)
     return [
-        DedupeGetitems(), EliminateIdentityViews(),
+        DedupeGetitems(), EliminateIdentityViews(returned=kind == "backward"),
         *([SplitForFusion(backend.splits)] if backend.splits else []), EliminateDeadCode(), LowerCrops(),
         *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
         *config.passes_at("after_lowering"),
@@ -129,7 +130,7 @@ def compile_graph(
 
     graph_id = next(_graph_ids)
     recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
-    pm = PassManager(passes if passes is not None else default_passes(config, registry, gm), debug=config.debug,
+    pm = PassManager(passes if passes is not None else default_passes(config, registry, gm, kind), debug=config.debug,
                      observer=recorder)
     gm, records = pm(gm)
     if config.debug and passes is None and config.passes_at("after_fusion"):

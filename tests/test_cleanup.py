@@ -117,6 +117,22 @@ def test_mlp_training_step_drops_t_pairs_from_backward(request):
     assert any(n.target is aten.detach.default for n in baseline.graph.graph.nodes)
 
 
+def test_backward_returns_the_weight_gradients_mm_not_its_t_t_view(request):
+    """A backward graph's outputs are gradients, handed to autograd without aliasing metadata:
+    a linear layer's weight gradient ``mm(...).t().t()`` is returned as the mm itself (no view
+    per step), and the step stays right. A forward or inference graph keeps its returned views."""
+    graphs = compiled_mlp_step(2)
+    bw = graphs["backward"]
+    returned = [a for a in bw.graph.graph.output_node().args[0] if isinstance(a, fx.Node)]
+    assert not [a.name for a in returned if a.target is aten.t.default], bw.graph.code
+    torch._dynamo.reset()
+    request.getfixturevalue("without_pass")
+    baseline = compiled_mlp_step(2)["backward"]
+    returned = [a for a in baseline.graph.graph.output_node().args[0] if isinstance(a, fx.Node)]
+    assert [a for a in returned if a.target is aten.t.default], "the baseline returns no t view: the test proves nothing"
+    assert t_calls(bw) <= t_calls(baseline) - 4  # two weights, two .t() each
+
+
 def test_mlp_repeated_steps_match_eager():
     """The compiled training step stays right over several steps with fresh inputs."""
     torch.manual_seed(1)

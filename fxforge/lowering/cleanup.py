@@ -77,23 +77,28 @@ class EliminateIdentityViews:
 
     Each view node whose value has its chain root's exact layout (dtype, device, sizes, strides,
     storage offset; symbolic sizes equal as expressions) has its uses replaced by the root; the
-    views left unused are ``EliminateDeadCode``'s.  Kept: views the graph returns (an output
-    aliasing an input or intermediate carries AOTAutograd's aliasing metadata), views some user
-    writes into, and roots whose value is not a plain strided tensor.
+    views left unused are ``EliminateDeadCode``'s.  Kept: views some user writes into, roots whose
+    value is not a plain strided tensor, and views the graph returns (an output aliasing an input
+    or intermediate carries AOTAutograd's aliasing metadata) -- except, with ``returned``, those
+    of a backward graph whose root it computes: its outputs are gradients, handed to autograd
+    with no aliasing metadata (a linear layer's weight gradient ``mm(...).t().t()`` is the mm).
     """
 
     name = "eliminate_identity_views"
 
+    def __init__(self, returned: bool = False):
+        self.returned = returned
+
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         replaced = 0
         for n in list(gm.graph.nodes):
-            if not is_view_node(n) or not n.users:
-                continue
-            if any(u.op == "output" or is_mutating(u) for u in n.users):
+            if not is_view_node(n) or not n.users or any(is_mutating(u) for u in n.users):
                 continue
             root = n.args[0]
             while is_view_node(root):
                 root = root.args[0]
+            if any(u.op == "output" for u in n.users) and not (self.returned and root.op == "call_function"):
+                continue
             layout = _layout(root.meta.get(VAL))
             if layout is None or layout != _layout(n.meta.get(VAL)):
                 continue
