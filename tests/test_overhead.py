@@ -10,9 +10,11 @@ import threading
 from collections import Counter
 
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxforge
+from fxforge.compiler import compile_graph
 
 aten = torch.ops.aten
 
@@ -104,16 +106,12 @@ def test_ops_are_called_through_their_bound_entries():
 
 
 def test_unsafe_views_inside_the_call_are_tensor_views_and_returned_ones_are_not_views():
-    aten = torch.ops.aten
-
     def f(x, w):
         inner = aten._unsafe_view.default(x, [16, 8])  # an input's view, read by the matmul
         out = aten._unsafe_view.default(aten.mm.default(inner, w).relu(), [4, 32])  # returned
         return out, inner.sum()
 
-    gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(torch.randn(8, 16), torch.randn(8, 8))
-    from fxforge.compiler import compile_graph
-
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(8, 16), torch.randn(8, 8))
     c = compile_graph(gm, fxforge.Config(debug=True, codegen="torch"))
     x, w = torch.randn(8, 16), torch.randn(8, 8)
     out, total = c(x, w)
