@@ -421,7 +421,6 @@ class _Builder:
                 self.arena_of[b.name] = b.arena
                 self.arena_pending[b.arena] = self.arena_pending.get(b.arena, 0) + 1
                 self.arena_bound.setdefault(b.arena, set())
-        outputs = self.returned
         barriers: dict[str, list[str]] = {}
         for node_name, arena in plan.memory.barriers:
             barriers.setdefault(node_name, []).append(arena)
@@ -444,7 +443,7 @@ class _Builder:
                     last_use[n] = max(last_use.get(n, -1), emit_at[u])
         dead_at: dict[int, list[fx.Node]] = {}
         for n in sched:
-            if n not in outputs:
+            if n not in self.returned:
                 dead_at.setdefault(last_use.get(n, emit_at[n]), []).append(n)
 
         placeholders = [n for n in sched if n.op == "placeholder"]
@@ -568,7 +567,7 @@ class _Builder:
             return
         try:
             stride = _tuple(self.size(s) for s in val.stride())
-        except Exception:  # a size the wrapper has no name for: the kernel's own checks apply
+        except KeyError:  # a size the wrapper has no name for: the kernel's own checks apply
             return
         # the plain comparison first: as_traced (which ignores the strides of size-1 dims) runs
         # only where it differs

@@ -125,6 +125,14 @@ class CEmitted:
         return [p.sig if p.sig.startswith("*") else _SCALAR_CTYPE[p.sig] for p in self.params]
 
 
+def c_signature(name: str, params: list[Param]) -> str:
+    """``void name(...)``: tensors as pointers (``const`` for the ``in_`` ones, which the kernel
+    only reads), scalars as their C types."""
+    sig = [f"{'const ' if p.name.startswith('in_') else ''}{p.sig[1:]}* {p.name}" if p.sig.startswith("*")
+           else f"{_SCALAR_CTYPE[p.sig]} {p.name}" for p in params]
+    return f"void {name}({', '.join(sig)})"
+
+
 def launch_source(name: str, args: list[str], params: list[Param], prologue: list[str], head: list[str]) -> str:
     """The launch function ``name(*args)``: ``prologue`` (sizes read, checks), then ``<name>_c``
     called with each parameter's tensor or scalar (``build.link`` binds it).  A kernel whose
@@ -146,8 +154,7 @@ class CEmitter(Emitter):
         self.columns = False  # the rows are columns (the last dim kept): see fold_columns
         self.hoisted: list[str] | None = None  # inside a fold's loop: the lines before it (``load``)
         self.column_accs: dict[tuple, dict[str, str]] = {}
-        self.row_cache: dict[fx.Node, str | None] = {}  # reduction input -> its row array (None: not yet made)
-        self.row_dtype: dict[str, torch.dtype] = {}
+        self.row_cache: dict[fx.Node, V | None] = {}  # reduction input -> its row array (None: not yet made)
         self.fold_span: tuple[int, int] | None = None  # a column kernel's fold loop: its lines in body
         self.column_acc_decls: dict[str, tuple[torch.dtype, str]] = {}  # accumulator -> dtype, declaration
 
@@ -247,12 +254,11 @@ class CEmitter(Emitter):
         row = self.row_cache[a]
         if row is None:
             v = compute()
-            row = self.row_cache[a] = self.fresh("row")
-            self.row_dtype[row] = v.dtype
-            self.hoisted.append(f"{CTYPE[v.dtype]} {row}[{CPrinter()(self.frame.rnumel)}];")
-            self.body.append(f"{row}[{RINDEX}] = {v.expr};")
+            row = self.row_cache[a] = V(self.fresh("row"), v.dtype)
+            self.hoisted.append(f"{CTYPE[v.dtype]} {row.expr}[{CPrinter()(self.frame.rnumel)}];")
+            self.body.append(f"{row.expr}[{RINDEX}] = {v.expr};")
         else:
-            v = self.emit_assign(self.fresh("c"), V(f"{row}[{RINDEX}]", self.row_dtype[row]))
+            v = self.emit_assign(self.fresh("c"), V(f"{row.expr}[{RINDEX}]", row.dtype))
         return self.remember(("row", a), v)
 
     def load(self, a: fx.Node, shape: tuple, dom: str) -> V:
@@ -444,7 +450,7 @@ class CEmitter(Emitter):
         accs = self.column_acc_decls
         if not accs:
             return None
-        itemsize = sum(torch.empty((), dtype=dt).element_size() for dt, _ in accs.values())
+        itemsize = sum(dt.itemsize for dt, _ in accs.values())
         if int(columns) * itemsize > COLUMNS_BY_ROWS_MAX_BYTES:
             return None
         decls = {decl for _, decl in accs.values()}
@@ -470,19 +476,12 @@ class CEmitter(Emitter):
     # ---------------------------------------------------------------- the function
 
     def launch(self) -> CEmitted:
-        sig = []
-        for p in self.params:
-            if p.sig.startswith("*"):
-                const = "const " if p.name.startswith("in_") else ""
-                sig.append(f"{const}{p.sig[1:]}* {p.name}")
-            else:
-                sig.append(f"{_SCALAR_CTYPE[p.sig]} {p.name}")
         head = self.open_nest(self.xvars, XINDEX)
         if self.columns:  # each lane of the vectorized kept loop folds a column
             head.insert(len(self.xvars) - 1, "#pragma omp simd")
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
             head.append("    const int64_t rindex = 0;")
-        lines = [f"void {self.name}({', '.join(sig)})", "{"]
+        lines = [c_signature(self.name, self.params), "{"]
         by_rows = self.columns_by_rows(head)
         if by_rows is not None:
             lines += ["    " + l for l in by_rows] + ["}"]
