@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 
 import fxforge
-from fxforge.codegen.c import backend as c_backend, build, kernel as kernel_module
+from fxforge.codegen.c import backend as c_backend, build, kernel as kernel_module, launcher
 from fxforge.codegen.c.ops import TRANSCENDENTAL_MAX_NUMEL
 from fxforge.compiler import compile_graph
 from fxforge.graph import BACKEND
@@ -633,7 +633,10 @@ def test_ops_without_a_c_lowering_run_as_torch_kernels_in_the_same_graph():
 
 
 def _so_files(d) -> list[str]:
-    return sorted(p for p in os.listdir(os.path.join(d, "c")) if p.endswith(".so"))
+    """The kernels' shared objects in cache ``d`` (not the launcher's, which carries the probe
+    kernel ``fx_probe``, nor the probe's: each built once per cache, whichever test comes first)."""
+    c = os.path.join(d, "c")
+    return sorted(p for p in os.listdir(c) if p.endswith(".so") and "fx_probe(" not in open(os.path.join(c, p[:-3] + ".c")).read())
 
 
 _CACHED_SCRIPT = textwrap.dedent("""
@@ -646,7 +649,9 @@ _CACHED_SCRIPT = textwrap.dedent("""
     def compile_and_check(seed):
         \"\"\"Compile f, check it against eager; the number of compiler runs building a shared object.\"\"\"
         calls, real = [], build.subprocess.run
-        build.subprocess.run = lambda cmd, *a, **k: calls.append(list(cmd)) or real(cmd, *a, **k)
+        # each compiler run's command and source (the launcher and the probe carry fx_probe)
+        build.subprocess.run = lambda cmd, *a, **k: calls.append(
+            (list(cmd), open(cmd[-4]).read() if "-shared" in cmd else "")) or real(cmd, *a, **k)
         try:
             torch._dynamo.reset()
             torch.manual_seed(seed)
@@ -656,8 +661,8 @@ _CACHED_SCRIPT = textwrap.dedent("""
             assert "c" in {k.backend for c in b.compiled for k in c.kernels}
         finally:
             build.subprocess.run = real
-        # compiler runs building a shared object in the cache (not the per-process probe, build.refusal)
-        return sum(1 for c in calls if "-shared" in c and not any("fxforge-c-probe-" in a for a in c))
+        # compiler runs building the kernels' shared object (not the launcher, launcher.refusal)
+        return sum(1 for cmd, source in calls if "-shared" in cmd and "fx_probe(" not in source)
 """)
 
 
@@ -716,28 +721,41 @@ def _residual_block(x, w, bias, r):
     return F.gelu(F.layer_norm(x + r, (x.shape[-1],), w, bias)) * 2 + r
 
 
-@pytest.mark.skipif(build.python_include() is None or build._data_ptr_entry() is None,
+@pytest.fixture
+def fresh_launcher():
+    """``launcher.launcher()`` found again in the test (it is cached per process), and after it."""
+    launcher.launcher.cache_clear()
+    yield
+    launcher.launcher.cache_clear()
+
+
+@pytest.mark.skipif(launcher.python_include() is None or launcher._data_ptr_entry() is None,
                     reason="no Python.h for this interpreter, or no data-pointer entry in this torch: kernels go through ctypes")
-def test_kernels_are_functions_of_an_extension_module_called_with_the_tensors():
+def test_kernels_are_called_by_the_launcher_with_the_tensors():
     args = (torch.randn(6, 16), torch.randn(16), torch.randn(16), torch.randn(6, 16))
     b, out = run_compiled(_residual_block, *args)
     torch.testing.assert_close(out, _residual_block(*args))
     bound = _bound_kernels(b)
-    assert bound and all(type(f).__name__ == "builtin_function_or_method" for f in bound.values())
+    assert bound and all(type(f).__name__ == "Kernel" for f in bound.values())
     (i, name), fn = next(iter(bound.items()))
     source = b.compiled[i].source
-    assert f"\n{name} = {name}_c\n" in source  # no Python launch frame: the wrapper calls the module's function
-    assert ".data_ptr()" not in source
-    # misuse raises Python errors: the argument count, and what is not a tensor
-    with pytest.raises(TypeError, match="arguments"):
+    assert f"\n{name} = {name}_c\n" in source  # no Python launch frame: the wrapper calls the launcher object
+    assert ".data_ptr()" not in source and repr(fn) == f"<fxforge C kernel {name}>"
+    # misuse raises Python errors: the argument count, keywords, and what is not a tensor
+    with pytest.raises(TypeError, match=f"{name} takes [0-9]+ positional arguments \\(0 given\\)") as e:
         fn()
-    n = source.split(f"\n{name} = {name}_c", 1)[0].rsplit(f"# void {name}(", 1)[1].split(")", 1)[0].count(",") + 1
+    n = int(str(e.value).split("takes ")[1].split(" ")[0])
+    assert n == source.split(f"\n{name} = {name}_c", 1)[0].rsplit(f"# void {name}(", 1)[1].count("fx_ptrs[")
+    with pytest.raises(TypeError, match="positional arguments"):
+        fn(*([torch.zeros(0)] * (n - 1)), out=torch.zeros(0))
     with pytest.raises(AttributeError, match="data_ptr"):
         fn(*([3] * n))
+    with pytest.raises(ValueError, match="none of p, i, b, f"):
+        launcher.launcher().kernel(1, b"px", "bad")
 
 
-def test_kernels_called_through_ctypes_without_python_headers(monkeypatch):
-    monkeypatch.setattr(build, "python_include", lambda: None)
+def test_kernels_called_through_ctypes_without_python_headers(monkeypatch, fresh_launcher):
+    monkeypatch.setattr(launcher, "python_include", lambda: None)
     args = (torch.randn(6, 16), torch.randn(16), torch.randn(16), torch.randn(6, 16))
     b, out = run_compiled(_residual_block, *args)
     torch.testing.assert_close(out, _residual_block(*args))
@@ -748,21 +766,56 @@ def test_kernels_called_through_ctypes_without_python_headers(monkeypatch):
     b, out = run_compiled(_residual_block, *args, dynamic=True)
     torch.testing.assert_close(out, _residual_block(*args))
     assert _bound_kernels(b) and "_c(" in b.compiled[0].source  # a launch function passing the sizes
+    assert "fx_ints[0]" in b.compiled[0].source
 
 
-def test_bindings_that_fail_to_load_fall_back_to_ctypes_with_one_warning(monkeypatch, caplog):
+def _every_kind_unit() -> build.CUnit:
+    """One kernel taking a parameter of each kind, in an order that interleaves them:
+    ``out[j] = (in[j] + a) * (flag ? s : -s) + b`` for ``j < n``."""
+    from fxforge.codegen.triton.launch import Param
+
+    params = [Param("out_ptr0", "*float", "out"), Param("n", "i64", "n"), Param("in_ptr0", "*float", "x"),
+              Param("s", "fp32", "s"), Param("flag", "i1", "flag"), Param("a", "i64", "a"), Param("b", "fp32", "b")]
+    body = ["    for (int64_t j = 0; j < n; j++)", "        out_ptr0[j] = (in_ptr0[j] + a) * (flag ? s : -s) + b;", "}"]
+    source = "\n".join(kernel_module.c_head("kinds", params) + body) + "\n"
+    return build.CUnit([kernel_module.CEmitted(source, "", "kinds", [p.launch for p in params], params, 1, 2)])
+
+
+@pytest.mark.parametrize("through", ["launcher", "ctypes"])
+def test_every_parameter_kind_reaches_the_kernel(through, monkeypatch, fresh_launcher):
+    if through == "ctypes":
+        monkeypatch.setattr(launcher, "python_include", lambda: None)
+    elif launcher.launcher() is None:
+        pytest.skip("no launcher here (no Python.h or no data-pointer entry): kernels go through ctypes")
+    unit = _every_kind_unit()
+    assert unit.kernels[0].kinds == "pipfbif"
+    fn = launcher.link(unit)["kinds_c"]
+    assert (type(fn).__name__ == "Kernel") == (through == "launcher")
+    x = torch.randn(10)
+    for n, s, flag, a, b in [(10, 1.5, True, 3, -0.25), (7, -2.0, False, -1, 4.0)]:
+        out = torch.full((10,), 7.0)
+        fn(out, n, x, s, flag, a, b)
+        expect = torch.full((10,), 7.0)
+        expect[:n] = (x[:n] + a) * (s if flag else -s) + b
+        torch.testing.assert_close(out, expect)
+    with pytest.raises(TypeError, match="7 positional arguments"):
+        fn(out, 10, x)
+    with pytest.raises(TypeError):
+        fn(out, "ten", x, 1.0, True, 1, 1.0)  # a size that is not an int
+
+
+def test_a_launcher_that_fails_to_load_falls_back_to_ctypes_with_one_warning(monkeypatch, caplog, fresh_launcher):
     def refuse(path):
         raise ImportError(f"cannot load {path}")
 
-    monkeypatch.setattr(build, "_load_extension", refuse)
-    build._warn_once.cache_clear()
+    monkeypatch.setattr(launcher, "_load_extension", refuse)
     args = (torch.randn(6, 16), torch.randn(16), torch.randn(16), torch.randn(6, 16))
-    with caplog.at_level("WARNING", logger="fxforge.codegen.c.build"):
+    with caplog.at_level("WARNING", logger="fxforge.codegen.c.launcher"):
         for _ in range(2):
             b, out = run_compiled(_residual_block, *args)
             torch.testing.assert_close(out, _residual_block(*args))
             assert all(type(f).__name__ == "function" for f in _bound_kernels(b).values())
-    assert sum("bindings failed" in r.getMessage() for r in caplog.records) == 1
+    assert sum("launcher failed" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_sparse_input_to_an_exported_program_raises_before_any_kernel():

@@ -125,7 +125,7 @@ def _default_registry() -> Registry:
         writes_views=deferred(_C, "writes_views"),
         reads_planned=True,
         extern="torch",
-        link=deferred("fxforge.codegen.c.build", "link"),
+        link=deferred("fxforge.codegen.c.launcher", "link"),
         description="fused C kernels for CPU (pointwise chains, row reductions), built with the system C compiler",
     ))
     return reg

@@ -22,7 +22,8 @@ from ...graph import VAL, free_symbols, node_kind, op_display, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..triton.kernel import Unsupported, node_refusal
-from .build import CUnit, compiler, refusal
+from .build import CUnit, compiler
+from .launcher import refusal
 from .kernel import CEmitter
 from .ops import CTYPE, max_numel
 from .templates import template_of

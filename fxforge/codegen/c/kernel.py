@@ -108,8 +108,8 @@ def _nest_lines(loops: tuple[tuple[str, sympy.Expr], ...], index: str) -> tuple[
 @dataclass
 class CEmitted:
     """A generated C kernel: the C function, the Python launch function calling it through
-    ``<name>_c`` (bound when the wrapper's C functions are built, ``build.py``) and its
-    parameters' ctypes."""
+    ``<name>_c`` (bound when the wrapper's C functions are built, ``launcher.link``) and its
+    parameters."""
 
     c_source: str
     launch_source: str
@@ -120,17 +120,37 @@ class CEmitted:
     unique_io_buffers: int
 
     @property
-    def c_types(self) -> list[str]:
-        """Each parameter's C type (``float*``-like pointers start with ``*``)."""
-        return [p.sig if p.sig.startswith("*") else _SCALAR_CTYPE[p.sig] for p in self.params]
+    def kinds(self) -> str:
+        """Each parameter's kind, as the launcher reads its argument: ``p`` a tensor (its data
+        pointer), ``i`` an int64, ``b`` a bool, ``f`` a float."""
+        return "".join(param_kind(p) for p in self.params)
 
 
-def c_signature(name: str, params: list[Param]) -> str:
-    """``void name(...)``: tensors as pointers (``const`` for the ``in_`` ones, which the kernel
-    only reads), scalars as their C types."""
-    sig = [f"{'const ' if p.name.startswith('in_') else ''}{p.sig[1:]}* {p.name}" if p.sig.startswith("*")
-           else f"{_SCALAR_CTYPE[p.sig]} {p.name}" for p in params]
-    return f"void {name}({', '.join(sig)})"
+_KIND = {"i64": "i", "i1": "b", "fp32": "f"}
+ENTRY_ARRAY = {"p": "fx_ptrs", "i": "fx_ints", "b": "fx_ints", "f": "fx_floats"}  # where each kind is passed
+
+
+def param_kind(p: Param) -> str:
+    return "p" if p.sig.startswith("*") else _KIND[p.sig]
+
+
+def c_head(name: str, params: list[Param]) -> list[str]:
+    """The kernel's signature, its opening brace and its parameters read from it.  Every kernel
+    has the same signature, ``void name(void* const* fx_ptrs, const int64_t* fx_ints, const
+    double* fx_floats)`` (one launcher calls them all, ``launcher.py``): the tensors' data
+    pointers in order (``const`` for the ``in_`` ones, which the kernel only reads), the sizes
+    and bools, the floats."""
+    lines = [f"void {name}(void* const* fx_ptrs, const int64_t* fx_ints, const double* fx_floats)", "{"]
+    count = dict.fromkeys(ENTRY_ARRAY.values(), 0)
+    for p in params:
+        array = ENTRY_ARRAY[param_kind(p)]
+        i, count[array] = count[array], count[array] + 1
+        if p.sig.startswith("*"):
+            lines.append(f"    {'const ' if p.name.startswith('in_') else ''}{p.sig[1:]}* {p.name} = {array}[{i}];")
+        else:
+            ct = _SCALAR_CTYPE[p.sig]
+            lines.append(f"    const {ct} {p.name} = ({ct}){array}[{i}];")
+    return lines
 
 
 def launch_source(name: str, args: list[str], params: list[Param], prologue: list[str], head: list[str]) -> str:
@@ -481,7 +501,7 @@ class CEmitter(Emitter):
             head.insert(len(self.xvars) - 1, "#pragma omp simd")
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
             head.append("    const int64_t rindex = 0;")
-        lines = [c_signature(self.name, self.params), "{"]
+        lines = c_head(self.name, self.params)
         by_rows = self.columns_by_rows(head)
         if by_rows is not None:
             lines += ["    " + l for l in by_rows] + ["}"]

@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from ...graph import VAL, free_symbols, tensors
 from ..triton.launch import Param
-from .kernel import CEmitted, c_signature, launch_source
+from .kernel import CEmitted, c_head, launch_source
 from .ops import CTYPE
 
 aten = torch.ops.aten
@@ -156,7 +156,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     lines += ["{"] + ["    " + l for l in body] + ["}"]
     lines += [f"for (int64_t j = 0; j < {n}; j++) {at(key)} = ({ct}){acc}[j];" for key, acc in accs]
 
-    c_lines = [c_signature(name, params), "{"] + ["    " + l for l in lines] + ["}"]
+    c_lines = c_head(name, params) + ["    " + l for l in lines] + ["}"]
     args = list(dict.fromkeys(p.launch for p in params))  # a tensor passed twice is one argument
     head = [f"# C kernel {name}_c (template: layer norm backward, fxforge/codegen/c/templates.py)"]
     launch = launch_source(name, args, params, [], head + ["# " + l for l in c_lines])
