@@ -2,7 +2,8 @@
 
 Every node of a graph fxforge works on carries ``meta["val"]``: a FakeTensor, a tuple of them for
 multi-output ops, or a SymInt/int/float/bool for scalar-valued nodes.  The only other keys fxforge
-writes are listed in ``META_KEYS``; nothing else invents keys.
+writes are listed in ``META_KEYS`` (a graph module's own meta: ``GRAPH_META_KEYS``); nothing else
+invents keys.
 
 Vocabulary used across fxforge:
 
@@ -34,6 +35,7 @@ ALLOCATES = "fxforge_allocates"
 SLICE_OF = "fxforge_slice_of"
 ZERO_COPY = "fxforge_zero_copy"
 SYMMETRIC = "fxforge_symmetric"
+PROBES = "fxforge_probes"
 
 META_KEYS = {
     VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
@@ -48,6 +50,10 @@ META_KEYS = {
                "result; the wrapper moves only the others (copies) and a pad's border (fills)",
     SYMMETRIC: "str: the process group whose symmetric-memory arena holds the node's output, which a "
                "collective reads from every rank (passes/symmetric.py)",
+}
+# the one key fxforge writes in a GraphModule's own meta
+GRAPH_META_KEYS = {
+    PROBES: "dict: backends' emitter probe summaries by group structure, kept while the passes run (codegen/probes.py)",
 }
 
 FALLBACK_BACKEND = "fallback"

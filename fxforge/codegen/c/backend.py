@@ -21,6 +21,7 @@ from ...config import Config
 from ...graph import VAL, free_symbols, node_kind, op_display, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
+from ..probes import memoized
 from ..triton.kernel import Unsupported, node_refusal
 from .build import CUnit, compiler
 from .launcher import refusal
@@ -39,8 +40,14 @@ def unavailable(device_types: frozenset[str]) -> str | None:
     return None if why is None else f"{why}; set CC to another compiler, or use Config(codegen='torch')"
 
 
-def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None):
-    return CEmitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
+def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None) -> GroupCost:
+    """The kernel's launch arguments and storages (the emitter run on the group; raises where it
+    refuses), memoized by the group's structure (``probes.py``)."""
+    def run() -> GroupCost:
+        k = CEmitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
+        return GroupCost(num_args=len(k.params), unique_io_buffers=k.unique_io_buffers)
+
+    return memoized("c", nodes, outputs, run)
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
@@ -59,11 +66,11 @@ def accepts(node: fx.Node, config: Config) -> str | None:
         return (f"c: {op_display(op)} on more than {limit} elements (or a symbolic count) runs as ATen's "
                 "vector kernel, faster than the C version at that size")
     try:
-        k = _probe([node])
+        cost = _probe([node])
     except (Unsupported, NotImplementedError) as e:
         return f"c: {e}"
-    if len(k.params) > config.max_kernel_args:
-        return f"c: {len(k.params)} kernel arguments > Config.max_kernel_args={config.max_kernel_args}"
+    if cost.num_args > config.max_kernel_args:
+        return f"c: {cost.num_args} kernel arguments > Config.max_kernel_args={config.max_kernel_args}"
     return None
 
 
@@ -77,10 +84,9 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
     if len(computed) > 1 and any(template_of(n) for n in computed):
         return "c: a template kernel (layer norm backward) runs alone"
     try:
-        k = _probe(nodes, outputs)
+        return _probe(nodes, outputs)
     except (Unsupported, NotImplementedError) as e:
         return f"c: {e}"
-    return GroupCost(num_args=len(k.params), unique_io_buffers=k.unique_io_buffers)
 
 
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:

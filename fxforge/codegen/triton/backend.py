@@ -19,6 +19,7 @@ from ...config import Config
 from ...graph import VAL, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
+from ..probes import memoized
 from . import cache
 from .autotune import Tuner
 from .kernel import Emitter, Unsupported, node_refusal
@@ -46,6 +47,18 @@ def unavailable(device_types: frozenset[str]) -> str | None:
     return None
 
 
+def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None) -> tuple[GroupCost, str | None]:
+    """The kernel's launch arguments and storages, and what in it the interpreter lacks (where it
+    runs): the emitter run on the group (raises where it refuses), memoized by the group's
+    structure (``probes.py``)."""
+    def run() -> tuple[GroupCost, str | None]:
+        em = Emitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
+        cost = GroupCost(num_args=len(em.params), unique_io_buffers=em.unique_io_buffers)
+        return cost, interp_missing(em.kernel_source) if interpreting() else None
+
+    return memoized("triton", nodes, outputs, run)
+
+
 def accepts(node: fx.Node, config: Config) -> str | None:
     why = node_refusal(node, SIG_DTYPE, "Triton")
     if why is not None:
@@ -56,15 +69,13 @@ def accepts(node: fx.Node, config: Config) -> str | None:
         if t.device.type not in ("cuda", "cpu"):
             return f"device {t.device.type}"
     try:
-        em = Emitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", [node]).emit()
+        cost, missing = _probe([node])
     except (Unsupported, NotImplementedError) as e:
         return f"triton: {e}"
-    if len(em.params) > config.max_kernel_args:
-        return f"triton: {len(em.params)} kernel arguments > Config.max_kernel_args={config.max_kernel_args}"
-    if interpreting():
-        missing = interp_missing(em.kernel_source)
-        if missing:
-            return f"triton: {missing} has no TRITON_INTERPRET implementation"
+    if cost.num_args > config.max_kernel_args:
+        return f"triton: {cost.num_args} kernel arguments > Config.max_kernel_args={config.max_kernel_args}"
+    if missing:
+        return f"triton: {missing} has no TRITON_INTERPRET implementation"
     return None
 
 
@@ -77,14 +88,12 @@ def writes_views(node: fx.Node, config: Config) -> bool:
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
     """The emitted kernel's launch arguments and storages, or why no single kernel can be emitted."""
     try:
-        em = Emitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
+        cost, missing = _probe(nodes, outputs)
     except (Unsupported, NotImplementedError) as e:
         return f"triton: {e}"
-    if interpreting():
-        missing = interp_missing(em.kernel_source)
-        if missing:
-            return f"triton: {missing} has no TRITON_INTERPRET implementation"
-    return GroupCost(num_args=len(em.params), unique_io_buffers=em.unique_io_buffers)
+    if missing:
+        return f"triton: {missing} has no TRITON_INTERPRET implementation"
+    return cost
 
 
 def load_kernel(em: Emitted, mode: str | None = None):

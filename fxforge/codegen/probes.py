@@ -1,0 +1,76 @@
+"""Backends' emitter probes, memoized per graph by the structure of the group probed.
+
+A backend answers ``accepts`` and ``fusion_cost`` by running its emitter on the node or the
+candidate group (the check and the emitter cannot disagree).  The fusion pass asks once per
+candidate merge, so a graph of repeated blocks (a model's layers, a chain of the same few ops)
+runs the emitter on the same group, up to names, many times.  ``memoized`` keeps each successful
+probe's summary in the graph module's meta (``PROBES``, dropped when the passes end), keyed by
+``structure``: every member's op, arguments and traced value, the traced values of the tensors
+it reads from outside, which of those are one multi-output member's outputs, and the outputs.
+That is everything an emitter reads of a group but names, which only appear in the kernel's
+text.  A probe that fails is not kept: its message names the group's own nodes.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from ..graph import PROBES, VAL, expr
+
+
+def _value_key(v: Any) -> Any:
+    """A traced value as a hashable key: a tensor's layout, dtype and device; sizes as sympy."""
+    if isinstance(v, torch.Tensor):
+        strided = v.layout == torch.strided
+        return ("T", tuple(expr(s) for s in v.shape), tuple(expr(s) for s in v.stride()) if strided else None,
+                expr(v.storage_offset()) if strided else None, v.dtype, v.device, v.layout)
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(_value_key(x) for x in v))
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("S", type(v).__name__, expr(v))
+    if isinstance(v, float):
+        return ("float", repr(v))  # -0.0 == 0.0, and nan != nan
+    return (type(v).__name__, v) if v is None or isinstance(v, (bool, int, str)) else ("?", repr(v))
+
+
+def structure(nodes: list[fx.Node], outputs: list[fx.Node] | None) -> tuple:
+    """The group ``nodes`` (with ``outputs``; None: every member) up to names."""
+    member = {n: i for i, n in enumerate(nodes)}
+    outside: dict[fx.Node, int] = {}
+    described: list[Any] = []
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            if a in member:
+                return ("m", member[a])
+            if a not in outside:
+                outside[a] = len(outside)
+                source = a.args[0] if a.target is operator.getitem and a.args else None
+                described.append(("item", member[source], a.args[1]) if source in member
+                                 else ("read", _value_key(a.meta.get(VAL))))
+            return ("o", outside[a])
+        if isinstance(a, (list, tuple)):
+            return (type(a).__name__, tuple(arg(x) for x in a))
+        if isinstance(a, dict):
+            return ("dict", tuple((k, arg(x)) for k, x in a.items()))
+        return _value_key(a) if not isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)) else a
+
+    body = tuple((n.op, n.target, arg(n.args), arg(n.kwargs), _value_key(n.meta.get(VAL))) for n in nodes)
+    return body, tuple(described), None if outputs is None else tuple(member.get(n, -1) for n in outputs)
+
+
+def memoized(tag: str, nodes: list[fx.Node], outputs: list[fx.Node] | None, probe: Callable[[], Any]) -> Any:
+    """``probe()`` (a backend's emitter run on ``nodes``, summarized), or its summary from an
+    earlier probe of a group of the same structure in this graph; ``tag`` names the backend."""
+    gm = nodes[0].graph.owning_module if nodes else None
+    if gm is None:
+        return probe()
+    memo = gm.meta.setdefault(PROBES, {})
+    key = (tag, structure(nodes, outputs))
+    if key not in memo:
+        memo[key] = probe()  # raises (not kept) when the emitter refuses
+    return memo[key]
