@@ -127,7 +127,7 @@ class CEmitted:
 
 
 _KIND = {"i64": "i", "i1": "b", "fp32": "f"}
-ENTRY_ARRAY = {"p": "fx_ptrs", "i": "fx_ints", "b": "fx_ints", "f": "fx_floats"}  # where each kind is passed
+_ENTRY_ARRAY = {"p": "fx_ptrs", "i": "fx_ints", "b": "fx_ints", "f": "fx_floats"}  # where each kind is passed
 
 
 def param_kind(p: Param) -> str:
@@ -141,9 +141,9 @@ def c_head(name: str, params: list[Param]) -> list[str]:
     pointers in order (``const`` for the ``in_`` ones, which the kernel only reads), the sizes
     and bools, the floats."""
     lines = [f"void {name}(void* const* fx_ptrs, const int64_t* fx_ints, const double* fx_floats)", "{"]
-    count = dict.fromkeys(ENTRY_ARRAY.values(), 0)
+    count = dict.fromkeys(_ENTRY_ARRAY.values(), 0)
     for p in params:
-        array = ENTRY_ARRAY[param_kind(p)]
+        array = _ENTRY_ARRAY[param_kind(p)]
         i, count[array] = count[array], count[array] + 1
         if p.sig.startswith("*"):
             lines.append(f"    {'const ' if p.name.startswith('in_') else ''}{p.sig[1:]}* {p.name} = {array}[{i}];")
