@@ -7,9 +7,10 @@ scaling, masking, GELU and the pointwise backward kernels) and row and column re
 one C function per group, compiled for this CPU with the wrapper's other C kernels
 (``build.py``).  Matmuls, convolutions, arg reductions, ops without a C lowering and
 transcendental ops on large tensors (``ops.TRANSCENDENTAL_MAX_NUMEL``) run as the ``torch``
-backend's ATen calls into the same planned buffers (``extern``).
+backend's ATen calls into the same planned buffers (``extern``).  Layer norm's gradient and a
+small head's log-softmax (and its gradient) run as hand-written C kernels (``templates.py``).
 ``accepts`` runs the emitter on the node itself, as the Triton backend does: the check and the
-emitter cannot disagree.
+emitter cannot disagree (memoized by group structure, ``codegen/probes.py``).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def writes_views(node: fx.Node, config: Config) -> bool:
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
     computed = [n for n in nodes if node_kind(n) == "compute"]
     if len(computed) > 1 and any(template_of(n) for n in computed):
-        return "c: a template kernel (layer norm backward) runs alone"
+        return "c: a template kernel (templates.py) runs alone"
     try:
         return _probe(nodes, outputs)
     except (Unsupported, NotImplementedError) as e:

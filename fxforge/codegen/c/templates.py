@@ -8,6 +8,10 @@ mixer step), and two emitted kernels (a row kernel and a column kernel) read the
 The template reads each row once for the row sums and once more for the input's gradient, adding
 each element's share of the column sums to per-column accumulators in that same loop.
 
+Log-softmax and its gradient over the last dim are templates too, for small rows (a small
+model's classification head, up to ``TRANSCENDENTAL_MAX_NUMEL["exp.default"]`` elements): each is
+then one C call instead of one ATen call.
+
 A template kernel runs its node alone (``fusion_cost`` keeps it out of groups); shapes must be
 static, and every tensor float32 or float64.  Sums accumulate in double, as the emitter's do.
 """
@@ -22,7 +26,7 @@ import torch.fx as fx
 from ...graph import VAL, free_symbols, tensors
 from ..triton.launch import Param
 from .kernel import CEmitted, c_head, launch_source
-from .ops import CTYPE
+from .ops import CTYPE, TRANSCENDENTAL_MAX_NUMEL
 
 aten = torch.ops.aten
 
@@ -69,6 +73,31 @@ def _offset(coords: list[str], stride: tuple[int, ...]) -> str:
     return " + ".join(terms) or "0"
 
 
+class _Tensors:
+    """A template kernel's tensor parameters: each one's C pointer (``ptr[key]``) and its sizes
+    and strides as the plan lays it out (``layouts[key]``; ``KernelContext.layout``)."""
+
+    def __init__(self, ct: str, layout):
+        self.ct, self.layout = ct, layout
+        self.params: list[Param] = []
+        self.ptr: dict[str, str] = {}
+        self.layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def add(self, key: str, var: str, role: str, a: fx.Node, i: int | None, t: torch.Tensor) -> None:
+        self.ptr[key] = f"{role}_ptr{sum(1 for p in self.params if p.name.startswith(role))}"
+        self.params.append(Param(self.ptr[key], "*" + self.ct, var))
+        sizes, strides = self.layout(a, i) if self.layout is not None else (t.shape, t.stride())
+        self.layouts[key] = tuple(int(s) for s in sizes), tuple(int(s) for s in strides)
+
+    def kernel(self, name: str, what: str, lines: list[str]) -> CEmitted:
+        """The kernel ``name`` running ``lines``, and its launch (``what``: the template's name)."""
+        c_lines = c_head(name, self.params) + ["    " + l for l in lines] + ["}"]
+        args = list(dict.fromkeys(p.launch for p in self.params))  # a tensor passed twice is one argument
+        head = [f"# C kernel {name}_c (template: {what}, fxforge/codegen/c/templates.py)"]
+        launch = launch_source(name, args, self.params, [], head + ["# " + l for l in c_lines])
+        return CEmitted("\n".join(c_lines) + "\n", launch, name, args, self.params, 1, len(args))
+
+
 def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``native_layer_norm_backward(dy, x, shape, mean, rstd, w, b, mask)``: dx, dw, db.
 
@@ -83,24 +112,16 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     lead = xv.dim() - len(shape)
     n = math.prod(int(s) for s in shape)
 
-    params: list[Param] = []
-    ptr: dict[str, str] = {}  # dx, dw, db, dy, x, mean, rstd, w -> the C parameter
-    layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-
-    def tensor(key: str, var: str, role: str, a: fx.Node, i: int | None, t: torch.Tensor) -> None:
-        ptr[key] = f"{role}_ptr{sum(1 for p in params if p.name.startswith(role))}"
-        params.append(Param(ptr[key], "*" + ct, var))
-        sizes, strides = layout(a, i) if layout is not None else (t.shape, t.stride())
-        layouts[key] = tuple(int(s) for s in sizes), tuple(int(s) for s in strides)
-
+    ts = _Tensors(ct, layout)
+    ptr, layouts = ts.ptr, ts.layouts  # dx, dw, db, dy, x, mean, rstd, w -> the C parameter, its layout
     for i, key in enumerate(("dx", "dw", "db")):
         if isinstance(val[i], torch.Tensor):
-            tensor(key, buffer(node, i), "out", node, i, val[i])
+            ts.add(key, buffer(node, i), "out", node, i, val[i])
     ins = {"dy": grad, "x": x, "mean": mean, "rstd": rstd}
     if "dx" in ptr and isinstance(weight, fx.Node):  # only the input's gradient reads the weight
         ins["w"] = weight
     for key, a in ins.items():
-        tensor(key, ref(a), "in", a, None, a.meta[VAL])
+        ts.add(key, ref(a), "in", a, None, a.meta[VAL])
 
     coords = [f"i{d}" for d in range(lead)]
     row = {}  # key -> offset of the row's first element (C expression; the row tensors)
@@ -156,16 +177,108 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     lines += ["{"] + ["    " + l for l in body] + ["}"]
     lines += [f"for (int64_t j = 0; j < {n}; j++) {at(key)} = ({ct}){acc}[j];" for key, acc in accs]
 
-    c_lines = c_head(name, params) + ["    " + l for l in lines] + ["}"]
-    args = list(dict.fromkeys(p.launch for p in params))  # a tensor passed twice is one argument
-    head = [f"# C kernel {name}_c (template: layer norm backward, fxforge/codegen/c/templates.py)"]
-    launch = launch_source(name, args, params, [], head + ["# " + l for l in c_lines])
-    return CEmitted("\n".join(c_lines) + "\n", launch, name, args, params, 1, len(args))
+    return ts.kernel(name, "layer norm backward", lines)
+
+
+def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> str | None:
+    """Why a row template over the last dim (``log_softmax`` and its gradient) cannot run ``node``
+    whose rows are those of ``x`` along ``dim``."""
+    every = tensors(node.meta[VAL]) + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
+    if {t.dtype for t in every} not in ({torch.float32}, {torch.float64}):
+        return f"{what} template: float32 or float64 tensors of one dtype only"
+    if any(free_symbols(t) for t in every):
+        return f"{what} template: symbolic sizes run as ATen's kernel"
+    xv = x.meta[VAL]
+    if xv.dim() == 0 or xv.numel() == 0:
+        return f"{what} template: no rows"
+    if dim % xv.dim() != xv.dim() - 1:
+        return f"{what} template: over the last dim only"
+    limit = TRANSCENDENTAL_MAX_NUMEL["exp.default"]  # fx_expf against ATen's vector exp (91 against 68 us at 256 x 512)
+    if xv.numel() > limit:
+        return f"{what} template: over {limit} elements runs as ATen's vector kernel, faster than the C version at that size"
+    return None
+
+
+def _log_softmax_refusal(node: fx.Node) -> str | None:
+    x, dim, half_to_float = node.args[:3]
+    if half_to_float:
+        return "log_softmax template: half_to_float runs as ATen's kernel"
+    return _last_dim_rows_refusal("log_softmax", node, x, dim)
+
+
+def _log_softmax_backward_refusal(node: fx.Node) -> str | None:
+    grad, out, dim, input_dtype = node.args[:4]
+    if input_dtype != grad.meta[VAL].dtype:
+        return "log_softmax backward template: an input dtype other than the gradient's runs as ATen's kernel"
+    return _last_dim_rows_refusal("log_softmax backward", node, grad, dim)
+
+
+def _rows(ts: _Tensors, ndim: int):
+    """Loops over every row (all dims but the last) and ``at(key, j)``: element ``j`` of the
+    current row of tensor ``key``."""
+    lead = ndim - 1
+    coords = [f"i{d}" for d in range(lead)]
+    sizes = next(iter(ts.layouts.values()))[0]
+    loops = [f"for (int64_t i{d} = 0; i{d} < {sizes[d]}; i{d}++)" for d in range(lead)]
+
+    def at(key: str, j: str = "j") -> str:
+        strides = ts.layouts[key][1]
+        row = _offset(coords, strides[:lead])
+        return f"{ts.ptr[key]}[{row} + {strides[lead]}*{j}]"
+
+    return loops, at
+
+
+def _exp(ct: str, x: str) -> str:
+    return f"fx_expf({x})" if ct == "float" else f"exp({x})"
+
+
+def log_softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+    """``_log_softmax(x, dim=-1)``, per row as ATen's CPU kernel: ``m = max(x)``,
+    ``ls = log(sum(exp(x - m)))``, ``out = (x - m) - ls``; the sum in double.  A row with a NaN is
+    NaN (through the sum), as eager's."""
+    x = node.args[0]
+    xv = x.meta[VAL]
+    ct = CTYPE[xv.dtype]
+    n = int(xv.shape[-1])
+    ts = _Tensors(ct, layout)
+    ts.add("out", buffer(node, None), "out", node, None, node.meta[VAL])
+    ts.add("x", ref(x), "in", x, None, xv)
+    loops, at = _rows(ts, xv.dim())
+    # the max as a vector reduction, which may pass over a NaN: the sum has it, and every output
+    body = [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
+            f"for (int64_t j = 0; j < {n}; j++) m = m > {at('x')} ? m : {at('x')};",
+            "double s = 0;", "#pragma omp simd reduction(+:s)",
+            f"for (int64_t j = 0; j < {n}; j++) s += (double){_exp(ct, at('x') + ' - m')};",
+            f"const {ct} ls = ({ct})log(s);",
+            f"for (int64_t j = 0; j < {n}; j++) {at('out')} = ({at('x')} - m) - ls;"]
+    return ts.kernel(name, "log_softmax", loops + ["{"] + ["    " + l for l in body] + ["}"])
+
+
+def log_softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+    """``_log_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
+    ``dx = g - exp(y) * sum(g)``; the sum in double."""
+    grad, out = node.args[:2]
+    gv = grad.meta[VAL]
+    ct = CTYPE[gv.dtype]
+    n = int(gv.shape[-1])
+    ts = _Tensors(ct, layout)
+    ts.add("dx", buffer(node, None), "out", node, None, node.meta[VAL])
+    ts.add("g", ref(grad), "in", grad, None, gv)
+    ts.add("y", ref(out), "in", out, None, out.meta[VAL])
+    loops, at = _rows(ts, gv.dim())
+    body = ["double s = 0;", "#pragma omp simd reduction(+:s)",
+            f"for (int64_t j = 0; j < {n}; j++) s += (double){at('g')};",
+            f"const {ct} sg = ({ct})s;",
+            f"for (int64_t j = 0; j < {n}; j++) {at('dx')} = {at('g')} - {_exp(ct, at('y'))} * sg;"]
+    return ts.kernel(name, "log_softmax backward", loops + ["{"] + ["    " + l for l in body] + ["}"])
 
 
 # op -> (why it cannot run as the template, or None; the emitter)
 TEMPLATES = {
     aten.native_layer_norm_backward.default: (layer_norm_backward_refusal, layer_norm_backward),
+    aten._log_softmax.default: (_log_softmax_refusal, log_softmax),
+    aten._log_softmax_backward_data.default: (_log_softmax_backward_refusal, log_softmax_backward),
 }
 
 
