@@ -32,6 +32,10 @@ aten = torch.ops.aten
 
 # Per-column accumulators live on the C stack (a double a column for each of dw and db).
 LAYER_NORM_MAX_COLUMNS = 8192
+# Strided rows staged this many at a time where they start one element apart, in at most this
+# many bytes of C stack.
+STAGE_BLOCK_ROWS = 16
+STAGE_BLOCK_MAX_BYTES = 64 << 10
 
 
 def _flat_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
@@ -141,9 +145,18 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     # (a transposed gradient...) is copied once into a contiguous local row: the loops then read
     # it as vectors instead of gathering it twice
     staged = [key for key in ("dy", "x") if "dx" in ptr and col[key] != 1]
+    # Staged rows whose neighbours along the last row dim are next to each other in memory (a
+    # transposed gradient's rows start one element apart) are staged a block of rows at a time:
+    # each column of the block is one contiguous read instead of a gather per row.
+    inner = int(xv.shape[lead - 1])
+    block = min(STAGE_BLOCK_ROWS, inner)
+    adjacent = [k for k in ("dy", "x", "dx") if k in staged or (k == "dx" and k in ptr and col[k] != 1)]
+    blocked = bool(staged) and block > 1 and all(layouts[k][1][lead - 1] == 1 for k in adjacent) and \
+        block * n * xv.element_size() * len(adjacent) <= STAGE_BLOCK_MAX_BYTES
+    written = ["dx"] if blocked and "dx" in adjacent else []  # computed into the block, stored by columns
 
     def at(key: str) -> str:
-        if key in staged:
+        if key in staged or key in written:
             return f"row_{key}[j]"
         off = f"{col[key]}*j" if key not in row else f"{row[key]} + {col[key]}*j"
         return f"{ptr[key]}[{off}]"
@@ -153,11 +166,15 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     lines = [f"double {acc}[{n}];" for _, acc in accs]
     if accs:
         lines.append(f"for (int64_t j = 0; j < {n}; j++) {{ {' '.join(f'{acc}[j] = 0;' for _, acc in accs)} }}")
-    lines += [f"for (int64_t i{d} = 0; i{d} < {int(s)}; i{d}++)" for d, s in enumerate(xv.shape[:lead])]
+    loops = [f"for (int64_t i{d} = 0; i{d} < {int(s)}; i{d}++)" for d, s in enumerate(xv.shape[:lead])]
     body = [f"const {ct} mu = {ptr['mean']}[{row['mean']}];", f"const {ct} rs = {ptr['rstd']}[{row['rstd']}];"]
-    for key in staged:
-        body += [f"{ct} row_{key}[{n}];",
-                 f"for (int64_t j = 0; j < {n}; j++) row_{key}[j] = {ptr[key]}[{row[key]} + {col[key]}*j];"]
+    if blocked:
+        body += [f"const {ct}* row_{key} = blk_{key}[i{lead - 1} - ib];" for key in staged]
+        body += [f"{ct}* row_{key} = blk_{key}[i{lead - 1} - ib];" for key in written]
+    else:
+        for key in staged:
+            body += [f"{ct} row_{key}[{n}];",
+                     f"for (int64_t j = 0; j < {n}; j++) row_{key}[j] = {ptr[key]}[{row[key]} + {col[key]}*j];"]
     if "dx" in ptr:
         body += ["double ds = 0, db = 0;", "#pragma omp simd reduction(+:ds) reduction(+:db)",
                  f"for (int64_t j = 0; j < {n}; j++)", "{",
@@ -174,7 +191,24 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     if "db" in ptr:
         body.append(f"    acc_db[j] += (double){at('dy')};")
     body.append("}")
-    lines += ["{"] + ["    " + l for l in body] + ["}"]
+    body = ["{"] + ["    " + l for l in body] + ["}"]
+    if blocked:  # the last row loop runs block by block: stage the block's rows, then each row
+        i = f"i{lead - 1}"
+        stage = [f"const int64_t nb = {block};" if inner % block == 0 else
+                 f"const int64_t nb = {inner} - ib < {block} ? {inner} - ib : {block};"]
+        first = {k: row[k].replace(i, "ib") for k in adjacent}  # the block's first row
+        for key in staged:
+            stage += [f"{ct} blk_{key}[{block}][{n}];", f"for (int64_t j = 0; j < {n}; j++)",
+                      f"    for (int64_t r = 0; r < nb; r++) blk_{key}[r][j] = {ptr[key]}[{first[key]} + r + {col[key]}*j];"]
+        stage += [f"{ct} blk_{key}[{block}][{n}];" for key in written]
+        store = [l for key in written for l in (
+            f"for (int64_t j = 0; j < {n}; j++)",
+            f"    for (int64_t r = 0; r < nb; r++) {ptr[key]}[{first[key]} + r + {col[key]}*j] = blk_{key}[r][j];")]
+        body = [f"for (int64_t ib = 0; ib < {inner}; ib += {block})", "{"] + ["    " + l for l in stage] + [
+            f"    for (int64_t {i} = ib; {i} < ib + nb; {i}++)"] + ["    " + l for l in body] + [
+            "    " + l for l in store] + ["}"]
+        loops = loops[:-1]
+    lines += loops + body
     lines += [f"for (int64_t j = 0; j < {n}; j++) {at(key)} = ({ct}){acc}[j];" for key, acc in accs]
 
     return ts.kernel(name, "layer norm backward", lines)
