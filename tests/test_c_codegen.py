@@ -745,7 +745,7 @@ def test_kernels_are_called_by_the_launcher_with_the_tensors():
     with pytest.raises(TypeError, match=f"{name} takes [0-9]+ positional arguments \\(0 given\\)") as e:
         fn()
     n = int(str(e.value).split("takes ")[1].split(" ")[0])
-    assert n == source.split(f"\n{name} = {name}_c", 1)[0].rsplit(f"# void {name}(", 1)[1].count("fx_ptrs[")
+    assert n == source.split(f"\n{name} = {name}_c", 1)[0].rsplit(f"# int {name}(", 1)[1].count("fx_ptrs[")
     with pytest.raises(TypeError, match="positional arguments"):
         fn(*([torch.zeros(0)] * (n - 1)), out=torch.zeros(0))
     with pytest.raises(AttributeError, match="data_ptr"):
@@ -771,13 +771,14 @@ def test_kernels_called_through_ctypes_without_python_headers(monkeypatch, fresh
 
 def _every_kind_unit() -> build.CUnit:
     """One kernel taking a parameter of each kind, in an order that interleaves them:
-    ``out[j] = (in[j] + a) * (flag ? s : -s) + b`` for ``j < n``."""
+    ``out[j] = (in[j] + a) * (flag ? s : -s) + b`` for ``j < n``; error 1 for ``n < 0``."""
     from fxforge.codegen.triton.launch import Param
 
     params = [Param("out_ptr0", "*float", "out"), Param("n", "i64", "n"), Param("in_ptr0", "*float", "x"),
               Param("s", "fp32", "s"), Param("flag", "i1", "flag"), Param("a", "i64", "a"), Param("b", "fp32", "b")]
-    body = ["    for (int64_t j = 0; j < n; j++)", "        out_ptr0[j] = (in_ptr0[j] + a) * (flag ? s : -s) + b;", "}"]
-    source = "\n".join(kernel_module.c_head("kinds", params) + body) + "\n"
+    body = ["    if (n < 0) { *fx_err = n; return 1; }",  # launcher.KERNEL_ERRORS[1]
+            "    for (int64_t j = 0; j < n; j++)", "        out_ptr0[j] = (in_ptr0[j] + a) * (flag ? s : -s) + b;"]
+    source = "\n".join(kernel_module.c_head("kinds", params) + body + kernel_module.C_END) + "\n"
     return build.CUnit([kernel_module.CEmitted(source, "", "kinds", [p.launch for p in params], params, 1, 2)])
 
 
@@ -802,6 +803,8 @@ def test_every_parameter_kind_reaches_the_kernel(through, monkeypatch, fresh_lau
         fn(out, 10, x)
     with pytest.raises(TypeError):
         fn(out, "ten", x, 1.0, True, 1, 1.0)  # a size that is not an int
+    with pytest.raises(IndexError, match=r"^Target -3 is out of bounds\.$"):  # a kernel's error code
+        fn(out, -3, x, 1.0, True, 1, 1.0)
 
 
 def test_a_launcher_that_fails_to_load_falls_back_to_ctypes_with_one_warning(monkeypatch, caplog, fresh_launcher):

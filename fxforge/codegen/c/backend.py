@@ -8,7 +8,8 @@ one C function per group, compiled for this CPU with the wrapper's other C kerne
 (``build.py``).  Matmuls, convolutions, arg reductions, ops without a C lowering and
 transcendental ops on large tensors (``ops.TRANSCENDENTAL_MAX_NUMEL``) run as the ``torch``
 backend's ATen calls into the same planned buffers (``extern``).  Layer norm's gradient and a
-small head's log-softmax (and its gradient) run as hand-written C kernels (``templates.py``).
+classification head's log-softmax and NLL loss (and their gradients) run as hand-written C
+kernels (``templates.py``).
 ``accepts`` runs the emitter on the node itself, as the Triton backend does: the check and the
 emitter cannot disagree (memoized by group structure, ``codegen/probes.py``).
 """

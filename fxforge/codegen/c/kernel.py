@@ -136,11 +136,13 @@ def param_kind(p: Param) -> str:
 
 def c_head(name: str, params: list[Param]) -> list[str]:
     """The kernel's signature, its opening brace and its parameters read from it.  Every kernel
-    has the same signature, ``void name(void* const* fx_ptrs, const int64_t* fx_ints, const
-    double* fx_floats)`` (one launcher calls them all, ``launcher.py``): the tensors' data
-    pointers in order (``const`` for the ``in_`` ones, which the kernel only reads), the sizes
-    and bools, the floats."""
-    lines = [f"void {name}(void* const* fx_ptrs, const int64_t* fx_ints, const double* fx_floats)", "{"]
+    has the same signature, ``int name(void* const* fx_ptrs, const int64_t* fx_ints, const
+    double* fx_floats, int64_t* fx_err)`` (one launcher calls them all, ``launcher.py``): the
+    tensors' data pointers in order (``const`` for the ``in_`` ones, which the kernel only
+    reads), the sizes and bools, the floats.  It returns 0, or one of ``launcher.KERNEL_ERRORS``
+    with the value that error names in ``*fx_err``; its last lines are ``C_END``."""
+    lines = [f"int {name}(void* const* fx_ptrs, const int64_t* fx_ints, const double* fx_floats, int64_t* fx_err)",
+             "{"]
     count = dict.fromkeys(_ENTRY_ARRAY.values(), 0)
     for p in params:
         array = _ENTRY_ARRAY[param_kind(p)]
@@ -151,6 +153,9 @@ def c_head(name: str, params: list[Param]) -> list[str]:
             ct = _SCALAR_CTYPE[p.sig]
             lines.append(f"    const {ct} {p.name} = ({ct}){array}[{i}];")
     return lines
+
+
+C_END = ["    return 0;", "}"]  # a kernel's last lines (``c_head``)
 
 
 def launch_source(name: str, args: list[str], params: list[Param], prologue: list[str], head: list[str]) -> str:
@@ -504,9 +509,9 @@ class CEmitter(Emitter):
         lines = c_head(self.name, self.params)
         by_rows = self.columns_by_rows(head)
         if by_rows is not None:
-            lines += ["    " + l for l in by_rows] + ["}"]
+            lines += ["    " + l for l in by_rows] + C_END
         else:
-            lines += ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }", "}"]
+            lines += ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }"] + C_END
         head = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "
                 "helpers: fxforge/codegen/c/prelude.py)"] + ["# " + l for l in lines]
         launch = launch_source(self.name, self.args, self.params, self.launch_lines + self.launch_checks, head)

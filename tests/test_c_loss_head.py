@@ -1,6 +1,7 @@
-"""Log-softmax and its gradient on the C backend: the row templates (``codegen/c/templates.py``)
-that run a small classification head's ``_log_softmax`` and ``_log_softmax_backward_data`` as C
-kernels instead of ATen calls.  Every case compares with eager on fresh random inputs."""
+"""A classification head's loss on the C backend: the templates (``codegen/c/templates.py``) that
+run ``_log_softmax``, ``nll_loss_forward`` and their gradients as C kernels instead of ATen calls,
+and a kernel's error code raised as eager's error (a target out of bounds).  Every case compares
+with eager on fresh random inputs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fxforge
-from fxforge.codegen.c import build
+from fxforge.codegen.c import backend as c_backend, build, launcher
 from fxforge.codegen.c.ops import TRANSCENDENTAL_MAX_NUMEL
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
@@ -96,7 +97,6 @@ def test_refusals_name_the_reason():
     src = b.compiled[0].source
     assert "template: log_softmax" not in src  # both run as ATen kernels (the torch backend's extern calls)
     assert src.count("aten._log_softmax.out(") == 2
-    from fxforge.codegen.c import backend as c_backend
     gm = b.compiled[0].graph
     why = {n.args[1]: c_backend.accepts(n, fxforge.Config(codegen="c"))
            for n in gm.graph.nodes if n.target == aten._log_softmax.default}
@@ -110,3 +110,74 @@ def test_dynamic_shapes_run_as_aten():
     x = torch.randn(5, 10)
     torch.testing.assert_close(c(x), F.log_softmax(x, -1) * 3)
     assert all("template: log_softmax" not in cc.source for cc in b.compiled)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction, weighted, ignore_index, shape", [
+    ("mean", False, -100, (8, 10)), ("sum", True, -100, (8, 10)), ("mean", True, 3, (8, 10)),
+    ("mean", False, -100, (10,)), ("sum", False, 0, (5, 3))])
+def test_nll_loss_templates_match_eager(reduction, weighted, ignore_index, shape, dtype):
+    torch.manual_seed(2)
+    x = torch.randn(*shape, dtype=dtype, requires_grad=True)
+    y = torch.randint(0, shape[-1], shape[:-1])
+    w = torch.rand(shape[-1], dtype=dtype) + 0.5 if weighted else None
+
+    def fn(x, y, w):
+        return F.cross_entropy(x, y, weight=w, reduction=reduction, ignore_index=ignore_index)
+
+    b, c = _compile(fn)
+    loss = c(x, y, w)
+    loss.backward()
+    grad, x.grad = x.grad, None
+    ref = fn(x, y, w)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(grad, x.grad)
+    sources = "".join(cc.source for cc in b.compiled)
+    assert "(template: nll_loss forward," in sources and "(template: nll_loss backward," in sources
+    assert not [k for k in _fallbacks(b) if "nll" in k]
+
+
+@pytest.fixture(params=["launcher", "ctypes"])
+def kernels_through(request, monkeypatch):
+    """C kernels called by the launcher, or (no Python.h) through ctypes adapters."""
+    launcher.launcher.cache_clear()
+    if request.param == "ctypes":
+        monkeypatch.setattr(launcher, "python_include", lambda: None)
+    elif launcher.launcher() is None:
+        pytest.skip("no launcher here: the kernels go through ctypes")
+    yield request.param
+    launcher.launcher.cache_clear()
+
+
+def test_a_target_out_of_bounds_raises_eagers_error(kernels_through):
+    x = torch.randn(8, 10, requires_grad=True)
+    b, c = _compile(lambda x, y: F.cross_entropy(x, y))
+    c(x, torch.randint(0, 10, (8,))).backward()
+    assert "(template: nll_loss forward," in b.compiled[0].source
+    for bad in (10, -1, 1 << 40):
+        y = torch.randint(0, 10, (8,))
+        y[5] = bad
+        with pytest.raises(IndexError) as eager:
+            F.cross_entropy(x, y)
+        with pytest.raises(IndexError) as compiled:
+            c(x, y)
+        assert str(compiled.value) == str(eager.value) == f"Target {bad} is out of bounds."
+
+
+def test_every_target_ignored_gives_eagers_nan():
+    x = torch.randn(6, 4)
+    y = torch.full((6,), -100)
+    b, c = _compile(lambda x, y: F.cross_entropy(x, y))
+    out = c(x, y)
+    assert out.isnan() and F.cross_entropy(x, y).isnan()
+    y[2] = 1  # one row counts again
+    torch.testing.assert_close(c(x, y), F.cross_entropy(x, y))
+
+
+def test_nll_reduction_none_runs_as_aten_with_the_reason():
+    x, y = torch.randn(6, 4), torch.randint(0, 4, (6,))
+    b, c = _compile(lambda x, y: F.nll_loss(x, y, reduction="none") * 2)
+    torch.testing.assert_close(c(x, y), F.nll_loss(x, y, reduction="none") * 2)
+    (n,) = [n for n in b.compiled[0].graph.graph.nodes if n.target == aten.nll_loss_forward.default]
+    assert "reduction='none' runs as ATen's kernel" in c_backend.accepts(n, fxforge.Config(codegen="c"))
