@@ -181,3 +181,22 @@ def test_nll_reduction_none_runs_as_aten_with_the_reason():
     torch.testing.assert_close(c(x, y), F.nll_loss(x, y, reduction="none") * 2)
     (n,) = [n for n in b.compiled[0].graph.graph.nodes if n.target == aten.nll_loss_forward.default]
     assert "reduction='none' runs as ATen's kernel" in c_backend.accepts(n, fxforge.Config(codegen="c"))
+
+
+def test_a_large_nll_gradient_runs_as_aten():
+    """A GPT-sized head's NLL gradient (mostly zeros) is ATen's: its fill runs on every thread."""
+    from fxforge.codegen.c import templates
+
+    rows = templates.NLL_BACKWARD_MAX_NUMEL // 512 + 1
+    x = torch.randn(rows, 512, requires_grad=True)
+    y = torch.randint(0, 512, (rows,))
+    b, c = _compile(lambda x, y: F.nll_loss(x, y))
+    c(x, y).backward()
+    grad, x.grad = x.grad, None
+    F.nll_loss(x, y).backward()
+    torch.testing.assert_close(grad, x.grad)
+    sources = "".join(cc.source for cc in b.compiled)
+    assert "(template: nll_loss forward," in sources and "(template: nll_loss backward," not in sources
+    (bw,) = [cc for cc in b.compiled if cc.stats["graph"] == "backward"]
+    (n,) = [n for n in bw.graph.graph.nodes if n.target == aten.nll_loss_backward.default]
+    assert "zero fill runs on every intra-op thread" in c_backend.accepts(n, fxforge.Config(codegen="c"))

@@ -38,6 +38,8 @@ LAYER_NORM_MAX_COLUMNS = 8192
 # many bytes of C stack.
 STAGE_BLOCK_ROWS = 16
 STAGE_BLOCK_MAX_BYTES = 64 << 10
+# An NLL gradient is zeros but one element a row: larger ones are ATen's (its fill is parallel).
+NLL_BACKWARD_MAX_NUMEL = 65536
 
 
 def _flat_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
@@ -323,6 +325,9 @@ def _nll_refusal(node: fx.Node) -> str | None:
         return "nll_loss template: (N, C) scores with (N,) targets, or (C,) with one, only"
     if reduction not in (1, 2):
         return "nll_loss template: reduction='none' runs as ATen's kernel"
+    if node.target == aten.nll_loss_backward.default and x.meta[VAL].numel() > NLL_BACKWARD_MAX_NUMEL:
+        return (f"nll_loss backward template: over {NLL_BACKWARD_MAX_NUMEL} elements runs as ATen's kernel, whose "
+                "zero fill runs on every intra-op thread")
     return None
 
 
