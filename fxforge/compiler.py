@@ -18,7 +18,7 @@ from .compiled import STAT_KEYS, Compiled, KernelInfo
 from .config import Config
 from .collectives import collective_stats
 from .copies import graph_copy_bytes
-from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, PROBES, VAL, count_compute_nodes, output_nodes, peak_live_bytes
+from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.crops import LowerCrops
 from .lowering.splits import SplitForFusion
@@ -132,12 +132,7 @@ def compile_graph(
     recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
     pm = PassManager(passes if passes is not None else default_passes(config, registry, gm, kind), debug=config.debug,
                      observer=recorder)
-    traced = gm
-    try:
-        gm, records = pm(gm)
-    finally:  # the backends' probes, memoized while the passes ran (codegen/probes.py)
-        for m in (traced, gm):
-            m.meta.pop(PROBES, None)
+    gm, records = pm(gm)
     if config.debug and passes is None and config.passes_at("after_fusion"):
         _check_groups(gm, config, registry)
 

@@ -53,7 +53,8 @@ META_KEYS = {
 }
 # the one key fxforge writes in a GraphModule's own meta
 GRAPH_META_KEYS = {
-    PROBES: "dict: backends' emitter probe summaries by group structure, kept while the passes run (codegen/probes.py)",
+    PROBES: "dict: backends' emitter probe summaries by group structure, kept while a PassManager runs "
+            "(codegen/probes.py)",
 }
 
 FALLBACK_BACKEND = "fallback"

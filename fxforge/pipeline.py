@@ -23,7 +23,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from .graph import VAL, count_compute_nodes, fake_mode_of, has_val
+from .graph import PROBES, VAL, count_compute_nodes, fake_mode_of, has_val
 
 
 class PassResult(NamedTuple):
@@ -96,6 +96,13 @@ class PassManager:
         self.observer = observer
 
     def __call__(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
+        traced = gm
+        try:
+            return self._run(gm)
+        finally:  # what backends memoized while the passes ran (codegen/probes.py)
+            traced.meta.pop(PROBES, None)
+
+    def _run(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
         records = []
         if self.debug:
             _verify_or_raise("<input>", gm)
@@ -121,6 +128,7 @@ class PassManager:
                 _verify_or_raise(name, gm)
             if self.observer is not None:
                 self.observer(name, gm)
+        gm.meta.pop(PROBES, None)
         return gm, records
 
 

@@ -147,3 +147,25 @@ def test_random_graphs_compile_the_same_with_and_without_the_memo(example):
         (a, _), (b, _) = _compile_both(gm, cfg, mp)
     assert _groups(a.graph) == _groups(b.graph)
     assert a.source == b.source
+
+
+@needs_cc
+def test_apply_passes_leaves_no_memo_in_the_graph():
+    """A user's own pass list through ``apply_passes``: the memo the fusion pass filled is gone."""
+    from fxforge.compiler import default_passes
+
+    x, y = torch.randn(8, 32), torch.randn(8, 32)
+    gm = make_fx(lambda a, b: ((a * 1.5 + b).tanh() * 1.5 + b).tanh(), tracing_mode="fake")(x, y)
+    cfg = fxforge.Config(codegen="c")
+    seen = []
+    real = probes.memoized
+
+    def spy(tag, nodes, outputs, probe):
+        seen.append(PROBES in nodes[0].graph.owning_module.meta)
+        return real(tag, nodes, outputs, probe)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(c_backend, "memoized", spy)
+        out = fxforge.apply_passes(gm, default_passes(cfg, fxforge.codegen.registry.DEFAULT_REGISTRY, gm, "graph"))
+    assert seen and any(seen)  # the memo was there while the passes ran
+    assert PROBES not in out.meta and PROBES not in gm.meta

@@ -4,7 +4,8 @@ A backend answers ``accepts`` and ``fusion_cost`` by running its emitter on the 
 candidate group (the check and the emitter cannot disagree).  The fusion pass asks once per
 candidate merge, so a graph of repeated blocks (a model's layers, a chain of the same few ops)
 runs the emitter on the same group, up to names, many times.  ``memoized`` keeps each successful
-probe's summary in the graph module's meta (``PROBES``, dropped when the passes end), keyed by
+probe's summary in the graph module's meta (``PROBES``, dropped when the ``PassManager`` run
+ends), keyed by
 ``structure``: every member's op, arguments and traced value, the traced values of the tensors
 it reads from outside, which of those are one multi-output member's outputs, and the outputs.
 That is everything an emitter reads of a group but names, which only appear in the kernel's
