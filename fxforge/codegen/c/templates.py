@@ -271,45 +271,47 @@ def _exp(ct: str, x: str) -> str:
     return f"fx_expf({x})" if ct == "float" else f"exp({x})"
 
 
+def _row_kernel(name: str, node: fx.Node, ref, buffer, layout, what: str, out: str, ins: dict[str, fx.Node],
+                body) -> CEmitted:
+    """A row template over the last dim: the node's output ``out`` and inputs ``ins`` (key ->
+    node), one row's lines ``body(ct, n, at)`` (the C type, the row length, ``_rows``' ``at``)."""
+    first = next(iter(ins.values())).meta[VAL]
+    ts = _Tensors(layout)
+    ts.add(out, buffer(node, None), "out", node, None, node.meta[VAL])
+    for key, a in ins.items():
+        ts.add(key, ref(a), "in", a, None, a.meta[VAL])
+    loops, at = _rows(ts, first.dim())
+    lines = body(CTYPE[first.dtype], int(first.shape[-1]), at)
+    return ts.kernel(name, what, loops + ["{"] + ["    " + l for l in lines] + ["}"])
+
+
 def log_softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``_log_softmax(x, dim=-1)``, per row as ATen's CPU kernel: ``m = max(x)``,
     ``ls = log(sum(exp(x - m)))``, ``out = (x - m) - ls``; the sum in double.  A row with a NaN is
     NaN (through the sum), as eager's."""
-    x = node.args[0]
-    xv = x.meta[VAL]
-    ct = CTYPE[xv.dtype]
-    n = int(xv.shape[-1])
-    ts = _Tensors(layout)
-    ts.add("out", buffer(node, None), "out", node, None, node.meta[VAL])
-    ts.add("x", ref(x), "in", x, None, xv)
-    loops, at = _rows(ts, xv.dim())
-    # the max as a vector reduction, which may pass over a NaN: the sum has it, and every output
-    body = [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
-            f"for (int64_t j = 0; j < {n}; j++) m = m > {at('x')} ? m : {at('x')};",
-            "double s = 0;", "#pragma omp simd reduction(+:s)",
-            f"for (int64_t j = 0; j < {n}; j++) s += (double){_exp(ct, at('x') + ' - m')};",
-            f"const {ct} ls = ({ct})log(s);",
-            f"for (int64_t j = 0; j < {n}; j++) {at('out')} = ({at('x')} - m) - ls;"]
-    return ts.kernel(name, "log_softmax", loops + ["{"] + ["    " + l for l in body] + ["}"])
+    def body(ct: str, n: int, at) -> list[str]:
+        # the max as a vector reduction, which may pass over a NaN: the sum has it, and every output
+        return [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
+                f"for (int64_t j = 0; j < {n}; j++) m = m > {at('x')} ? m : {at('x')};",
+                "double s = 0;", "#pragma omp simd reduction(+:s)",
+                f"for (int64_t j = 0; j < {n}; j++) s += (double){_exp(ct, at('x') + ' - m')};",
+                f"const {ct} ls = ({ct})log(s);",
+                f"for (int64_t j = 0; j < {n}; j++) {at('out')} = ({at('x')} - m) - ls;"]
+
+    return _row_kernel(name, node, ref, buffer, layout, "log_softmax", "out", {"x": node.args[0]}, body)
 
 
 def log_softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``_log_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
     ``dx = g - exp(y) * sum(g)``; the sum in double."""
-    grad, out = node.args[:2]
-    gv = grad.meta[VAL]
-    ct = CTYPE[gv.dtype]
-    n = int(gv.shape[-1])
-    ts = _Tensors(layout)
-    ts.add("dx", buffer(node, None), "out", node, None, node.meta[VAL])
-    ts.add("g", ref(grad), "in", grad, None, gv)
-    ts.add("y", ref(out), "in", out, None, out.meta[VAL])
-    loops, at = _rows(ts, gv.dim())
-    body = ["double s = 0;", "#pragma omp simd reduction(+:s)",
-            f"for (int64_t j = 0; j < {n}; j++) s += (double){at('g')};",
-            f"const {ct} sg = ({ct})s;",
-            f"for (int64_t j = 0; j < {n}; j++) {at('dx')} = {at('g')} - {_exp(ct, at('y'))} * sg;"]
-    return ts.kernel(name, "log_softmax backward", loops + ["{"] + ["    " + l for l in body] + ["}"])
+    def body(ct: str, n: int, at) -> list[str]:
+        return ["double s = 0;", "#pragma omp simd reduction(+:s)",
+                f"for (int64_t j = 0; j < {n}; j++) s += (double){at('g')};",
+                f"const {ct} sg = ({ct})s;",
+                f"for (int64_t j = 0; j < {n}; j++) {at('dx')} = {at('g')} - {_exp(ct, at('y'))} * sg;"]
+
+    ins = {"g": node.args[0], "y": node.args[1]}
+    return _row_kernel(name, node, ref, buffer, layout, "log_softmax backward", "dx", ins, body)
 
 
 def _nll_refusal(node: fx.Node) -> str | None:
