@@ -200,7 +200,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
         i = f"i{lead - 1}"
         stage = [f"const int64_t nb = {block};" if inner % block == 0 else
                  f"const int64_t nb = {inner} - ib < {block} ? {inner} - ib : {block};"]
-        first = {k: row[k].replace(i, "ib") for k in adjacent}  # the block's first row
+        first = {k: _offset(coords[:-1] + ["ib"], layouts[k][1][:lead]) for k in adjacent}  # the block's first row
         for key in staged:
             stage += [f"{ct} blk_{key}[{block}][{n}];", f"for (int64_t j = 0; j < {n}; j++)",
                       f"    for (int64_t r = 0; r < nb; r++) blk_{key}[r][j] = {ptr[key]}[{first[key]} + r + {col[key]}*j];"]
@@ -318,7 +318,7 @@ def _nll_refusal(node: fx.Node) -> str | None:
     """``nll_loss_forward(x, target, weight, reduction, ignore_index)`` and its backward (whose
     arguments follow the gradient): float rows of class scores, int64 targets, a mean or a sum."""
     x, target, weight, reduction = node.args[1:5] if node.target == aten.nll_loss_backward.default else node.args[:4]
-    floats = tensors(node.meta[VAL]) + [t for a in (x, weight) if isinstance(a, fx.Node) for t in tensors(a.meta[VAL])]
+    floats = tensors(node.meta[VAL]) + [t for a in node.all_input_nodes if a is not target for t in tensors(a.meta[VAL])]
     if {t.dtype for t in floats} not in ({torch.float32}, {torch.float64}) or target.meta[VAL].dtype != torch.int64:
         return "nll_loss template: float32 or float64 scores and weights of one dtype, int64 targets only"
     if any(free_symbols(t) for t in floats + [target.meta[VAL]]):
