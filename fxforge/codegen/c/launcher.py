@@ -257,8 +257,10 @@ def kernel_error(rc: int, err: int) -> Exception:
 
 def launcher_source() -> str:
     """The launcher module's C source, for this interpreter (its extension suffix in the first
-    line: the cached module is this interpreter's) and with the probe kernel."""
-    return f"/* {sysconfig.get_config_var('EXT_SUFFIX') or ''} */\n" + _PROBE + _LAUNCHER.replace("/* FX_ERRORS */", _errors_c())
+    line: the cached module is this interpreter's) and with the probe kernel (after it: ``Python.h``
+    comes before the C library's headers)."""
+    return (f"/* {sysconfig.get_config_var('EXT_SUFFIX') or ''} */\n" + _LAUNCHER.replace("/* FX_ERRORS */", _errors_c())
+            + _PROBE)
 
 
 @functools.lru_cache(maxsize=None)
