@@ -36,3 +36,24 @@ def kernel_cache(monkeypatch, tmp_path_factory):
     if "FXFORGE_TEST_CACHE" not in os.environ:
         os.environ["FXFORGE_TEST_CACHE"] = str(tmp_path_factory.mktemp("fxforge-cache"))
     monkeypatch.setenv("FXFORGE_CACHE_DIR", os.environ["FXFORGE_TEST_CACHE"])
+
+
+@pytest.fixture
+def fresh_launcher():
+    """The C kernel launcher (``launcher.launcher()``, cached per process) found again in the
+    test, and after it."""
+    from fxforge.codegen.c import launcher
+
+    launcher.launcher.cache_clear()
+    yield launcher
+    launcher.launcher.cache_clear()
+
+
+@pytest.fixture(params=["launcher", "ctypes"])
+def kernels_through(request, monkeypatch, fresh_launcher):
+    """C kernels called by the launcher, or (no ``Python.h``) through ``ctypes`` adapters."""
+    if request.param == "ctypes":
+        monkeypatch.setattr(fresh_launcher, "python_include", lambda: None)
+    elif fresh_launcher.launcher() is None:
+        pytest.skip("no launcher here (no Python.h or no data-pointer entry): kernels go through ctypes")
+    return request.param

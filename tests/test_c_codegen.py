@@ -721,14 +721,6 @@ def _residual_block(x, w, bias, r):
     return F.gelu(F.layer_norm(x + r, (x.shape[-1],), w, bias)) * 2 + r
 
 
-@pytest.fixture
-def fresh_launcher():
-    """``launcher.launcher()`` found again in the test (it is cached per process), and after it."""
-    launcher.launcher.cache_clear()
-    yield
-    launcher.launcher.cache_clear()
-
-
 @pytest.mark.skipif(launcher.python_include() is None or launcher._data_ptr_entry() is None,
                     reason="no Python.h for this interpreter, or no data-pointer entry in this torch: kernels go through ctypes")
 def test_kernels_are_called_by_the_launcher_with_the_tensors():
@@ -782,16 +774,11 @@ def _every_kind_unit() -> build.CUnit:
     return build.CUnit([kernel_module.CEmitted(source, "", "kinds", [p.launch for p in params], params, 1, 2)])
 
 
-@pytest.mark.parametrize("through", ["launcher", "ctypes"])
-def test_every_parameter_kind_reaches_the_kernel(through, monkeypatch, fresh_launcher):
-    if through == "ctypes":
-        monkeypatch.setattr(launcher, "python_include", lambda: None)
-    elif launcher.launcher() is None:
-        pytest.skip("no launcher here (no Python.h or no data-pointer entry): kernels go through ctypes")
+def test_every_parameter_kind_reaches_the_kernel(kernels_through):
     unit = _every_kind_unit()
     assert unit.kernels[0].kinds == "pipfbif"
     fn = launcher.link(unit)["kinds_c"]
-    assert (type(fn).__name__ == "Kernel") == (through == "launcher")
+    assert (type(fn).__name__ == "Kernel") == (kernels_through == "launcher")
     x = torch.randn(10)
     for n, s, flag, a, b in [(10, 1.5, True, 3, -0.25), (7, -2.0, False, -1, 4.0)]:
         out = torch.full((10,), 7.0)

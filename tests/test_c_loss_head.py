@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fxforge
-from fxforge.codegen.c import backend as c_backend, build, launcher
+from fxforge.codegen.c import backend as c_backend, build
 from fxforge.codegen.c.ops import TRANSCENDENTAL_MAX_NUMEL
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
@@ -136,18 +136,6 @@ def test_nll_loss_templates_match_eager(reduction, weighted, ignore_index, shape
     sources = "".join(cc.source for cc in b.compiled)
     assert "(template: nll_loss forward," in sources and "(template: nll_loss backward," in sources
     assert not [k for k in _fallbacks(b) if "nll" in k]
-
-
-@pytest.fixture(params=["launcher", "ctypes"])
-def kernels_through(request, monkeypatch):
-    """C kernels called by the launcher, or (no Python.h) through ctypes adapters."""
-    launcher.launcher.cache_clear()
-    if request.param == "ctypes":
-        monkeypatch.setattr(launcher, "python_include", lambda: None)
-    elif launcher.launcher() is None:
-        pytest.skip("no launcher here: the kernels go through ctypes")
-    yield request.param
-    launcher.launcher.cache_clear()
 
 
 def test_a_target_out_of_bounds_raises_eagers_error(kernels_through):
