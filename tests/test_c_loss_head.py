@@ -5,6 +5,9 @@ with eager on fresh random inputs."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,9 @@ from fxforge.codegen.c.ops import TRANSCENDENTAL_MAX_NUMEL
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
               pytest.mark.usefixtures("kernel_cache")]
 
+sys.path.insert(0, os.path.dirname(__file__))
+from test_c_codegen import fallbacks  # noqa: E402
+
 aten = torch.ops.aten
 LIMIT = TRANSCENDENTAL_MAX_NUMEL["exp.default"]
 
@@ -25,12 +31,6 @@ def _compile(fn, **kw):
     b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
     return b, torch.compile(fn, backend=b, fullgraph=True, **kw)
 
-
-def _fallbacks(b) -> dict:
-    out = {}
-    for c in b.compiled:
-        out.update(c.stats["fallbacks"])
-    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -54,7 +54,7 @@ def test_cross_entropy_step_runs_both_templates(shape, dtype):
     torch.testing.assert_close(grad, x.grad)
     sources = "".join(cc.source for cc in b.compiled)
     assert "(template: log_softmax," in sources and "(template: log_softmax backward," in sources
-    assert "_log_softmax" not in " ".join(_fallbacks(b))
+    assert "_log_softmax" not in " ".join(fallbacks(b))
 
 
 def test_rows_with_infinities_and_nan_match_eager():
@@ -135,7 +135,7 @@ def test_nll_loss_templates_match_eager(reduction, weighted, ignore_index, shape
     torch.testing.assert_close(grad, x.grad)
     sources = "".join(cc.source for cc in b.compiled)
     assert "(template: nll_loss forward," in sources and "(template: nll_loss backward," in sources
-    assert not [k for k in _fallbacks(b) if "nll" in k]
+    assert not [k for k in fallbacks(b) if "nll" in k]
 
 
 def test_a_target_out_of_bounds_raises_eagers_error(kernels_through):

@@ -5,9 +5,9 @@ candidate group (the check and the emitter cannot disagree).  The fusion pass as
 candidate merge, so a graph of repeated blocks (a model's layers, a chain of the same few ops)
 runs the emitter on the same group, up to names, many times.  ``memoized`` keeps each successful
 probe's summary in the graph module's meta (``PROBES``, dropped when the ``PassManager`` run
-ends), keyed by
-``structure``: every member's op, arguments and traced value, the traced values of the tensors
-it reads from outside, which of those are one multi-output member's outputs, and the outputs.
+ends), keyed by ``structure``: every member's op, arguments and traced value, the traced values
+of the tensors it reads from outside, which of those are one multi-output member's outputs, and
+the outputs.
 That is everything an emitter reads of a group but names, which only appear in the kernel's
 text.  A probe that fails is not kept: its message names the group's own nodes.
 """
@@ -58,7 +58,7 @@ def structure(nodes: list[fx.Node], outputs: list[fx.Node] | None) -> tuple:
             return (type(a).__name__, tuple(arg(x) for x in a))
         if isinstance(a, dict):
             return ("dict", tuple((k, arg(x)) for k, x in a.items()))
-        return _value_key(a) if not isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)) else a
+        return _value_key(a)  # a constant (dtypes, devices...: by their repr)
 
     body = tuple((n.op, n.target, arg(n.args), arg(n.kwargs), _value_key(n.meta.get(VAL))) for n in nodes)
     return body, tuple(described), None if outputs is None else tuple(member.get(n, -1) for n in outputs)

@@ -160,7 +160,7 @@ C_END = ["    return 0;", "}"]  # a kernel's last lines (``c_head``)
 
 def launch_source(name: str, args: list[str], params: list[Param], prologue: list[str], head: list[str]) -> str:
     """The launch function ``name(*args)``: ``prologue`` (sizes read, checks), then ``<name>_c``
-    called with each parameter's tensor or scalar (``build.link`` binds it).  A kernel whose
+    called with each parameter's tensor or scalar (``launcher.link`` binds it).  A kernel whose
     parameters are its arguments is ``<name>_c`` itself: no Python frame per call."""
     launch = [p.launch for p in params]
     if not prologue and launch == list(args):

@@ -53,15 +53,25 @@ def _flat_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
     return dims[-1][1]
 
 
+def _static_floats_refusal(what: str, node: fx.Node, skip: fx.Node | None = None) -> str | None:
+    """Every template's own needs of ``node``'s tensors (but ``skip``'s dtype): one dtype, float32
+    or float64, and static sizes."""
+    outs = tensors(node.meta[VAL])
+    ins = [(a, t) for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
+    if {t.dtype for t in outs + [t for a, t in ins if a is not skip]} not in ({torch.float32}, {torch.float64}):
+        return f"{what} template: float32 or float64 tensors of one dtype only"
+    if any(free_symbols(t) for t in outs + [t for _, t in ins]):
+        return f"{what} template: symbolic sizes run as ATen's kernel"
+    return None
+
+
 def layer_norm_backward_refusal(node: fx.Node) -> str | None:
     """What the template needs besides what every C kernel needs (``backend.accepts`` checked
     that: ATen op, strided CPU tensors of C types, outputs left out only by the mask)."""
     grad, x, shape = node.args[:3]
-    every = tensors(node.meta[VAL]) + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
-    if {t.dtype for t in every} not in ({torch.float32}, {torch.float64}):
-        return "layer norm backward template: float32 or float64 tensors of one dtype only"
-    if any(free_symbols(t) for t in every):
-        return "layer norm backward template: symbolic sizes run as ATen's kernel"
+    why = _static_floats_refusal("layer norm backward", node)
+    if why is not None:
+        return why
     xv = x.meta[VAL]
     lead = xv.dim() - len(shape)
     n = math.prod(int(s) for s in shape)
@@ -221,11 +231,9 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
 def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> str | None:
     """Why a row template over the last dim (``log_softmax`` and its gradient) cannot run ``node``
     whose rows are those of ``x`` along ``dim``."""
-    every = tensors(node.meta[VAL]) + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
-    if {t.dtype for t in every} not in ({torch.float32}, {torch.float64}):
-        return f"{what} template: float32 or float64 tensors of one dtype only"
-    if any(free_symbols(t) for t in every):
-        return f"{what} template: symbolic sizes run as ATen's kernel"
+    why = _static_floats_refusal(what, node)
+    if why is not None:
+        return why
     xv = x.meta[VAL]
     if xv.dim() == 0 or xv.numel() == 0:
         return f"{what} template: no rows"
@@ -318,11 +326,11 @@ def _nll_refusal(node: fx.Node) -> str | None:
     """``nll_loss_forward(x, target, weight, reduction, ignore_index)`` and its backward (whose
     arguments follow the gradient): float rows of class scores, int64 targets, a mean or a sum."""
     x, target, weight, reduction = node.args[1:5] if node.target == aten.nll_loss_backward.default else node.args[:4]
-    floats = tensors(node.meta[VAL]) + [t for a in node.all_input_nodes if a is not target for t in tensors(a.meta[VAL])]
-    if {t.dtype for t in floats} not in ({torch.float32}, {torch.float64}) or target.meta[VAL].dtype != torch.int64:
-        return "nll_loss template: float32 or float64 scores and weights of one dtype, int64 targets only"
-    if any(free_symbols(t) for t in floats + [target.meta[VAL]]):
-        return "nll_loss template: symbolic sizes run as ATen's kernel"
+    if target.meta[VAL].dtype != torch.int64:
+        return "nll_loss template: int64 targets only"
+    why = _static_floats_refusal("nll_loss", node, skip=target)
+    if why is not None:
+        return why
     if x.meta[VAL].dim() not in (1, 2) or target.meta[VAL].dim() != x.meta[VAL].dim() - 1:
         return "nll_loss template: (N, C) scores with (N,) targets, or (C,) with one, only"
     if reduction not in (1, 2):

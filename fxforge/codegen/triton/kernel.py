@@ -363,9 +363,11 @@ class Emitter:
             if s == 1:
                 exprs.append(sympy.Integer(0))
             elif d == 0 or all(x == 1 for x in shape[:d]):
-                exprs.append(self.fold_index(index, inner, None) or (FloorDiv(index, inner) if inner != 1 else index))
+                folded = self.fold_index(index, inner, None)  # (a sympy 0 is falsy: compare with None)
+                exprs.append(folded if folded is not None else FloorDiv(index, inner) if inner != 1 else index)
             else:
-                exprs.append(self.fold_index(index, inner, s) or ModularIndexing(index, inner, s))
+                folded = self.fold_index(index, inner, s)
+                exprs.append(folded if folded is not None else ModularIndexing(index, inner, s))
             inner = inner * s
         out = [self.local(e) for e in reversed(exprs)]
         self.flat_of[tuple(out)] = (tuple(shape), index)
