@@ -9,7 +9,7 @@ The template reads each row once for the row sums and once more for the input's 
 each element's share of the column sums to per-column accumulators in that same loop.
 
 A classification head's loss is made of templates too: log-softmax and its gradient over the
-last dim, for small rows (up to ``TRANSCENDENTAL_MAX_NUMEL["exp.default"]`` elements), and the
+last dim (up to ``ROWS_MAX_NUMEL`` elements; the sum's ``exp(x - max)`` through ``fx_expf_neg``), and the
 negative log-likelihood and its gradient: each one C call instead of one ATen call (four ATen
 calls took 53 µs of a mixer's training step on 8 x 10 logits).  A target out of bounds is error 1
 of ``launcher.KERNEL_ERRORS``, raised as eager raises it.
@@ -28,7 +28,7 @@ import torch.fx as fx
 from ...graph import VAL, free_symbols, tensors
 from ..triton.launch import Param
 from .kernel import C_END, CEmitted, c_head, launch_source
-from .ops import CTYPE, TRANSCENDENTAL_MAX_NUMEL
+from .ops import CTYPE
 
 aten = torch.ops.aten
 
@@ -38,8 +38,11 @@ LAYER_NORM_MAX_COLUMNS = 8192
 # many bytes of C stack.
 STAGE_BLOCK_ROWS = 16
 STAGE_BLOCK_MAX_BYTES = 64 << 10
+# Log-softmax rows (and their gradient's) on up to this many elements: larger ones are ATen's,
+# which runs on every intra-op thread.
+ROWS_MAX_NUMEL = 1 << 18
 # An NLL gradient is zeros but one element a row: larger ones are ATen's (its fill is parallel).
-NLL_BACKWARD_MAX_NUMEL = 65536
+NLL_BACKWARD_MAX_NUMEL = 1 << 18
 
 
 def _flat_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
@@ -239,9 +242,8 @@ def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> st
         return f"{what} template: no rows"
     if dim % xv.dim() != xv.dim() - 1:
         return f"{what} template: over the last dim only"
-    limit = TRANSCENDENTAL_MAX_NUMEL["exp.default"]  # fx_expf against ATen's vector exp (91 against 68 us at 256 x 512)
-    if xv.numel() > limit:
-        return f"{what} template: over {limit} elements runs as ATen's vector kernel, faster than the C version at that size"
+    if xv.numel() > ROWS_MAX_NUMEL:
+        return f"{what} template: over {ROWS_MAX_NUMEL} elements runs as ATen's kernel, parallel over rows"
     return None
 
 
@@ -275,8 +277,11 @@ def _rows(ts: _Tensors, ndim: int):
     return loops, at
 
 
-def _exp(ct: str, x: str) -> str:
-    return f"fx_expf({x})" if ct == "float" else f"exp({x})"
+def _exp(ct: str, x: str, nonpositive: bool = False) -> str:
+    """``exp(x)`` in C type ``ct``: ``fx_expf_neg`` where ``x`` is never above 0 (or NaN)."""
+    if ct != "float":
+        return f"exp({x})"
+    return f"fx_expf_neg({x})" if nonpositive else f"fx_expf({x})"
 
 
 def _row_kernel(name: str, node: fx.Node, ref, buffer, layout, what: str, out: str, ins: dict[str, fx.Node],
@@ -302,7 +307,7 @@ def log_softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
         return [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
                 f"for (int64_t j = 0; j < {n}; j++) m = m > {at('x')} ? m : {at('x')};",
                 "double s = 0;", "#pragma omp simd reduction(+:s)",
-                f"for (int64_t j = 0; j < {n}; j++) s += (double){_exp(ct, at('x') + ' - m')};",
+                f"for (int64_t j = 0; j < {n}; j++) s += (double){_exp(ct, at('x') + ' - m', nonpositive=True)};",
                 f"const {ct} ls = ({ct})log(s);",
                 f"for (int64_t j = 0; j < {n}; j++) {at('out')} = ({at('x')} - m) - ls;"]
 
