@@ -14,8 +14,14 @@ negative log-likelihood and its gradient: each one C call instead of one ATen ca
 calls took 53 µs of a mixer's training step on 8 x 10 logits).  A target out of bounds is error 1
 of ``launcher.KERNEL_ERRORS``, raised as eager raises it.
 
+Token embeddings: ``embedding`` gathers rows (an index out of range is error 2), its gradient
+adds each index's row in eager's order; integer ``arange`` fills positions.  Each replaces a
+small ATen call that runs cold in a training step (the demo's: 244 µs a step as ATen calls).
+
 A template kernel runs its node alone (``fusion_cost`` keeps it out of groups); shapes must be
-static, and every tensor float32 or float64.  Sums accumulate in double, as the emitter's do.
+static, float tensors float32 or float64 (indices and targets int64; an embedding's may be
+int32).  Sums accumulate in double, as the emitter's do, but for the embedding gradient's,
+which adds rows in eager's order and type.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ STAGE_BLOCK_MAX_BYTES = 64 << 10
 # Log-softmax rows (and their gradient's) on up to this many elements: larger ones are ATen's,
 # which runs on every intra-op thread.
 ROWS_MAX_NUMEL = 1 << 18
+# Embedding lookups and gradients writing up to this many elements: larger ones are ATen's,
+# parallel over rows.
+EMBEDDING_MAX_NUMEL = 1 << 18
 # An NLL gradient is zeros but one element a row: larger ones are ATen's (its fill is parallel).
 NLL_BACKWARD_MAX_NUMEL = 1 << 18
 
@@ -420,6 +429,113 @@ def nll_loss_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted
     return ts.kernel(name, "nll_loss backward", lines)
 
 
+def _embedding_refusal(node: fx.Node) -> str | None:
+    """``embedding(weight, indices, ...)`` and ``embedding_dense_backward(grad, indices,
+    num_weights, padding_idx, scale_grad_by_freq)``: a float (V, D) table, int64 or int32 indices."""
+    backward = node.target == aten.embedding_dense_backward.default
+    indices = node.args[1]
+    what = "embedding backward" if backward else "embedding"
+    if indices.meta[VAL].dtype not in (torch.int64, torch.int32):
+        return f"{what} template: int64 or int32 indices only"
+    why = _static_floats_refusal(what, node, skip=indices)
+    if why is not None:
+        return why
+    table = node.meta[VAL] if backward else node.args[0].meta[VAL]
+    if table.dim() != 2:
+        return f"{what} template: a 2-d table only"
+    if backward and (node.args[4] if len(node.args) > 4 else False):
+        return f"{what} template: scale_grad_by_freq runs as ATen's kernel"
+    if node.meta[VAL].numel() > EMBEDDING_MAX_NUMEL:
+        return f"{what} template: over {EMBEDDING_MAX_NUMEL} elements runs as ATen's kernel, parallel over rows"
+    return None
+
+
+def _index_rows(ts: _Tensors, indices: torch.Tensor, per_index) -> list[str]:
+    """Loops over every index in row-major order (``k``: its value) around the lines
+    ``per_index(row)``, where ``row(key)`` is the offset of the current index's row of tensor
+    ``key`` (the index dims leading its dims)."""
+    coords = [f"i{d}" for d in range(indices.dim())]
+    loops = [f"for (int64_t i{d} = 0; i{d} < {int(indices.shape[d])}; i{d}++)" for d in range(indices.dim())]
+    loops = loops or ["for (int64_t i = 0; i < 1; i++)"]  # one index: still a loop (``continue``)
+
+    def row(key: str) -> str:
+        return _offset(coords, ts.layouts[key][1][:len(coords)])
+
+    body = [f"const int64_t k = {ts.ptr['indices']}[{row('indices')}];"] + per_index(row)
+    return loops + ["{"] + ["    " + l for l in body] + ["}"]
+
+
+def embedding(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+    """``embedding(weight, indices)``: ``out[i..., j] = weight[indices[i...], j]``, as ATen's
+    ``index_select``; an index outside ``[0, V)`` raises eager's ``IndexError`` (error 2 of
+    ``launcher.KERNEL_ERRORS``).  ``padding_idx`` only matters to the gradient."""
+    weight, indices = node.args[:2]
+    wv, iv = weight.meta[VAL], indices.meta[VAL]
+    ts = _Tensors(layout)
+    ts.add("out", buffer(node, None), "out", node, None, node.meta[VAL])
+    ts.add("weight", ref(weight), "in", weight, None, wv)
+    ts.add("indices", ref(indices), "in", indices, None, iv)
+    (w0, w1), os = ts.layouts["weight"][1], ts.layouts["out"][1][-1]
+    lines = _index_rows(ts, iv, lambda row: [
+        f"if (k < 0 || k >= {int(wv.shape[0])}) {{ *fx_err = k; return 2; }}",
+        f"for (int64_t j = 0; j < {int(wv.shape[1])}; j++) {ts.ptr['out']}[{row('out')} + {os}*j] = "
+        f"{ts.ptr['weight']}[{w0}*k + {w1}*j];"])
+    return ts.kernel(name, "embedding", lines)
+
+
+def embedding_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+    """``embedding_dense_backward(grad, indices, num_weights, padding_idx, False)``: zeros, then
+    ``dw[k] += grad[i...]`` for each index ``k`` in row-major order, skipping ``padding_idx`` and
+    indices outside ``[0, num_weights)``: ATen's CPU kernel, in its order (each row's sum rounds
+    as eager's)."""
+    grad, indices, num_weights, padding_idx = node.args[:4]
+    ov = node.meta[VAL]
+    ts = _Tensors(layout)
+    ts.add("dw", buffer(node, None), "out", node, None, ov)
+    ts.add("grad", ref(grad), "in", grad, None, grad.meta[VAL])
+    ts.add("indices", ref(indices), "in", indices, None, indices.meta[VAL])
+    (d0, d1), gs = ts.layouts["dw"][1], ts.layouts["grad"][1][-1]
+    rows, cols = int(ov.shape[0]), int(ov.shape[1])
+    ct = CTYPE[ov.dtype]
+    lines = [f"for (int64_t r = 0; r < {rows}; r++)",
+             f"    for (int64_t j = 0; j < {cols}; j++) {ts.ptr['dw']}[{d0}*r + {d1}*j] = ({ct})0;"]
+    lines += _index_rows(ts, indices.meta[VAL], lambda row: [
+        f"if (k == {int(padding_idx)} || k < 0 || k >= {rows}) continue;",
+        f"for (int64_t j = 0; j < {cols}; j++) {ts.ptr['dw']}[{d0}*k + {d1}*j] += "
+        f"{ts.ptr['grad']}[{row('grad')} + {gs}*j];"])
+    return ts.kernel(name, "embedding backward", lines)
+
+
+_ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
+
+
+def _arange_terms(node: fx.Node) -> tuple | None:
+    """(start, step) of an ``arange`` node, None where an argument is not a Python int."""
+    args = node.args
+    start, step = (0, 1) if node.target == aten.arange.default else (args[0], args[2] if len(args) > 2 else 1)
+    ends = args[0] if node.target == aten.arange.default else args[1]
+    return (start, step) if all(type(x) is int for x in (start, step, ends)) else None
+
+
+def _arange_refusal(node: fx.Node) -> str | None:
+    if node.meta[VAL].dtype not in (torch.int64, torch.int32):
+        return "arange template: int64 or int32 only (a float range rounds as ATen's vector kernel does)"
+    if _arange_terms(node) is None or free_symbols(node.meta[VAL]):
+        return "arange template: symbolic bounds run as ATen's kernel"
+    return None
+
+
+def arange(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+    """``arange(start, end, step)`` of ints: ``out[i] = start + i * step``."""
+    start, step = _arange_terms(node)
+    ov = node.meta[VAL]
+    ts = _Tensors(layout)
+    ts.add("out", buffer(node, None), "out", node, None, ov)
+    (st,) = ts.layouts["out"][1]
+    return ts.kernel(name, "arange", [f"for (int64_t i = 0; i < {ov.numel()}; i++) "
+                                      f"{ts.ptr['out']}[{st}*i] = ({CTYPE[ov.dtype]})({start} + {step}*i);"])
+
+
 # op -> (why it cannot run as the template, or None; the emitter)
 TEMPLATES = {
     aten.native_layer_norm_backward.default: (layer_norm_backward_refusal, layer_norm_backward),
@@ -427,6 +543,9 @@ TEMPLATES = {
     aten._log_softmax_backward_data.default: (_log_softmax_backward_refusal, log_softmax_backward),
     aten.nll_loss_forward.default: (_nll_refusal, nll_loss_forward),
     aten.nll_loss_backward.default: (_nll_refusal, nll_loss_backward),
+    aten.embedding.default: (_embedding_refusal, embedding),
+    aten.embedding_dense_backward.default: (_embedding_refusal, embedding_backward),
+    **{op: (_arange_refusal, arange) for op in _ARANGES},
 }
 
 
