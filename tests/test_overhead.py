@@ -120,7 +120,8 @@ def test_unsafe_views_inside_the_call_are_tensor_views_and_returned_ones_are_not
     torch.testing.assert_close(total, want[1])
     assert out._base is None  # returned: not a view of an internal tensor
     src = c.source.split("\ndef call(", 1)[1]
-    assert src.count("aten._unsafe_view.default(") == 1 and ".view([16, 8])" in src, src
+    # the inner one: a view of the input at its traced layout (runtime.reinterpret)
+    assert src.count("aten._unsafe_view.default(") == 1 and "reinterpret(x_1, (16, 8), (8, 1), 0)" in src, src
 
 
 def test_public_bindings_resolve_to_the_out_overload():
@@ -192,3 +193,38 @@ def test_training_graphs_allocate_arenas_per_call_unless_small_or_asked():
         model(x).sum().backward()
         torch.testing.assert_close(g, x.grad)
         x.grad = None
+
+
+def test_views_of_values_laid_out_as_traced_are_reinterpreted():
+    """Views of inputs and planned buffers are made at their traced layout (``runtime.reinterpret``,
+    no view op dispatched), relative to where their base starts: an input with a storage offset
+    and buffers placed in the kept arenas give eager's values; a dtype view keeps its op."""
+    def f(x, w):
+        y = x * 2
+        a = y.view(4, 16).t()  # views of a planned buffer
+        b = x[:, 1:].transpose(0, 1)  # views of an input
+        bits = (y + 1).view(torch.int32)  # a dtype view: its op
+        return (a @ w).relu(), b.sum(0), bits
+
+    base, w = torch.randn(10, 8), torch.randn(4, 5)
+    x = base[2:]  # a storage offset of 16 elements
+    gm = make_fx(f, tracing_mode="fake")(x, w)
+    c = compile_graph(gm, fxforge.Config(debug=True, codegen="torch"))
+    for _ in range(2):  # the second call: views of kept buffers
+        for got, want in zip(c(x, w), f(x, w)):
+            assert torch.equal(got, want)
+    src = c.source
+    assert src.count("reinterpret(") >= 3 and "aten.view.dtype(" in src, src
+    with Ops() as ops:
+        c(x, w)
+    assert not {"aten.t.default", "aten.transpose.int", "aten.slice.Tensor"} & set(map(str, ops.count)), ops.count
+
+
+def test_reinterpret_fallback_matches_torchs():
+    from fxforge.codegen import runtime
+
+    block = torch.arange(4096, dtype=torch.float32)
+    x = block.as_strided((8, 16, 8), (128, 8, 1), 300)
+    for size, stride, offset in (((16, 64), (64, 1), 0), ((4, 8), (1, 16), 7), ((8,), (0,), 3)):
+        fast, slow = runtime.reinterpret(x, size, stride, offset), runtime._reinterpret_fallback(x, size, stride, offset)
+        assert torch.equal(fast, slow) and fast.storage_offset() == slow.storage_offset() == 300 + offset

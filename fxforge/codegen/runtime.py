@@ -12,6 +12,11 @@
 * ``empty_strided_cpu``: a fresh CPU buffer without the keyword parsing of ``torch.empty_strided``
   (torch's own fast path where this torch has it: 0.4 us against 1.1 us).
 * ``as_traced``: a tensor copied to the layout it was traced with (``Wrapper.guard_layout``).
+* ``reinterpret``: a view at given sizes and strides, ``offset`` elements past its base's start
+  (``reinterpret(x, size, stride, offset)``), without a view function or
+  argument parsing (torch's own fast path where this torch has it: 0.56 us against 1.4 us for
+  ``x.view(shape)`` and 2.3 us for ``aten._unsafe_view``).  The wrapper makes the views of values
+  laid out as traced this way (``_Builder.reinterpreted``).
 * ``KeptArenas``: a static graph's arenas and the views of their buffers, made on the first call
   and reused by every later call that finds them free; a call made while another holds them (a
   re-entrant call, another thread) makes its own, as a graph without kept arenas does.
@@ -40,6 +45,16 @@ try:
     from torch._C._dynamo.guards import _empty_strided_cpu as empty_strided_cpu
 except ImportError:  # pragma: no cover - older or trimmed builds
     empty_strided_cpu = _empty_strided_cpu_fallback
+
+
+def _reinterpret_fallback(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> torch.Tensor:
+    return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
+try:
+    from torch._C._dynamo.guards import _reinterpret_tensor as reinterpret
+except ImportError:  # pragma: no cover - older or trimmed builds
+    reinterpret = _reinterpret_fallback
 
 
 def entry(op: torch._ops.OpOverload) -> Callable[..., Any]:

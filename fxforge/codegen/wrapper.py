@@ -107,6 +107,10 @@ class _Builder:
         self.returned = set(output_nodes(gm))
         self.unheld: list[str] = []
         self.bound: set[str] = set()  # local names currently bound in call(); only these are del'ed
+        # values whose sizes and strides at run time are the traced ones (their storage offset may
+        # differ): inputs (guarded, or restrided by inputs.check_inputs), planned buffers but
+        # regions, values guard_layout checked, and views of these
+        self.traced: set[str] = set()
         self.arena_alloced: set[str] = set()
         self.arena_pending: dict[str, int] = {}  # arena -> its buffers not yet bound
         self.arena_bound: dict[str, set[str]] = {}  # arena -> its buffers bound and not yet deleted
@@ -204,6 +208,10 @@ class _Builder:
         t = node.target
         if t is operator.getitem:
             return f"{self.ref(node.args[0])}[{format_arg(node.args[1], self.ref, self.const)}]"
+        if node_kind(node) == "view" and node not in self.returned:
+            view = self.reinterpreted(node)
+            if view is not None:
+                return view
         if t is torch.ops.aten._unsafe_view.default and node not in self.returned:
             # inside the call the same tensor as ``view`` (the graph is run without autograd); a
             # returned one stays ``_unsafe_view``: autograd must not see a view of an internal tensor
@@ -218,6 +226,29 @@ class _Builder:
         else:
             fn = self.const(t)
         return format_call(fn, node.args, node.kwargs, self.ref, self.const)
+
+    def reinterpreted(self, node: fx.Node) -> str | None:
+        """A view of a value laid out as traced, at the view's traced sizes and strides and its
+        offset from its base's (``runtime.reinterpret``: no view function, no argument parsing);
+        None where sizes are symbolic, the dtype changes, or the base may be laid out otherwise
+        (a region of a cat or pad, a tensor an ATen kernel returned).  A returned view keeps its
+        op: autograd tells views from ``_unsafe_view``s."""
+        base = node.args[0] if node.args else None
+        if not isinstance(base, fx.Node) or base.name not in self.traced:
+            return None
+        val, bval = node.meta.get(VAL), base.meta.get(VAL)
+        if not (isinstance(val, torch.Tensor) and isinstance(bval, torch.Tensor)) or val.dtype != bval.dtype:
+            return None
+        if not all(type(x) is int for x in (*val.shape, *val.stride(), val.storage_offset(), bval.storage_offset())):
+            return None
+        self.globals["reinterpret"] = runtime.reinterpret
+        return (f"reinterpret({self.ref(base)}, {_tuple(str(s) for s in val.shape)}, "
+                f"{_tuple(str(s) for s in val.stride())}, {val.storage_offset() - bval.storage_offset()})")
+
+    def traced_view(self, n: fx.Node) -> None:
+        """``n``, a view just bound, is laid out as traced where its base is."""
+        if n.args and isinstance(n.args[0], fx.Node) and n.args[0].name in self.traced:
+            self.traced.add(n.name)
 
     def emulated_symmetric(self, node: fx.Node) -> str | None:
         """A symmetric-memory collective on CPU: the call of its emulation (``codegen/symmetric.py``),
@@ -334,6 +365,8 @@ class _Builder:
         if b.name in self.buffers_bound:
             return  # a cat/pad result, bound already for an input written into it
         self.buffers_bound.add(b.name)
+        if b.kind != "slice":
+            self.traced.add(b.name)
         if self.held(self.plan.memory.root(b).arena):
             if b.kind == "slice":
                 self.bind_buffer(self.plan.memory.buffers[b.base])
@@ -449,6 +482,7 @@ class _Builder:
         placeholders = [n for n in sched if n.op == "placeholder"]
         for n in placeholders:
             self.bound.add(n.name)
+            self.traced.add(n.name)
             self.bind_symbols_from(n.name, n.meta.get(VAL))
         rank = {n: i for i, n in enumerate(sched)}
         order = sorted(sched, key=lambda n: (emit_at[n], n in late, rank[n]))
@@ -461,6 +495,7 @@ class _Builder:
                 pass
             elif kind == "get_attr":
                 self.globals[n.name] = _fetch_attr(self.gm, n.target)
+                self.traced.add(n.name)
             elif g is not None and any(ZERO_COPY in m.meta for m in g.nodes):
                 if n is g.nodes[-1]:
                     self.emit_zero_copy(g)
@@ -472,10 +507,13 @@ class _Builder:
             elif kind == "view" and g is None and self.view_of_kept(n):
                 self.setup.append(f"{n.name} = {self.call_source(n)}")  # a view of kept bytes: made once too
                 self.kept_names[n.name] = None
+                self.traced_view(n)
             else:
                 if g is not None:
                     self.lines.append(f"# {n.name}: eager fallback ({g.reason})")
                 self.assign(n.name, self.call_source(n))
+                if kind == "view" and g is None:
+                    self.traced_view(n)
                 if kind in ("compute", "scalar"):
                     self.bind_symbols_from(n.name, n.meta.get(VAL))
                 if kind in ("compute", "getitem"):
@@ -574,6 +612,7 @@ class _Builder:
         self.lines.append(f"if {node.name}.stride() != {stride}:")
         self.lines.append(f"    {node.name} = as_traced({node.name}, {stride})")
         self.globals["as_traced"] = runtime.as_traced
+        self.traced.add(node.name)
 
     def written_by_kernel(self, producer: fx.Node, index: int | None) -> bool:
         return producer not in self.demoted_nodes and self.plan.memory.of(producer, index) is not None
