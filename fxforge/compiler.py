@@ -21,6 +21,7 @@ from .copies import graph_copy_bytes
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.crops import LowerCrops
+from .lowering.permuted_copies import PermutedCopies
 from .lowering.reshaped_cats import CatThroughReshapes
 from .lowering.splits import SplitForFusion
 from .passes.assign import AssignBackends
@@ -58,7 +59,8 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind:
     return [
         DedupeGetitems(), EliminateIdentityViews(returned=kind == "backward"),
         *([SplitForFusion(backend.splits)] if backend.splits else []),
-        *([CatThroughReshapes()] if config.zero_copy else []), EliminateDeadCode(), LowerCrops(),
+        *([CatThroughReshapes()] if config.zero_copy else []),
+        *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(), LowerCrops(),
         *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
         *config.passes_at("after_lowering"),
         assign, *config.passes_at("after_assignment"),

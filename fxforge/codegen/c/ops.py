@@ -254,6 +254,7 @@ _reg("leaky_relu.default", OpLowering(("self",), lambda a, kw: V(
     f"({a.expr} > 0 ? {a.expr} : {a.expr} * {const(kw.get('negative_slope', 0.01), a.dtype).expr})", a.dtype), dtypes="float"))
 # conversions and copies: the single operand, converted to the node's dtype by the emitter
 _reg("_to_copy.default clone.default alias_copy.default", OpLowering(("self",), lambda a, kw: a, None))
+_reg("copy_strided.default", OpLowering(("a",), lambda a, kw: a, None))  # prims: stored at the planned strides
 _reg("convert_element_type.default", OpLowering(("a",), lambda a, kw: a, None))  # prims' schema names it ``a``
 
 

@@ -304,6 +304,7 @@ _reg("hardtanh.default", OpLowering(("self",), lambda a, kw: _clamp(a, const(kw.
 # conversions and copies: the single operand, converted to the node's dtype by Emitter.value (where
 # it is computed, so the members reading it see the converted value, not only the store)
 _reg("_to_copy.default clone.default alias_copy.default", OpLowering(("self",), lambda a, kw: a, None))
+_reg("copy_strided.default", OpLowering(("a",), lambda a, kw: a, None))  # prims: stored at the planned strides
 _reg("convert_element_type.default", OpLowering(("a",), lambda a, kw: a, None))  # prims' schema names it ``a``
 
 
