@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import fxforge
 from fxforge.codegen.c import backend as c_backend, build
-from fxforge.codegen.c.templates import EMBEDDING_MAX_NUMEL
+from fxforge.codegen.c.ops import ONE_THREAD_MAX_NUMEL
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
               pytest.mark.usefixtures("kernel_cache")]
@@ -103,11 +103,11 @@ def test_refusals_name_the_reason():
 
     gm = graph(lambda g, i: aten.embedding_dense_backward(g, i, 10, -1, True), torch.randn(4, 3), i)
     assert "scale_grad_by_freq" in why(gm, aten.embedding_dense_backward.default)
-    big = EMBEDDING_MAX_NUMEL // 3 + 1
+    big = ONE_THREAD_MAX_NUMEL // 3 + 1
     gm = graph(lambda w, i: F.embedding(i, w), torch.randn(big, 3), i)
     assert why(gm, aten.embedding.default) is None  # the lookup writes 12 elements
     gm = graph(lambda g, i: aten.embedding_dense_backward(g, i, big, -1, False), torch.randn(4, 3), i)
-    assert f"over {EMBEDDING_MAX_NUMEL} elements" in why(gm, aten.embedding_dense_backward.default)
+    assert f"over {ONE_THREAD_MAX_NUMEL} elements" in why(gm, aten.embedding_dense_backward.default)
     gm = graph(lambda w, i: F.embedding(i, w), torch.randint(0, 5, (10, 3)), i)
     assert "float32 or float64" in why(gm, aten.embedding.default)
     gm = graph(lambda x: torch.arange(5, dtype=torch.float32) + x, torch.randn(5))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fxforge
 from fxforge.codegen.c import backend as c_backend, build
-from fxforge.codegen.c.templates import ROWS_MAX_NUMEL
+from fxforge.codegen.c.ops import ONE_THREAD_MAX_NUMEL
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
               pytest.mark.usefixtures("kernel_cache")]
@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_c_codegen import fallbacks  # noqa: E402
 
 aten = torch.ops.aten
-LIMIT = ROWS_MAX_NUMEL
+LIMIT = ONE_THREAD_MAX_NUMEL
 
 
 def _compile(fn, **kw):
@@ -175,9 +175,7 @@ def test_nll_reduction_none_runs_as_aten_with_the_reason():
 
 def test_a_large_nll_gradient_runs_as_aten():
     """A GPT-sized head's NLL gradient (mostly zeros) is ATen's: its fill runs on every thread."""
-    from fxforge.codegen.c import templates
-
-    rows = templates.NLL_BACKWARD_MAX_NUMEL // 512 + 1
+    rows = ONE_THREAD_MAX_NUMEL // 512 + 1
     x = torch.randn(rows, 512, requires_grad=True)
     y = torch.randint(0, 512, (rows,))
     b, c = _compile(lambda x, y: F.nll_loss(x, y))

@@ -258,14 +258,19 @@ _reg("copy_strided.default", OpLowering(("a",), lambda a, kw: a, None))  # prims
 _reg("convert_element_type.default", OpLowering(("a",), lambda a, kw: a, None))  # prims' schema names it ``a``
 
 
+# C kernels run on one thread: an op the backend would run on more elements than this (the exact
+# GELU, the row, loss and embedding templates) stays ATen's, whose kernel runs on every intra-op
+# thread.
+ONE_THREAD_MAX_NUMEL = 1 << 18
+
 # Ops computed through ``fx_expf``/``fx_tanhf`` take about 2x the time per element of eager's
 # vector kernels (SLEEF), so the backend takes them only on tensors small enough that the ATen
 # call saved costs more (``backend.accepts``).  ``fx_erff`` (erf, exact GELU) is about as fast as
 # ATen's up to 64k elements; the exact GELU goes to 256k: at 131k elements its C kernel is slower
 # than ATen's alone (64 against 54 µs) but twice as fast inside a training step (64 against 118 µs
-# a call in the demo's), and C kernels run on one thread, so larger ones stay ATen's.
+# a call in the demo's), up to ``ONE_THREAD_MAX_NUMEL``.
 TRANSCENDENTAL_MAX_NUMEL = {f"{n}.default": 8192 for n in ("exp", "sigmoid", "tanh", "silu", "silu_backward")}
-TRANSCENDENTAL_MAX_NUMEL.update({"erf.default": 65536, "gelu.default": 1 << 18})
+TRANSCENDENTAL_MAX_NUMEL.update({"erf.default": 65536, "gelu.default": ONE_THREAD_MAX_NUMEL})
 # gelu_backward (exact) has no limit: its C version (fx_gelu_gradf) is faster than eager's at every
 # size measured (131k elements: 57 against 107 µs)
 

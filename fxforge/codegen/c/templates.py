@@ -9,7 +9,7 @@ The template reads each row once for the row sums and once more for the input's 
 each element's share of the column sums to per-column accumulators in that same loop.
 
 A classification head's loss is made of templates too: log-softmax and its gradient over the
-last dim (up to ``ROWS_MAX_NUMEL`` elements; the sum's ``exp(x - max)`` through ``fx_expf_neg``), and the
+last dim (up to ``ops.ONE_THREAD_MAX_NUMEL`` elements; the sum's ``exp(x - max)`` through ``fx_expf_neg``), and the
 negative log-likelihood and its gradient: each one C call instead of one ATen call (four ATen
 calls took 53 µs of a mixer's training step on 8 x 10 logits).  A target out of bounds is error 1
 of ``launcher.KERNEL_ERRORS``, raised as eager raises it.
@@ -34,7 +34,7 @@ import torch.fx as fx
 from ...graph import VAL, free_symbols, tensors
 from ..triton.launch import Param
 from .kernel import C_END, CEmitted, c_head, launch_source
-from .ops import CTYPE
+from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
 
 aten = torch.ops.aten
 
@@ -44,14 +44,6 @@ LAYER_NORM_MAX_COLUMNS = 8192
 # many bytes of C stack.
 STAGE_BLOCK_ROWS = 16
 STAGE_BLOCK_MAX_BYTES = 64 << 10
-# Log-softmax rows (and their gradient's) on up to this many elements: larger ones are ATen's,
-# which runs on every intra-op thread.
-ROWS_MAX_NUMEL = 1 << 18
-# Embedding lookups and gradients writing up to this many elements: larger ones are ATen's,
-# parallel over rows.
-EMBEDDING_MAX_NUMEL = 1 << 18
-# An NLL gradient is zeros but one element a row: larger ones are ATen's (its fill is parallel).
-NLL_BACKWARD_MAX_NUMEL = 1 << 18
 
 
 def _flat_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
@@ -251,8 +243,8 @@ def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> st
         return f"{what} template: no rows"
     if dim % xv.dim() != xv.dim() - 1:
         return f"{what} template: over the last dim only"
-    if xv.numel() > ROWS_MAX_NUMEL:
-        return f"{what} template: over {ROWS_MAX_NUMEL} elements runs as ATen's kernel, parallel over rows"
+    if xv.numel() > ONE_THREAD_MAX_NUMEL:
+        return f"{what} template: over {ONE_THREAD_MAX_NUMEL} elements runs as ATen's kernel, parallel over rows"
     return None
 
 
@@ -349,8 +341,8 @@ def _nll_refusal(node: fx.Node) -> str | None:
         return "nll_loss template: (N, C) scores with (N,) targets, or (C,) with one, only"
     if reduction not in (1, 2):
         return "nll_loss template: reduction='none' runs as ATen's kernel"
-    if node.target == aten.nll_loss_backward.default and x.meta[VAL].numel() > NLL_BACKWARD_MAX_NUMEL:
-        return (f"nll_loss backward template: over {NLL_BACKWARD_MAX_NUMEL} elements runs as ATen's kernel, whose "
+    if node.target == aten.nll_loss_backward.default and x.meta[VAL].numel() > ONE_THREAD_MAX_NUMEL:
+        return (f"nll_loss backward template: over {ONE_THREAD_MAX_NUMEL} elements runs as ATen's kernel, whose "
                 "zero fill runs on every intra-op thread")
     return None
 
@@ -445,8 +437,8 @@ def _embedding_refusal(node: fx.Node) -> str | None:
         return f"{what} template: a 2-d table only"
     if backward and (node.args[4] if len(node.args) > 4 else False):
         return f"{what} template: scale_grad_by_freq runs as ATen's kernel"
-    if node.meta[VAL].numel() > EMBEDDING_MAX_NUMEL:
-        return f"{what} template: over {EMBEDDING_MAX_NUMEL} elements runs as ATen's kernel, parallel over rows"
+    if node.meta[VAL].numel() > ONE_THREAD_MAX_NUMEL:
+        return f"{what} template: over {ONE_THREAD_MAX_NUMEL} elements runs as ATen's kernel, parallel over rows"
     return None
 
 
