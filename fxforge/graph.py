@@ -72,8 +72,9 @@ def fake_call(gm: fx.GraphModule, mode, op, args: tuple, kwargs: dict | None = N
     """A new ``call_function`` node of ``op`` (at the graph's insertion point) with its fake value,
     computed in the graph's fake mode from its arguments' (symbolic sizes kept)."""
     node = gm.graph.call_function(op, args, kwargs or {})
-    with mode:
-        node.meta[VAL] = op(*[a.meta[VAL] if isinstance(a, fx.Node) else a for a in args], **(kwargs or {}))
+    with mode:  # (arguments may hold lists of nodes: a cat's)
+        node.meta[VAL] = op(*fx.node.map_arg(args, lambda a: a.meta[VAL]),
+                            **fx.node.map_arg(kwargs or {}, lambda a: a.meta[VAL]))
     return node
 
 

@@ -26,25 +26,18 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, fake_call, fake_mode_of, node_kind
-from ..pipeline import PassResult
+from ..graph import VAL, fake_call, node_kind
+from .node_rewrites import NodeRewrite
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
 
-class PermutedCopies:
-    name = "permuted_copies"
+class PermutedCopies(NodeRewrite):
+    name, target, stat = "permuted_copies", aten.clone.default, "permuted_copies"
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
-        mode = fake_mode_of(gm)
-        rewritten = 0
-        for n in list(gm.graph.nodes):
-            if mode is not None and n.op == "call_function" and n.target is aten.clone.default and _rewrite(gm, mode, n):
-                rewritten += 1
-        if rewritten:
-            gm.recompile()  # (the permutes left unused go with the dead-code pass that follows)
-        return PassResult(gm, rewritten > 0, {"permuted_copies": rewritten})
+    def rewrite(self, gm: fx.GraphModule, mode, n: fx.Node) -> bool:
+        return _rewrite(gm, mode, n)
 
 
 def permutation(x: fx.Node) -> list[int] | None:

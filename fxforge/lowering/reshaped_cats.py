@@ -25,27 +25,19 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-from torch.fx.node import map_arg
 
-from ..graph import VAL, fake_mode_of, node_kind
-from ..pipeline import PassResult
+from ..graph import VAL, fake_call, node_kind
+from .node_rewrites import NodeRewrite
 
 aten = torch.ops.aten
 _RESHAPES = (aten.view.default, aten._unsafe_view.default)
 
 
-class CatThroughReshapes:
-    name = "cat_through_reshapes"
+class CatThroughReshapes(NodeRewrite):
+    name, target, stat = "cat_through_reshapes", aten.cat.default, "cats_through_reshapes"
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
-        mode = fake_mode_of(gm)
-        rewritten = 0
-        for n in list(gm.graph.nodes):
-            if mode is not None and n.op == "call_function" and n.target is aten.cat.default and _rewrite(gm, mode, n):
-                rewritten += 1
-        if rewritten:
-            gm.recompile()  # (the views left unused go with the dead-code pass that follows)
-        return PassResult(gm, rewritten > 0, {"cats_through_reshapes": rewritten})
+    def rewrite(self, gm: fx.GraphModule, mode, n: fx.Node) -> bool:
+        return _rewrite(gm, mode, n)
 
 
 def _static(shape) -> tuple[int, ...] | None:
@@ -93,20 +85,12 @@ def _rewrite(gm: fx.GraphModule, mode, n: fx.Node) -> bool:
                 parts.append(split[0])
                 continue
             shape = list(v.shape[:d]) + [v.shape[d] // c, c] + list(v.shape[d + 1:])
-            parts.append(_call(gm, mode, aten.view.default, (a, shape)))
-        cat = _call(gm, mode, aten.cat.default, (parts, d))
-        merged = _call(gm, mode, aten.view.default, (cat, list(out.shape)))
+            parts.append(fake_call(gm, mode, aten.view.default, (a, shape)))
+        cat = fake_call(gm, mode, aten.cat.default, (parts, d))
+        merged = fake_call(gm, mode, aten.view.default, (cat, list(out.shape)))
     for k, v in n.meta.items():
         if k != VAL:
             cat.meta.setdefault(k, v)
     n.replace_all_uses_with(merged)
     gm.graph.erase_node(n)
     return True
-
-
-def _call(gm: fx.GraphModule, mode, op, args: tuple) -> fx.Node:
-    """A new node of ``op`` with its fake value (arguments may hold lists of nodes)."""
-    node = gm.graph.call_function(op, args, {})
-    with mode:
-        node.meta[VAL] = op(*map_arg(args, lambda a: a.meta[VAL]))
-    return node

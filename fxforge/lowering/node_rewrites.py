@@ -1,0 +1,34 @@
+"""``NodeRewrite``: a lowering pass that rewrites the nodes of one op, one at a time, each where
+its rule takes it (``lowering/reshaped_cats.py``, ``lowering/permuted_copies.py``)."""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ..graph import fake_mode_of
+from ..pipeline import PassResult
+
+
+class NodeRewrite:
+    """Subclasses name the pass (``name``), the op (``target``), the stat counting the nodes
+    rewritten (``stat``), and the rule: ``rewrite(gm, mode, node)`` replaces ``node`` (new nodes
+    get fake values in ``mode``, the graph's fake mode) and returns True, or leaves the graph as
+    it was and returns False.  Nodes it leaves unused go with the dead-code pass that follows."""
+
+    name: str
+    target: object
+    stat: str
+
+    def rewrite(self, gm: fx.GraphModule, mode, node: fx.Node) -> bool:
+        raise NotImplementedError
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        mode = fake_mode_of(gm)
+        done = 0
+        if mode is not None:
+            for n in list(gm.graph.nodes):
+                if n.op == "call_function" and n.target is self.target and self.rewrite(gm, mode, n):
+                    done += 1
+        if done:
+            gm.recompile()
+        return PassResult(gm, done > 0, {self.stat: done})
