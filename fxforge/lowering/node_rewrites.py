@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ..graph import fake_mode_of
+from ..graph import VAL, fake_mode_of
 from ..pipeline import PassResult
 
 
@@ -32,3 +32,13 @@ class NodeRewrite:
         if done:
             gm.recompile()
         return PassResult(gm, done > 0, {self.stat: done})
+
+
+def replace(node: fx.Node, value: fx.Node, computed_by: fx.Node) -> None:
+    """``node``'s users read ``value`` instead, and ``node`` goes; ``computed_by``, the new node
+    that now does its work, takes its metadata (a stack trace, a module path) but its value."""
+    for k, v in node.meta.items():
+        if k != VAL:
+            computed_by.meta.setdefault(k, v)
+    node.replace_all_uses_with(value)
+    node.graph.erase_node(node)

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from ..graph import VAL, fake_call, node_kind
-from .node_rewrites import NodeRewrite
+from .node_rewrites import NodeRewrite, replace
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -83,9 +83,5 @@ def _rewrite(gm: fx.GraphModule, mode, n: fx.Node) -> bool:
         gm.graph.erase_node(view)
         gm.graph.erase_node(copy)
         return False
-    for k, val in n.meta.items():
-        if k != VAL:
-            copy.meta.setdefault(k, val)
-    n.replace_all_uses_with(view)
-    gm.graph.erase_node(n)
+    replace(n, view, copy)
     return True

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from ..graph import VAL, fake_call, node_kind
-from .node_rewrites import NodeRewrite
+from .node_rewrites import NodeRewrite, replace
 
 aten = torch.ops.aten
 _RESHAPES = (aten.view.default, aten._unsafe_view.default)
@@ -88,9 +88,5 @@ def _rewrite(gm: fx.GraphModule, mode, n: fx.Node) -> bool:
             parts.append(fake_call(gm, mode, aten.view.default, (a, shape)))
         cat = fake_call(gm, mode, aten.cat.default, (parts, d))
         merged = fake_call(gm, mode, aten.view.default, (cat, list(out.shape)))
-    for k, v in n.meta.items():
-        if k != VAL:
-            cat.meta.setdefault(k, v)
-    n.replace_all_uses_with(merged)
-    gm.graph.erase_node(n)
+    replace(n, merged, cat)
     return True
