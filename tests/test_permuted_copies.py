@@ -92,6 +92,12 @@ def test_what_is_not_rewritten():
     assert rewritten(c) == 0
 
 
+def test_a_returned_copy_stays_a_tensor_of_its_own():
+    x = torch.randn(4, 6)
+    c = run(lambda x: (x * 2).t().contiguous(), x)
+    assert rewritten(c) == 0 and c(x)[0]._base is None
+
+
 def test_training_through_the_mixer_block():
     torch.manual_seed(0)
     x = torch.randn(4, 16, 32, requires_grad=True)

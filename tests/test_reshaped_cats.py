@@ -110,16 +110,21 @@ def test_a_symbolic_size_is_left_alone():
     assert all(rewritten(c) == 0 for c in b.compiled)
 
 
-def test_the_cat_returned_and_its_inputs_read_elsewhere():
-    """The merged view is what the graph returns; a split value also read by another op keeps
-    its value (it is then not taken in place, or is, wherever the zero-copy pass says)."""
+def test_a_returned_cat_stays_a_tensor_of_its_own_and_a_split_value_read_elsewhere_keeps_its_value():
     def f(a, b):
         x = a * 2
         out = torch.cat([x.reshape(4, 24), (b + 1).reshape(4, 24), b.reshape(4, 24)], 1)
         return out, x.sum(1)
 
-    c = run(f, torch.randn(4, 6, 4), torch.randn(4, 6, 4))
-    assert rewritten(c) == 1
+    a, b = torch.randn(4, 6, 4), torch.randn(4, 6, 4)
+    c = run(f, a, b)
+    assert rewritten(c) == 0 and c(a, b)[0]._base is None  # returned: no view of a new cat
+
+    def g(a, b):
+        x = a * 2
+        return torch.cat([x.reshape(4, 24), (b + 1).reshape(4, 24)], 1).sum(0), x.sum(1)
+
+    assert rewritten(run(g, a, b)) == 1
 
 
 class Attention(torch.nn.Module):
