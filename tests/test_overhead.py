@@ -228,3 +228,18 @@ def test_reinterpret_fallback_matches_torchs():
     for size, stride, offset in (((16, 64), (64, 1), 0), ((4, 8), (1, 16), 7), ((8,), (0,), 3)):
         fast, slow = runtime.reinterpret(x, size, stride, offset), runtime._reinterpret_fallback(x, size, stride, offset)
         assert torch.equal(fast, slow) and fast.storage_offset() == slow.storage_offset() == 300 + offset
+
+
+def test_views_that_carry_a_bit_keep_their_op():
+    """``conj`` and ``_neg_view`` are views with the same layout and a bit set: made by layout
+    alone they would lose it (fft.hfft2's and polar's gradients went wrong so)."""
+    def f(x, w):
+        y = x * 2
+        return y.conj() @ w, aten._neg_view(y) @ w
+
+    x, w = torch.randn(4, 6, dtype=torch.complex64), torch.randn(6, 3, dtype=torch.complex64)
+    gm = make_fx(f, tracing_mode="fake")(x, w)
+    for codegen in ("torch", "c"):
+        c = compile_graph(gm, fxforge.Config(debug=True, codegen=codegen))
+        for got, want in zip(c(x, w), f(x, w)):
+            torch.testing.assert_close(got, want)

@@ -230,11 +230,12 @@ class _Builder:
     def reinterpreted(self, node: fx.Node) -> str | None:
         """A view of a value laid out as traced, at the view's traced sizes and strides and its
         offset from its base's (``runtime.reinterpret``: no view function, no argument parsing);
-        None where sizes are symbolic, the dtype changes, or the base may be laid out otherwise
-        (a region of a cat or pad, a tensor an ATen kernel returned).  A returned view keeps its
+        None for views that are more than a layout (``conj``, ``_neg_view``: a bit on the tensor;
+        a dtype view), where sizes are symbolic, or where the base may be laid out otherwise (a
+        region of a cat or pad, a tensor an ATen kernel returned).  A returned view keeps its
         op: autograd tells views from ``_unsafe_view``s."""
         base = node.args[0] if node.args else None
-        if not isinstance(base, fx.Node) or base.name not in self.traced:
+        if node.target not in LAYOUT_VIEWS or not isinstance(base, fx.Node) or base.name not in self.traced:
             return None
         val, bval = node.meta.get(VAL), base.meta.get(VAL)
         if not (isinstance(val, torch.Tensor) and isinstance(bval, torch.Tensor)) or val.dtype != bval.dtype:
@@ -672,6 +673,19 @@ def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
 
 def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config) -> Wrapper:
     return _Builder(gm, plan, registry, config).build()
+
+
+# Views that are only a layout (sizes, strides, offset) of their base's elements: the wrapper
+# may make them with ``runtime.reinterpret`` (``_Builder.reinterpreted``).  Not ``conj`` or
+# ``_neg_view`` (a bit on the tensor), not dtype views.
+LAYOUT_VIEWS = {
+    torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default,
+    torch.ops.aten.t.default, torch.ops.aten.transpose.int, torch.ops.aten.permute.default,
+    torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.default,
+    torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims, torch.ops.aten.select.int,
+    torch.ops.aten.slice.Tensor, torch.ops.aten.as_strided.default, torch.ops.aten.alias.default,
+    torch.ops.aten.detach.default, torch.ops.aten.diagonal.default, torch.ops.aten.unfold.default,
+}
 
 
 # Views the wrapper makes through the Tensor method (torch's generated binding) rather than
