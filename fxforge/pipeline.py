@@ -96,11 +96,10 @@ class PassManager:
         self.observer = observer
 
     def __call__(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
-        traced = gm
         try:
             return self._run(gm)
         finally:  # what backends memoized while the passes ran (codegen/probes.py)
-            traced.meta.pop(PROBES, None)
+            gm.meta.pop(PROBES, None)
 
     def _run(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
         records = []

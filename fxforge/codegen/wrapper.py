@@ -677,9 +677,9 @@ def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config)
 
 # Views that are only a layout (sizes, strides, offset) of their base's elements: the wrapper
 # may make them with ``runtime.reinterpret`` (``_Builder.reinterpreted``).  Not ``conj`` or
-# ``_neg_view`` (a bit on the tensor), not dtype views.
+# ``_neg_view`` (a bit on the tensor), not dtype views, not ``reshape`` (a copy where no view fits).
 LAYOUT_VIEWS = {
-    torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default,
+    torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
     torch.ops.aten.t.default, torch.ops.aten.transpose.int, torch.ops.aten.permute.default,
     torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.default,
     torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims, torch.ops.aten.select.int,
