@@ -557,7 +557,8 @@ def test_a_column_kernel_with_many_columns_walks_its_rows_in_order():
 def test_a_multi_pass_row_reads_its_inputs_once(transposed):
     """A layer norm over a residual sum (three passes over each row: the sum, the deviations, the
     normalized output): the sum's inputs are read by the first pass only, which keeps the row in
-    a local array for the others (``ROW_CACHE_MAX_NUMEL``) -- a transposed one is gathered once."""
+    a local array for the others (``ROW_CACHE_MAX_NUMEL``) -- a transposed one is read once, into
+    a tile of rows (``TILE_ROWS``), and the tile read once."""
     x, w, bias = torch.randn(4, 8, 32), torch.randn(32), torch.randn(32)
     y = torch.randn(4, 32, 8) if transposed else torch.randn(4, 8, 32)
 
@@ -567,8 +568,9 @@ def test_a_multi_pass_row_reads_its_inputs_once(transposed):
 
     b = check(fn, x, y, w, bias)
     kernel = next(k for k in b.compiled[0].source.split("# C kernel ")[1:] if "moments" in k or "m2" in k or "double m" in k)
-    loads = re.findall(r"= (in_ptr\d+)\[", kernel)
-    assert sorted(loads).count("in_ptr0") == 1 and sorted(loads).count("in_ptr1") == 1, kernel
+    loads = re.findall(r"= (in_ptr\d+)\[", kernel) + re.findall(r"fx_tile_in8\(&\w+\[0\]\[0\], \d+, (in_ptr\d+)", kernel)
+    assert loads.count("in_ptr0") == 1 and loads.count("in_ptr1") == 1, kernel
+    assert len(re.findall(r"= tile\d+\[", kernel)) == transposed, kernel
     assert re.search(r"float row\d+\[32\];", kernel), kernel
 
 

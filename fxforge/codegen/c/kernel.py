@@ -51,6 +51,17 @@ ROW_CACHE_MAX_NUMEL = 4096
 # walk down, the accumulators in registers.
 COLUMNS_BY_ROWS_MIN = 32
 COLUMNS_BY_ROWS_MAX_BYTES = 64 << 10
+# A float32 tensor read or stored across the rows a kernel walks (element j of row x at x + s*j:
+# a transposed value, a permuted copy) moves through a tile: TILE_ROWS consecutive rows at a
+# time, copied before them into a local array holding each row contiguously (or stored from it
+# after them) by ``fx_tile_in8``/``fx_tile_out8``, 8 x 8 blocks transposed in vector registers.
+# The rows then read and write it as vectors, where each element was a scalar load or store of
+# its own (a mixer's layer norm reading a transposed residual: 7.2 -> 4.7 µs for 128 x 64).
+# The rows are the innermost kept loop of a row kernel (the elements: its reduced loop), or a
+# pointwise kernel's second-innermost loop (the elements: its innermost); both of static size,
+# at least TILE_ROWS; the tiles of a kernel take at most TILE_MAX_BYTES of C stack.
+TILE_ROWS = 8
+TILE_MAX_BYTES = 64 << 10
 
 _DEFINED = re.compile(r"\s*const \w+ (\w+) =")  # a local the body defines
 
@@ -182,6 +193,8 @@ class CEmitter(Emitter):
         self.row_cache: dict[fx.Node, V | None] = {}  # reduction input -> its row array (None: not yet made)
         self.fold_span: tuple[int, int] | None = None  # a column kernel's fold loop: its lines in body
         self.column_acc_decls: dict[str, tuple[torch.dtype, str]] = {}  # accumulator -> dtype, declaration
+        self.tile_axes: tuple[str, int, str, int] | None = None  # the rows' loop and size, the elements' (TILE_ROWS)
+        self.tiles: dict[tuple, str] = {}  # (pointer, offset of the block's first row, stride, stored) -> tile
 
     def persistent(self) -> bool:
         return False  # one element per iteration: every fold is a loop
@@ -217,7 +230,66 @@ class CEmitter(Emitter):
                          for n in self.reductions) + bool(self.full_outputs())
             if passes > 1:
                 self.row_cache = {reduction_of(n).inp: None for n in self.reductions}
+        self.tile_axes = self.tile_axes_of()
         return fr
+
+    def tile_axes_of(self) -> tuple[str, int, str, int] | None:
+        """The loop over the rows a tile holds and the loop along them, with their sizes
+        (``TILE_ROWS``): a row kernel's innermost kept loop and its one reduced loop, or a
+        pointwise kernel's two innermost loops; None where the kernel has no such pair."""
+        if self.frame.reduction:
+            if self.columns or len(self.rvars) != 1 or not self.xvars:
+                return None
+            (a, rows), (b, n) = self.xvars[-1], self.rvars[0]
+        elif len(self.xvars) >= 2:
+            (a, rows), (b, n) = self.xvars[-2], self.xvars[-1]
+        else:
+            return None
+        rows, n = sympy.sympify(rows), sympy.sympify(n)
+        if not (rows.is_Integer and n.is_Integer) or min(int(rows), int(n)) < TILE_ROWS:
+            return None
+        return a, int(rows), b, int(n)
+
+    def tiled(self, ptr: str, off: sympy.Expr, dtype: torch.dtype, stored: bool) -> str | None:
+        """The tile element standing for ``ptr[off]`` (``TILE_ROWS``), or None: ``off`` must step
+        by 1 from row to row and by at least ``TILE_ROWS`` along them, as a function of the loop
+        variables alone (a float32 tensor read or stored across the rows)."""
+        if self.tile_axes is None or dtype != torch.float32:
+            return None
+        a, _, b, n = self.tile_axes
+        sa, sb = (sympy.Symbol(v, integer=True, nonnegative=True) for v in (a, b))
+        if not {str(x) for x in off.free_symbols} <= {v for v, _ in self.xvars + self.rvars}:
+            return None
+        step = sympy.diff(off, sb)
+        if sympy.diff(off, sa) != 1 or not (step.is_Integer and int(step) >= TILE_ROWS):
+            return None
+        key = (ptr, off.subs({sa: sympy.Symbol("xb", integer=True, nonnegative=True), sb: 0}), int(step), stored)
+        if key not in self.tiles:
+            if (len(self.tiles) + 1) * TILE_ROWS * n * 4 > TILE_MAX_BYTES:
+                return None
+            self.tiles[key] = f"tile{len(self.tiles)}"
+        return f"{self.tiles[key]}[{a} - xb][{b}]"
+
+    def tiled_nest(self, head: list[str]) -> tuple[list[str], list[str]]:
+        """The loop nest ``head`` (``open_nest``) with its rows' loop run ``TILE_ROWS`` rows at a
+        time: the lines opening it (each block's tiles read before its rows) and those closing
+        it (the stored tiles written back after them)."""
+        a, rows, b, n = self.tile_axes
+        at = [v for v, _ in self.xvars].index(a)
+        fors, inner = head[:len(self.xvars)], head[len(self.xvars):]
+        block = [f"const int64_t nb = {TILE_ROWS};" if rows % TILE_ROWS == 0 else
+                 f"const int64_t nb = {rows} - xb < {TILE_ROWS} ? {rows} - xb : {TILE_ROWS};"]
+        after = []
+        for (ptr, first, step, stored), tile in self.tiles.items():
+            block.append(f"float {tile}[{TILE_ROWS}][{n}];")
+            at_first = f"{ptr} + {CPrinter()(first)}"
+            if stored:
+                after.append(f"fx_tile_out8({at_first}, {step}, &{tile}[0][0], {n}, {n}, nb);")
+            else:
+                block.append(f"fx_tile_in8(&{tile}[0][0], {n}, {at_first}, {step}, {n}, nb);")
+        opened = fors[:at] + [f"for (int64_t xb = 0; xb < {rows}; xb += {TILE_ROWS})", "{"] + [
+            "    " + l for l in block + [f"for (int64_t {a} = xb; {a} < xb + nb; {a}++)"] + fors[at + 1:] + inner]
+        return opened, ["    " + l for l in after] + ["}"]
 
     def nest(self, shape: list[sympy.Expr], index: sympy.Symbol, prefix: str) -> list[tuple[str, sympy.Expr]]:
         """Loop variables over ``shape`` (size-1 dims have none): they are the coordinates of
@@ -326,8 +398,9 @@ class CEmitter(Emitter):
     def print_offset(self, e: sympy.Expr, dom: str) -> str:
         return CPrinter()(e)
 
-    def emit_load(self, name: str, ptr: str, off: str, dom: str, dtype: torch.dtype) -> None:
-        self.body.append(f"const {CTYPE[dtype]} {name} = {ptr}[{off}];")
+    def emit_load(self, name: str, ptr: str, off: sympy.Expr, dom: str, dtype: torch.dtype) -> None:
+        at = self.tiled(ptr, off, dtype, stored=False) or f"{ptr}[{self.print_offset(off, dom)}]"
+        self.body.append(f"const {CTYPE[dtype]} {name} = {at};")
 
     def emit_assign(self, name: str, v: V) -> V:
         self.body.append(f"const {CTYPE[v.dtype]} {name} = {v.expr};")
@@ -338,7 +411,8 @@ class CEmitter(Emitter):
         shape = shape_of(val)
         val = self.placed(n, index, val)
         off = self.offset(val, self.coords_of(shape, dom), len(shape), dom)
-        self.body.append(f"{ptr}[{off}] = {cast(v, val.dtype).expr};")
+        at = self.tiled(ptr, off, val.dtype, stored=True) or f"{ptr}[{self.print_offset(off, dom)}]"
+        self.body.append(f"{at} = {cast(v, val.dtype).expr};")
 
     # ---------------------------------------------------------------- reductions
 
@@ -510,6 +584,10 @@ class CEmitter(Emitter):
         by_rows = self.columns_by_rows(head)
         if by_rows is not None:
             lines += ["    " + l for l in by_rows] + C_END
+        elif self.tiles:
+            opened, closed = self.tiled_nest(head)
+            lines += ["    " + l for l in opened] + ["            " + l for l in self.body] + ["        }"] + [
+                "    " + l for l in closed] + C_END
         else:
             lines += ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }"] + C_END
         head = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "

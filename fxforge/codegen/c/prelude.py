@@ -19,6 +19,11 @@ not vectorized without ``-ffast-math``, which would also reorder eager's arithme
 * ``fx_gelu_gradf``: the exact GELU's derivative, ``Phi(x) + x phi(x)``, with one ``exp`` for both
   terms (131k elements: 57 µs, 72 with two; ATen's ``gelu_backward`` takes 107).
 
+* ``fx_tile_in8`` / ``fx_tile_out8``: a tile of 8 rows moved between a tensor read or stored
+  across its rows (element ``j`` of row ``x`` at ``x + s*j``: a transposed value) and a local
+  array holding each row contiguously (``kernel.TILE_ROWS``), 8 x 8 blocks transposed in vector
+  registers (``__builtin_shufflevector``; a plain loop for compilers without it).
+
 ``FX_MAX_NAN`` / ``FX_MIN_NAN`` propagate NaN like ``torch.maximum``/``amax``.
 """
 
@@ -108,5 +113,78 @@ static inline float fx_gelu_gradf(float x) {
     const float a = fabsf(x * 0.7071067811865476f);
     const float e = a * a > 87.3f ? 0.0f : fx_expf_neg(-a * a);
     return 0.5f * (1.0f + copysignf(fmaf(-fx_erf_p(a), e, 1.0f), x)) + x * (e * 0.3989422804014327f);
+}
+
+/* Tiles of 8 rows: row x of the tile (x < nb <= 8) holds elements j < n of a tensor's row x,
+   which lie at x + s*j from the tile's first element (rows one element apart, a transposed
+   value); the tile's rows are ld floats apart.  fx_tile_in8 reads them, fx_tile_out8 stores
+   them back; full tiles move 8 x 8 blocks through vector registers (eight 8-float loads or
+   stores, each a contiguous run of the tensor, and 24 shuffles), the rest one element at a time */
+#ifndef FX_TILE_VECTORS  /* 0 or 1 from the command line: the plain loops or the vectors */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define FX_TILE_VECTORS 1
+#else
+#define FX_TILE_VECTORS 0
+#endif
+#endif
+#if FX_TILE_VECTORS
+typedef float fx_v8f __attribute__((vector_size(32)));
+
+/* c[k] = column k of the 8 x 8 block whose row i is r[i]: pairs interleaved by 32, then 64,
+   then 128 bits */
+static inline void fx_transpose8(const fx_v8f r[8], fx_v8f c[8]) {
+    const fx_v8f t0 = __builtin_shufflevector(r[0], r[1], 0, 8, 1, 9, 4, 12, 5, 13);
+    const fx_v8f t1 = __builtin_shufflevector(r[0], r[1], 2, 10, 3, 11, 6, 14, 7, 15);
+    const fx_v8f t2 = __builtin_shufflevector(r[2], r[3], 0, 8, 1, 9, 4, 12, 5, 13);
+    const fx_v8f t3 = __builtin_shufflevector(r[2], r[3], 2, 10, 3, 11, 6, 14, 7, 15);
+    const fx_v8f t4 = __builtin_shufflevector(r[4], r[5], 0, 8, 1, 9, 4, 12, 5, 13);
+    const fx_v8f t5 = __builtin_shufflevector(r[4], r[5], 2, 10, 3, 11, 6, 14, 7, 15);
+    const fx_v8f t6 = __builtin_shufflevector(r[6], r[7], 0, 8, 1, 9, 4, 12, 5, 13);
+    const fx_v8f t7 = __builtin_shufflevector(r[6], r[7], 2, 10, 3, 11, 6, 14, 7, 15);
+    const fx_v8f u0 = __builtin_shufflevector(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13);
+    const fx_v8f u1 = __builtin_shufflevector(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15);
+    const fx_v8f u2 = __builtin_shufflevector(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13);
+    const fx_v8f u3 = __builtin_shufflevector(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15);
+    const fx_v8f u4 = __builtin_shufflevector(t4, t6, 0, 1, 8, 9, 4, 5, 12, 13);
+    const fx_v8f u5 = __builtin_shufflevector(t4, t6, 2, 3, 10, 11, 6, 7, 14, 15);
+    const fx_v8f u6 = __builtin_shufflevector(t5, t7, 0, 1, 8, 9, 4, 5, 12, 13);
+    const fx_v8f u7 = __builtin_shufflevector(t5, t7, 2, 3, 10, 11, 6, 7, 14, 15);
+    c[0] = __builtin_shufflevector(u0, u4, 0, 1, 2, 3, 8, 9, 10, 11);
+    c[1] = __builtin_shufflevector(u1, u5, 0, 1, 2, 3, 8, 9, 10, 11);
+    c[2] = __builtin_shufflevector(u2, u6, 0, 1, 2, 3, 8, 9, 10, 11);
+    c[3] = __builtin_shufflevector(u3, u7, 0, 1, 2, 3, 8, 9, 10, 11);
+    c[4] = __builtin_shufflevector(u0, u4, 4, 5, 6, 7, 12, 13, 14, 15);
+    c[5] = __builtin_shufflevector(u1, u5, 4, 5, 6, 7, 12, 13, 14, 15);
+    c[6] = __builtin_shufflevector(u2, u6, 4, 5, 6, 7, 12, 13, 14, 15);
+    c[7] = __builtin_shufflevector(u3, u7, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+#endif
+
+static inline void fx_tile_in8(float* tile, int64_t ld, const float* src, int64_t s, int64_t n, int64_t nb) {
+    const int64_t v = FX_TILE_VECTORS && nb == 8 ? n - n % 8 : 0;  /* columns moved as 8 x 8 blocks */
+#if FX_TILE_VECTORS
+    for (int64_t j = 0; j < v; j += 8) {
+        fx_v8f r[8], c[8];
+        for (int i = 0; i < 8; i++) memcpy(&r[i], src + s * (j + i), sizeof r[i]);
+        fx_transpose8(r, c);
+        for (int x = 0; x < 8; x++) memcpy(tile + x * ld + j, &c[x], sizeof c[x]);
+    }
+#endif
+    for (int64_t x = 0; x < nb; x++)
+        for (int64_t k = v; k < n; k++) tile[x * ld + k] = src[x + s * k];
+}
+
+static inline void fx_tile_out8(float* dst, int64_t s, const float* tile, int64_t ld, int64_t n, int64_t nb) {
+    const int64_t v = FX_TILE_VECTORS && nb == 8 ? n - n % 8 : 0;
+#if FX_TILE_VECTORS
+    for (int64_t j = 0; j < v; j += 8) {
+        fx_v8f r[8], c[8];
+        for (int x = 0; x < 8; x++) memcpy(&r[x], tile + x * ld + j, sizeof r[x]);
+        fx_transpose8(r, c);
+        for (int i = 0; i < 8; i++) memcpy(dst + s * (j + i), &c[i], sizeof c[i]);
+    }
+#endif
+    for (int64_t x = 0; x < nb; x++)
+        for (int64_t k = v; k < n; k++) dst[x + s * k] = tile[x * ld + k];
 }
 """

@@ -407,7 +407,7 @@ class Emitter:
         return found
 
     def offset(self, val: torch.Tensor, coords: dict[int, sympy.Expr], out_rank: int, dom: str,
-               base: sympy.Expr = sympy.Integer(0)) -> str:
+               base: sympy.Expr = sympy.Integer(0)) -> sympy.Expr:
         """Element offset of ``val`` (right-aligned to ``out_rank`` dims, broadcast dims have no
         stride) at ``coords``, plus ``base``.  The offset varies with every index of ``dom`` (a
         broadcast read still needs a pointer block of the full shape)."""
@@ -424,7 +424,7 @@ class Emitter:
                 c = coords.get(lead + j)
                 if c is not None:
                     e = e + c * self.size(val.stride()[j])
-        return self.print_offset(e, dom)
+        return e
 
     def print_offset(self, e: sympy.Expr, dom: str) -> str:
         """An element offset as source: a block varying with every index of ``dom``."""
@@ -500,8 +500,8 @@ class Emitter:
         d = self.dialect
         return self.remember(key, d.cast(V(name, val.dtype), d.compute_dtype(val.dtype)))
 
-    def emit_load(self, name: str, ptr: str, off: str, dom: str, dtype: torch.dtype) -> None:
-        self.body.append(f"{name} = tl.load({ptr} + ({off}), mask={self.frame.mask(dom)}, other=0)")
+    def emit_load(self, name: str, ptr: str, off: sympy.Expr, dom: str, dtype: torch.dtype) -> None:
+        self.body.append(f"{name} = tl.load({ptr} + ({self.print_offset(off, dom)}), mask={self.frame.mask(dom)}, other=0)")
 
     def emit_assign(self, name: str, v: V) -> V:
         """Bind ``v`` to the kernel local ``name``."""
@@ -587,7 +587,7 @@ class Emitter:
         ptr = self.tensor_params[(self.buffer(n, index), "out")]
         shape = shape_of(val)
         val = self.placed(n, index, val)  # a region of a cat/pad's buffer: its container's strides
-        off = self.offset(val, self.coords_of(shape, dom), len(shape), dom)
+        off = self.print_offset(self.offset(val, self.coords_of(shape, dom), len(shape), dom), dom)
         self.body.append(f"tl.store({ptr} + ({off}), {self.block(cast(v, val.dtype), dom)}, mask={self.frame.mask(dom)})")
 
     def lower_node(self, n: fx.Node, operand) -> V:
