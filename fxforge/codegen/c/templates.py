@@ -33,16 +33,15 @@ import torch.fx as fx
 
 from ...graph import VAL, free_symbols, tensors
 from ..triton.launch import Param
-from .kernel import C_END, CEmitted, c_head, launch_source
+from .kernel import C_END, TILE_ROWS, CEmitted, c_head, launch_source
 from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
 
 aten = torch.ops.aten
 
 # Per-column accumulators live on the C stack (a double a column for each of dw and db).
 LAYER_NORM_MAX_COLUMNS = 8192
-# Strided rows staged this many at a time where they start one element apart, in at most this
-# many bytes of C stack.
-STAGE_BLOCK_ROWS = 16
+# Strided rows staged ``kernel.TILE_ROWS`` at a time where they start one element apart, in at
+# most this many bytes of C stack.
 STAGE_BLOCK_MAX_BYTES = 64 << 10
 
 
@@ -165,9 +164,10 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     staged = [key for key in ("dy", "x") if "dx" in ptr and col[key] != 1]
     # Staged rows whose neighbours along the last row dim are next to each other in memory (a
     # transposed gradient's rows start one element apart) are staged a block of rows at a time:
-    # each column of the block is one contiguous read instead of a gather per row.
+    # float32 through the emitter's tiles (``fx_tile_in8``/``fx_tile_out8``: 8 x 8 blocks
+    # transposed in vector registers), float64 a column of the block at a time.
     inner = int(xv.shape[lead - 1])
-    block = min(STAGE_BLOCK_ROWS, inner)
+    block = min(TILE_ROWS, inner)
     adjacent = [k for k in ("dy", "x", "dx") if k in staged or (k == "dx" and k in ptr and col[k] != 1)]
     blocked = bool(staged) and block > 1 and all(layouts[k][1][lead - 1] == 1 for k in adjacent) and \
         block * n * xv.element_size() * len(adjacent) <= STAGE_BLOCK_MAX_BYTES
@@ -215,13 +215,17 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
         stage = [f"const int64_t nb = {block};" if inner % block == 0 else
                  f"const int64_t nb = {inner} - ib < {block} ? {inner} - ib : {block};"]
         first = {k: _offset(coords[:-1] + ["ib"], layouts[k][1][:lead]) for k in adjacent}  # the block's first row
+        tiles = ct == "float"
         for key in staged:
-            stage += [f"{ct} blk_{key}[{block}][{n}];", f"for (int64_t j = 0; j < {n}; j++)",
-                      f"    for (int64_t r = 0; r < nb; r++) blk_{key}[r][j] = {ptr[key]}[{first[key]} + r + {col[key]}*j];"]
+            stage.append(f"{ct} blk_{key}[{block}][{n}];")
+            stage += [f"fx_tile_in8(&blk_{key}[0][0], {n}, {ptr[key]} + ({first[key]}), {col[key]}, {n}, nb);"] if tiles else [
+                f"for (int64_t j = 0; j < {n}; j++)",
+                f"    for (int64_t r = 0; r < nb; r++) blk_{key}[r][j] = {ptr[key]}[{first[key]} + r + {col[key]}*j];"]
         stage += [f"{ct} blk_{key}[{block}][{n}];" for key in written]
         store = [l for key in written for l in (
-            f"for (int64_t j = 0; j < {n}; j++)",
-            f"    for (int64_t r = 0; r < nb; r++) {ptr[key]}[{first[key]} + r + {col[key]}*j] = blk_{key}[r][j];")]
+            [f"fx_tile_out8({ptr[key]} + ({first[key]}), {col[key]}, &blk_{key}[0][0], {n}, {n}, nb);"] if tiles else [
+                f"for (int64_t j = 0; j < {n}; j++)",
+                f"    for (int64_t r = 0; r < nb; r++) {ptr[key]}[{first[key]} + r + {col[key]}*j] = blk_{key}[r][j];"])]
         body = [f"for (int64_t ib = 0; ib < {inner}; ib += {block})", "{"] + ["    " + l for l in stage] + [
             f"    for (int64_t {i} = ib; {i} < ib + nb; {i}++)"] + ["    " + l for l in body] + [
             "    " + l for l in store] + ["}"]
