@@ -5,10 +5,12 @@ to one call at a time."""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections import Counter
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -120,8 +122,60 @@ def test_unsafe_views_inside_the_call_are_tensor_views_and_returned_ones_are_not
     torch.testing.assert_close(total, want[1])
     assert out._base is None  # returned: not a view of an internal tensor
     src = c.source.split("\ndef call(", 1)[1]
-    # the inner one: a view of the input at its traced layout (runtime.reinterpret)
+    # the inner one: a view of the input at its traced layout (runtime.reinterpret); the returned
+    # one views a tensor an ATen kernel returned (its layout is ATen's): its op
     assert src.count("aten._unsafe_view.default(") == 1 and "reinterpret(x_1, (16, 8), (8, 1), 0)" in src, src
+
+
+def test_returned_views_alias_as_eager_and_are_saved_without_a_detach():
+    """A returned view whose storage is its own among what the caller holds is made by layout
+    (no autograd view of its base): AOTAutograd saves it for the backward as it is, where it
+    detaches a view first.  One that views an input or shares its storage with another returned
+    value keeps its op: the caller sees eager's aliasing, and writing to one of them in place
+    makes the backward raise as eager's does."""
+    def f(x, w):
+        y = (x @ w).relu()
+        return y, y.view(-1), x.view(4, -1).t(), (y.view(2, -1) * 3).sum()
+
+    def run(fn):
+        torch.manual_seed(0)
+        x, w = torch.randn(8, 6), torch.randn(6, 6, requires_grad=True)
+        out = fn(x, w)
+        grad = torch.autograd.grad(out[0].sum() + out[3], w, retain_graph=True)[0]
+        y, flat, xt, _ = out
+        assert flat.untyped_storage().data_ptr() == y.untyped_storage().data_ptr() and flat._is_view()
+        assert xt.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        with torch.no_grad():
+            y.add_(1)
+        assert torch.equal(flat, y.view(-1))  # a view of the output, as in eager
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(out[0].sum() + out[3], w)  # the saved y changed, as in eager
+        return out, grad
+
+    torch._dynamo.reset()
+    got, want = run(torch.compile(f, backend=fxforge.backend(fxforge.Config(debug=True)), fullgraph=True)), run(f)
+    for a, b in zip(got[0] + (got[1],), want[0] + (want[1],)):
+        torch.testing.assert_close(a, b)
+
+    # an MLP's training graph: the views it saves of its own intermediates are made by layout
+    torch._dynamo.reset()
+    backend = fxforge.backend(fxforge.Config(debug=True))
+    mlp = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.GELU(), torch.nn.Linear(12, 6))
+    cm = torch.compile(mlp, backend=backend, fullgraph=True)
+    x = torch.randn(2, 4, 6)
+    cm(x).sum().backward()
+    forward = next(c for c in backend.compiled if c.stats["graph"] == "forward")
+    call = forward.source.split("\ndef call(", 1)[1]
+    # the saved view of the GELU's result by layout; the saved view of the input x by its op
+    assert re.search(r"view_\d+ = reinterpret\(gelu, ", call) and "aten.view.default(" not in call, call
+    assert all(base.startswith("primals") for base in re.findall(r"(\w+)\.view\(", call)), call
+    seen = []
+    orig = forward._fn
+    forward._fn = lambda args: (inputs := list(args), out := orig(args), seen.append((inputs, out)))[1]
+    cm(x).sum().backward()
+    (inputs, out), = seen
+    views = [t for t in out if isinstance(t, torch.Tensor) and t._is_view()]
+    assert all(any(t._base is i for i in inputs) for t in views)  # views of inputs only
 
 
 def test_public_bindings_resolve_to_the_out_overload():
@@ -228,6 +282,7 @@ def test_reinterpret_fallback_matches_torchs():
     for size, stride, offset in (((16, 64), (64, 1), 0), ((4, 8), (1, 16), 7), ((8,), (0,), 3)):
         fast, slow = runtime.reinterpret(x, size, stride, offset), runtime._reinterpret_fallback(x, size, stride, offset)
         assert torch.equal(fast, slow) and fast.storage_offset() == slow.storage_offset() == 300 + offset
+        assert not fast._is_view() and not slow._is_view()  # tensors of their own over x's storage
 
 
 def test_views_that_carry_a_bit_keep_their_op():

@@ -105,6 +105,10 @@ class _Builder:
         self.demoted_nodes: set[fx.Node] = set()
         self.node_names = {n.name for n in gm.graph.nodes}
         self.returned = set(output_nodes(gm))
+        # returned values whose storage nothing else the caller holds shares: no input, no other
+        # returned value (``reinterpreted``)
+        roots = [storage_root(n) for n in self.returned]
+        self.private_returns = {n for n, r in zip(self.returned, roots) if r.op != "placeholder" and roots.count(r) == 1}
         self.unheld: list[str] = []
         self.bound: set[str] = set()  # local names currently bound in call(); only these are del'ed
         # values whose sizes and strides at run time are the traced ones (their storage offset may
@@ -208,7 +212,7 @@ class _Builder:
         t = node.target
         if t is operator.getitem:
             return f"{self.ref(node.args[0])}[{format_arg(node.args[1], self.ref, self.const)}]"
-        if node_kind(node) == "view" and node not in self.returned:
+        if node_kind(node) == "view":
             view = self.reinterpreted(node)
             if view is not None:
                 return view
@@ -232,10 +236,17 @@ class _Builder:
         offset from its base's (``runtime.reinterpret``: no view function, no argument parsing);
         None for views that are more than a layout (``conj``, ``_neg_view``: a bit on the tensor;
         a dtype view), where sizes are symbolic, or where the base may be laid out otherwise (a
-        region of a cat or pad, a tensor an ATen kernel returned).  A returned view keeps its
-        op: autograd tells views from ``_unsafe_view``s."""
+        region of a cat or pad, a tensor an ATen kernel returned).  A returned one is made so too
+        where its storage is its own among what the caller holds (``private_returns``): it is no
+        autograd view of its base (as an ``_unsafe_view``), so AOTAutograd saves it for the
+        backward as it is where it would detach a view first (1-2 µs each).  A returned view of
+        an input, or sharing its storage with another returned value, keeps its op: it shares
+        its base's version counter, so writing to one of them in place is seen by autograd's
+        checks of the other, as in eager."""
         base = node.args[0] if node.args else None
         if node.target not in LAYOUT_VIEWS or not isinstance(base, fx.Node) or base.name not in self.traced:
+            return None
+        if node in self.returned and node not in self.private_returns:
             return None
         val, bval = node.meta.get(VAL), base.meta.get(VAL)
         if not (isinstance(val, torch.Tensor) and isinstance(bval, torch.Tensor)) or val.dtype != bval.dtype:
@@ -277,13 +288,16 @@ class _Builder:
         if b.kind == "fresh" and b.reuses is not None:
             # written in place over a fresh buffer that dies here (passes/memory.py), read here
             # through a value laid out as the output from its first byte: hand out that buffer
-            # in the output's layout, through the nearest bound name of that value's storage
+            # in the output's layout, through the nearest bound name of that value's storage --
+            # as a tensor of its own over that storage, no autograd view of it (the output may be
+            # returned: the caller may write to it in place, as to eager's fresh result)
             x = next(a for a in b.producer.all_input_nodes if storage_root(a).name == b.reuses)
             while x is not None and x.name not in self.bound:  # a view made inside the kernel: what it was passed
                 x = aliased_input(x)
             if x is None:
                 raise AssertionError(f"{b.name}: no bound value holds the storage of {b.reuses}")
-            return f"{x.name}.as_strided({shape}, {stride}, 0)"
+            self.globals["reinterpret"] = runtime.reinterpret
+            return f"reinterpret({x.name}, {shape}, {stride}, -{x.name}.storage_offset())"
         if b.kind == "fresh":
             return self.empty(shape, stride, b.dtype, b.device)
         typed = self.typed_arena(b.arena, b.dtype)
