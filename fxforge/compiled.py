@@ -118,8 +118,12 @@ class Compiled:
         kept = list(args) if (self._holds_inputs or not self._proven) and self._eager is not None else None
         try:
             # Graphs are ATen-level and functional: autograd, if any, happens outside them
-            # (AOTAutograd), and out= ops refuse inputs that require grad.
-            with torch.no_grad():
+            # (AOTAutograd), and out= ops refuse inputs that require grad.  AOTAutograd runs a
+            # training step's graphs with grad off already: no context to enter then (1-2 µs)
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    out = self._fn(args)
+            else:
                 out = self._fn(args)
         except Exception as e:
             if self._debug:
