@@ -46,6 +46,7 @@ import linecache
 import logging
 import math
 import operator
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,8 +108,9 @@ class _Builder:
         self.returned = set(output_nodes(gm))
         # returned values whose storage nothing else the caller holds shares: no input, no other
         # returned value (``reinterpreted``)
-        roots = [storage_root(n) for n in self.returned]
-        self.private_returns = {n for n, r in zip(self.returned, roots) if r.op != "placeholder" and roots.count(r) == 1}
+        roots = {n: storage_root(n) for n in self.returned}
+        holders = Counter(roots.values())
+        self.private_returns = {n for n, r in roots.items() if r.op != "placeholder" and holders[r] == 1}
         self.unheld: list[str] = []
         self.bound: set[str] = set()  # local names currently bound in call(); only these are del'ed
         # values whose sizes and strides at run time are the traced ones (their storage offset may
