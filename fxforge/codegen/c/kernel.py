@@ -351,6 +351,8 @@ class CEmitter(Emitter):
         row = self.row_cache[a]
         if row is None:
             v = compute()
+            if self.row_cache[a] is not None:  # computing it made the row (an operand read through ``value``)
+                return self.remember(("row", a), v)
             row = self.row_cache[a] = V(self.fresh("row"), v.dtype)
             self.hoisted.append(f"{CTYPE[v.dtype]} {row.expr}[{CPrinter()(self.frame.rnumel)}];")
             self.body.append(f"{row.expr}[{RINDEX}] = {v.expr};")
