@@ -14,6 +14,9 @@ negative log-likelihood and its gradient: each one C call instead of one ATen ca
 calls took 53 µs of a mixer's training step on 8 x 10 logits).  A target out of bounds is error 1
 of ``launcher.KERNEL_ERRORS``, raised as eager raises it.
 
+Attention's weights: ``_softmax`` and its gradient over the last dim, on the log-softmax's
+terms (a masked score's weight exactly 0, as eager's).
+
 Token embeddings: ``embedding`` gathers rows (an index out of range is error 2), its gradient
 adds each index's row in eager's order; integer ``arange`` fills positions.  Each replaces a
 small ATen call that runs cold in a training step (the demo's: 244 µs a step as ATen calls).
@@ -266,6 +269,20 @@ def _log_softmax_backward_refusal(node: fx.Node) -> str | None:
     return _last_dim_rows_refusal("log_softmax backward", node, grad, dim)
 
 
+def _softmax_refusal(node: fx.Node) -> str | None:
+    x, dim, half_to_float = node.args[:3]
+    if half_to_float:
+        return "softmax template: half_to_float runs as ATen's kernel"
+    return _last_dim_rows_refusal("softmax", node, x, dim)
+
+
+def _softmax_backward_refusal(node: fx.Node) -> str | None:
+    grad, out, dim, input_dtype = node.args[:4]
+    if input_dtype != grad.meta[VAL].dtype:
+        return "softmax backward template: an input dtype other than the gradient's runs as ATen's kernel"
+    return _last_dim_rows_refusal("softmax backward", node, grad, dim)
+
+
 def _rows(ts: _Tensors, ndim: int):
     """Loops over every row (all dims but the last) and ``at(key, j)``: element ``j`` of the
     current row of tensor ``key``."""
@@ -330,6 +347,43 @@ def log_softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmit
 
     ins = {"g": node.args[0], "y": node.args[1]}
     return _row_kernel(name, node, ref, buffer, layout, "log_softmax backward", "dx", ins, body)
+
+
+def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+    """``_softmax(x, dim=-1)``, per row as ATen's CPU kernel: ``m = max(x)``, ``e = exp(x - m)``
+    stored in the output while summing it (in double), then the output scaled by ``1 / sum``.
+    float32's ``exp`` is ``fx_expf_neg`` (its argument is never above 0), and 0 where eager's is
+    below float32's normal range (``d < log(FLT_MIN)``; ``fx_expf_neg`` stops at about 1e-38): a
+    masked score's weight is exactly 0, as eager's.  A row with a NaN, or of -inf only, is NaN, as
+    eager's."""
+    def body(ct: str, n: int, at) -> list[str]:
+        e = _exp(ct, "d", nonpositive=True)
+        if ct == "float":
+            e = f"d < -87.33654f ? 0.0f : {e}"
+        return [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
+                f"for (int64_t j = 0; j < {n}; j++) m = m > {at('x')} ? m : {at('x')};",
+                "double s = 0;", "#pragma omp simd reduction(+:s)",
+                f"for (int64_t j = 0; j < {n}; j++)", "{",
+                f"    const {ct} d = {at('x')} - m;", f"    const {ct} e = {e};", f"    {at('out')} = e;",
+                "    s += (double)e;", "}",
+                f"const {ct} r = ({ct})(1.0 / s);",
+                f"for (int64_t j = 0; j < {n}; j++) {at('out')} *= r;"]
+
+    return _row_kernel(name, node, ref, buffer, layout, "softmax", "out", {"x": node.args[0]}, body)
+
+
+def softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+    """``_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
+    ``dx = y * (g - sum(g * y))``; the sum in double.  Each row's sum is taken before any of its
+    gradient is written: ``dx`` may overwrite ``g`` (``passes/memory.py``, ``_ROWWISE_INPLACE``)."""
+    def body(ct: str, n: int, at) -> list[str]:
+        return ["double s = 0;", "#pragma omp simd reduction(+:s)",
+                f"for (int64_t j = 0; j < {n}; j++) s += (double)({at('g')} * {at('y')});",
+                f"const {ct} sg = ({ct})s;",
+                f"for (int64_t j = 0; j < {n}; j++) {at('dx')} = {at('y')} * ({at('g')} - sg);"]
+
+    ins = {"g": node.args[0], "y": node.args[1]}
+    return _row_kernel(name, node, ref, buffer, layout, "softmax backward", "dx", ins, body)
 
 
 def _nll_refusal(node: fx.Node) -> str | None:
@@ -537,6 +591,8 @@ TEMPLATES = {
     aten.native_layer_norm_backward.default: (layer_norm_backward_refusal, layer_norm_backward),
     aten._log_softmax.default: (_log_softmax_refusal, log_softmax),
     aten._log_softmax_backward_data.default: (_log_softmax_backward_refusal, log_softmax_backward),
+    aten._softmax.default: (_softmax_refusal, softmax),
+    aten._softmax_backward_data.default: (_softmax_backward_refusal, softmax_backward),
     aten.nll_loss_forward.default: (_nll_refusal, nll_loss_forward),
     aten.nll_loss_backward.default: (_nll_refusal, nll_loss_backward),
     aten.embedding.default: (_embedding_refusal, embedding),
