@@ -19,19 +19,10 @@ pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler
               pytest.mark.usefixtures("kernel_cache")]
 
 sys.path.insert(0, os.path.dirname(__file__))
+from c_helpers import compile_c, sources  # noqa: E402
 from test_c_codegen import fallbacks  # noqa: E402
 
 aten = torch.ops.aten
-
-
-def _compile(fn, **kw):
-    torch._dynamo.reset()
-    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
-    return b, torch.compile(fn, backend=b, fullgraph=True, **kw)
-
-
-def _sources(b) -> str:
-    return "".join(c.source for c in b.compiled)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -48,14 +39,14 @@ def test_lookup_and_gradient_match_eager_bit_for_bit(ishape, padding_idx, index_
     def fn(w, idx):
         return F.embedding(idx, w, padding_idx=padding_idx) * 1.0
 
-    b, c = _compile(fn)
+    b, c = compile_c(fn)
     out = c(w, idx)
     out.backward(g)
     gw, w.grad = w.grad, None
     ref = fn(w, idx)
     ref.backward(g)
     assert torch.equal(out, ref) and torch.equal(gw, w.grad)
-    src = _sources(b)
+    src = sources(b)
     assert "(template: embedding," in src and "(template: embedding backward," in src
     assert not [k for k in fallbacks(b) if "embedding" in k]
 
@@ -67,15 +58,15 @@ def test_strided_table_indices_and_gradient():
         return out, aten.embedding_dense_backward(g.transpose(0, 1), idx[:, ::2], 12, -1, False)
 
     w, idx, g = torch.randn(5, 12), torch.randint(0, 12, (3, 8)), torch.randn(4, 3, 5)
-    b, c = _compile(fn)
+    b, c = compile_c(fn)
     for x, y in zip(c(w, idx, g), fn(w, idx, g)):
         assert torch.equal(x, y)
-    assert _sources(b).count("(template: embedding") == 2
+    assert sources(b).count("(template: embedding") == 2
 
 
 def test_an_index_out_of_range_raises_eagers_error(kernels_through):
     w = torch.randn(10, 3)
-    b, c = _compile(lambda w, i: F.embedding(i, w) + 1)
+    b, c = compile_c(lambda w, i: F.embedding(i, w) + 1)
     c(w, torch.tensor([1, 2, 3]))  # the shape of the calls below: one static compile
     assert len(b.compiled) == 1 and "(template: embedding," in b.compiled[0].source
     for bad in (10, -1, 1 << 40):
@@ -116,7 +107,7 @@ def test_refusals_name_the_reason():
 
 def test_symbolic_sizes_run_as_aten():
     w = torch.randn(10, 3, requires_grad=True)
-    b, c = _compile(lambda w, i: F.embedding(i, w).sum(), dynamic=True)
+    b, c = compile_c(lambda w, i: F.embedding(i, w).sum(), dynamic=True)
     for n in (4, 7):
         i = torch.randint(0, 10, (n,))
         c(w, i).backward()
@@ -124,7 +115,7 @@ def test_symbolic_sizes_run_as_aten():
         F.embedding(i, w).sum().backward()
         assert torch.equal(gw, w.grad)
         w.grad = None
-    assert "(template: embedding" not in _sources(b)
+    assert "(template: embedding" not in sources(b)
 
 
 @pytest.mark.parametrize("args, dtype", [((7,), None), ((3, 11), torch.int32), ((-5, 20, 3), None), ((10, 0, -2), None),
@@ -133,9 +124,9 @@ def test_integer_arange(args, dtype):
     def fn(x):
         return torch.arange(*args, dtype=dtype) * x
 
-    b, c = _compile(fn)
+    b, c = compile_c(fn)
     x = torch.tensor(3, dtype=dtype or torch.int64)
     got, want = c(x), fn(x)
     assert torch.equal(got, want) and got.dtype == want.dtype
     if want.numel():
-        assert "(template: arange," in _sources(b)
+        assert "(template: arange," in sources(b)

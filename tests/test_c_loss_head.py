@@ -20,17 +20,11 @@ pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler
               pytest.mark.usefixtures("kernel_cache")]
 
 sys.path.insert(0, os.path.dirname(__file__))
+from c_helpers import compile_c, sources  # noqa: E402
 from test_c_codegen import fallbacks  # noqa: E402
 
 aten = torch.ops.aten
 LIMIT = ONE_THREAD_MAX_NUMEL
-
-
-def _compile(fn, **kw):
-    torch._dynamo.reset()
-    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
-    return b, torch.compile(fn, backend=b, fullgraph=True, **kw)
-
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -44,7 +38,7 @@ def test_cross_entropy_step_runs_both_templates(shape, dtype):
     else:
         y = torch.randn(shape[:-1], dtype=dtype)
         fn = lambda x, y: (F.log_softmax(x, -1).sum(-1) * y).sum()  # noqa: E731
-    b, c = _compile(fn)
+    b, c = compile_c(fn)
     loss = c(x, y)
     loss.backward()
     grad, x.grad = x.grad, None
@@ -64,7 +58,7 @@ def test_rows_with_infinities_and_nan_match_eager():
     x = torch.tensor([[-inf] * 4, [0.0, inf, 1.0, 2.0], [nan, 1.0, 2.0, 3.0], [1.0, 2.0, -inf, 4.0],
                       [1e30, -1e30, 0.0, 3.0], [-1e30, -1e30, -1e30, -1e30]])
     x = torch.cat([x, torch.randn(4, 4)])[torch.randperm(10)]
-    b, c = _compile(lambda x: F.log_softmax(x, -1))
+    b, c = compile_c(lambda x: F.log_softmax(x, -1))
     torch.testing.assert_close(c(x), F.log_softmax(x, -1), equal_nan=True)
     assert "(template: log_softmax," in b.compiled[0].source
     # a NaN anywhere in a long row, or all of it (the max, a vector reduction, may pass over a
@@ -76,23 +70,12 @@ def test_rows_with_infinities_and_nan_match_eager():
     assert c(x)[1:].isnan().all() and not c(x)[0].isnan().any()
 
 
-def test_strided_rows_and_leading_dims():
-    """Rows read at their traced strides: a transposed input, a sliced one, three leading dims."""
-    def f(a, b):
-        return F.log_softmax(a.transpose(0, 1), -1) + F.log_softmax(b[:, 1:, :, ::2], -1).sum(0)
-
-    a, b = torch.randn(12, 6), torch.randn(2, 4, 6, 24)
-    b_, c = _compile(f)
-    torch.testing.assert_close(c(a, b), f(a, b))
-    assert b_.compiled[0].source.count("(template: log_softmax,") == 2
-
-
 def test_refusals_name_the_reason():
     def f(x, y):
         return F.log_softmax(x, 0) * 2, F.log_softmax(y, -1) * 2
 
     x, y = torch.randn(6, 5), torch.randn(LIMIT // 64 + 1, 64)
-    b, c = _compile(f)
+    b, c = compile_c(f)
     out = c(x, y)
     torch.testing.assert_close(out[0], f(x, y)[0])
     torch.testing.assert_close(out[1], f(x, y)[1])
@@ -107,7 +90,7 @@ def test_refusals_name_the_reason():
 
 def test_dynamic_shapes_run_as_aten():
     x = torch.randn(8, 10)
-    b, c = _compile(lambda x: F.log_softmax(x, -1) * 3, dynamic=True)
+    b, c = compile_c(lambda x: F.log_softmax(x, -1) * 3, dynamic=True)
     torch.testing.assert_close(c(x), F.log_softmax(x, -1) * 3)
     x = torch.randn(5, 10)
     torch.testing.assert_close(c(x), F.log_softmax(x, -1) * 3)
@@ -127,7 +110,7 @@ def test_nll_loss_templates_match_eager(reduction, weighted, ignore_index, shape
     def fn(x, y, w):
         return F.cross_entropy(x, y, weight=w, reduction=reduction, ignore_index=ignore_index)
 
-    b, c = _compile(fn)
+    b, c = compile_c(fn)
     loss = c(x, y, w)
     loss.backward()
     grad, x.grad = x.grad, None
@@ -142,7 +125,7 @@ def test_nll_loss_templates_match_eager(reduction, weighted, ignore_index, shape
 
 def test_a_target_out_of_bounds_raises_eagers_error(kernels_through):
     x = torch.randn(8, 10, requires_grad=True)
-    b, c = _compile(lambda x, y: F.cross_entropy(x, y))
+    b, c = compile_c(lambda x, y: F.cross_entropy(x, y))
     c(x, torch.randint(0, 10, (8,))).backward()
     assert "(template: nll_loss forward," in b.compiled[0].source
     for bad in (10, -1, 1 << 40):
@@ -158,7 +141,7 @@ def test_a_target_out_of_bounds_raises_eagers_error(kernels_through):
 def test_every_target_ignored_gives_eagers_nan():
     x = torch.randn(6, 4)
     y = torch.full((6,), -100)
-    b, c = _compile(lambda x, y: F.cross_entropy(x, y))
+    b, c = compile_c(lambda x, y: F.cross_entropy(x, y))
     out = c(x, y)
     assert out.isnan() and F.cross_entropy(x, y).isnan()
     y[2] = 1  # one row counts again
@@ -167,7 +150,7 @@ def test_every_target_ignored_gives_eagers_nan():
 
 def test_nll_reduction_none_runs_as_aten_with_the_reason():
     x, y = torch.randn(6, 4), torch.randint(0, 4, (6,))
-    b, c = _compile(lambda x, y: F.nll_loss(x, y, reduction="none") * 2)
+    b, c = compile_c(lambda x, y: F.nll_loss(x, y, reduction="none") * 2)
     torch.testing.assert_close(c(x, y), F.nll_loss(x, y, reduction="none") * 2)
     (n,) = [n for n in b.compiled[0].graph.graph.nodes if n.target == aten.nll_loss_forward.default]
     assert "reduction='none' runs as ATen's kernel" in c_backend.accepts(n, fxforge.Config(codegen="c"))
@@ -178,7 +161,7 @@ def test_a_large_nll_gradient_runs_as_aten():
     rows = ONE_THREAD_MAX_NUMEL // 512 + 1
     x = torch.randn(rows, 512, requires_grad=True)
     y = torch.randint(0, 512, (rows,))
-    b, c = _compile(lambda x, y: F.nll_loss(x, y))
+    b, c = compile_c(lambda x, y: F.nll_loss(x, y))
     c(x, y).backward()
     grad, x.grad = x.grad, None
     F.nll_loss(x, y).backward()

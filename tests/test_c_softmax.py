@@ -5,6 +5,9 @@ Every case compares with eager on fresh random inputs."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,17 +22,10 @@ from fxforge.testing import profile
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
               pytest.mark.usefixtures("kernel_cache")]
 
+sys.path.insert(0, os.path.dirname(__file__))
+from c_helpers import compile_c, sources  # noqa: E402
+
 aten = torch.ops.aten
-
-
-def _compile(fn, **kw):
-    torch._dynamo.reset()
-    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
-    return b, torch.compile(fn, backend=b, fullgraph=True, **kw)
-
-
-def _sources(b) -> str:
-    return "".join(c.source for c in b.compiled)
 
 
 def zeros_as_eager(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -51,7 +47,7 @@ def test_causal_attention_step_runs_both_templates(t, dtype):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, t, 8, dtype=dtype, requires_grad=True) for _ in range(3))
     mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-    b, c = _compile(attention)
+    b, c = compile_c(attention)
     out = c(q, k, v, mask)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
@@ -60,7 +56,7 @@ def test_causal_attention_step_runs_both_templates(t, dtype):
     torch.testing.assert_close(out, ref)
     for a, e in zip(grads, refs):
         torch.testing.assert_close(a, e)
-    src = _sources(b)
+    src = sources(b)
     assert "(template: softmax," in src and "(template: softmax backward," in src
     assert "aten._softmax" not in src.replace("aten._softmax.default", "")  # no ATen softmax call
 
@@ -70,7 +66,7 @@ def test_masked_weights_are_exactly_zero_and_special_rows_match_eager():
     x = torch.tensor([[-inf] * 4, [0.0, inf, 1.0, 2.0], [nan, 1.0, 2.0, 3.0], [1.0, 2.0, -inf, 4.0],
                       [1e30, -1e30, 0.0, 3.0], [-1e30, -1e30, -1e30, -1e30], [0.0, -90.0, -200.0, -inf]])
     x = torch.cat([x, torch.randn(5, 4)])[torch.randperm(12)]
-    b, c = _compile(lambda x: torch.softmax(x, -1))
+    b, c = compile_c(lambda x: torch.softmax(x, -1))
     got, want = c(x), torch.softmax(x, -1)
     torch.testing.assert_close(got, want, equal_nan=True)
     assert zeros_as_eager(got, want)
@@ -83,14 +79,19 @@ def test_masked_weights_are_exactly_zero_and_special_rows_match_eager():
     torch.testing.assert_close(c(x), torch.softmax(x, -1), equal_nan=True)
 
 
-def test_strided_rows_and_leading_dims():
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_strided_rows_and_leading_dims(op):
+    """Rows read at their traced strides: a transposed input, a sliced one, three leading dims
+    (the log-softmax template's too: both are ``_row_kernel``s)."""
+    fn = torch.softmax if op == "softmax" else F.log_softmax
+
     def f(a, b):
-        return torch.softmax(a.transpose(0, 1), -1) + torch.softmax(b[:, 1:, :, ::2], -1).sum(0)
+        return fn(a.transpose(0, 1), -1) + fn(b[:, 1:, :, ::2], -1).sum(0)
 
     a, b = torch.randn(12, 6), torch.randn(2, 4, 6, 24)
-    b_, c = _compile(f)
+    b_, c = compile_c(f)
     torch.testing.assert_close(c(a, b), f(a, b))
-    assert b_.compiled[0].source.count("(template: softmax,") == 2
+    assert b_.compiled[0].source.count(f"(template: {op},") == 2
 
 
 def test_the_gradient_may_overwrite_its_input():
@@ -100,10 +101,10 @@ def test_the_gradient_may_overwrite_its_input():
         return (torch.softmax(x @ w, -1) * 3).sum()
 
     x, w = torch.randn(32, 16), torch.randn(16, 24, requires_grad=True)
-    b, c = _compile(f)
+    b, c = compile_c(f)
     got = torch.autograd.grad(c(x, w), w)[0]
     torch.testing.assert_close(got, torch.autograd.grad(f(x, w), w)[0])
-    assert "(template: softmax backward," in _sources(b)
+    assert "(template: softmax backward," in sources(b)
     bw = b.compiled[1]
     (node,) = [n for n in bw.graph.graph.nodes if n.target == aten._softmax_backward_data.default]
     out, grad = (bw.plan.memory.buffers[n.name] for n in (node, node.args[0]))
@@ -115,7 +116,7 @@ def test_refusals_name_the_reason_and_run_atens_kernel():
         return torch.softmax(x, 0) * 2, torch.softmax(y, -1) * 2
 
     x, y = torch.randn(6, 5), torch.randn(ONE_THREAD_MAX_NUMEL // 64 + 1, 64)
-    b, c = _compile(f)
+    b, c = compile_c(f)
     for got, want in zip(c(x, y), f(x, y)):
         torch.testing.assert_close(got, want)
     src = b.compiled[0].source
@@ -124,11 +125,11 @@ def test_refusals_name_the_reason_and_run_atens_kernel():
            for n in b.compiled[0].graph.graph.nodes if n.target == aten._softmax.default}
     assert "over the last dim only" in why[0] and f"over {ONE_THREAD_MAX_NUMEL} elements" in why[-1 if -1 in why else 1]
     # symbolic sizes: ATen's kernel
-    b, c = _compile(lambda x: torch.softmax(x, -1) * 3, dynamic=True)
+    b, c = compile_c(lambda x: torch.softmax(x, -1) * 3, dynamic=True)
     for n in (8, 5):
         x = torch.randn(n, 10)
         torch.testing.assert_close(c(x), torch.softmax(x, -1) * 3)
-    assert "template: softmax" not in _sources(b)
+    assert "template: softmax" not in sources(b)
 
 
 @settings(profile(), max_examples=15, deadline=None)
@@ -142,7 +143,7 @@ def test_random_rows_match_eager(rows, n, scale, masked, seed):
     def f(x):
         return torch.softmax((x * scale).masked_fill(mask, float("-inf")), -1)
 
-    b, c = _compile(f)
+    b, c = compile_c(f)
     g = torch.randn(rows, n)
     out = c(x)
     grad = torch.autograd.grad(out, x, g)[0]

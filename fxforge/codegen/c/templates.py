@@ -255,32 +255,27 @@ def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> st
     return None
 
 
-def _log_softmax_refusal(node: fx.Node) -> str | None:
-    x, dim, half_to_float = node.args[:3]
-    if half_to_float:
-        return "log_softmax template: half_to_float runs as ATen's kernel"
-    return _last_dim_rows_refusal("log_softmax", node, x, dim)
+def _softmax_refusal(what: str):
+    """The refusal of the ``what`` template (``log_softmax``, ``softmax``): ``(x, dim,
+    half_to_float)``, rows over the last dim."""
+    def refusal(node: fx.Node) -> str | None:
+        x, dim, half_to_float = node.args[:3]
+        if half_to_float:
+            return f"{what} template: half_to_float runs as ATen's kernel"
+        return _last_dim_rows_refusal(what, node, x, dim)
+
+    return refusal
 
 
-def _log_softmax_backward_refusal(node: fx.Node) -> str | None:
-    grad, out, dim, input_dtype = node.args[:4]
-    if input_dtype != grad.meta[VAL].dtype:
-        return "log_softmax backward template: an input dtype other than the gradient's runs as ATen's kernel"
-    return _last_dim_rows_refusal("log_softmax backward", node, grad, dim)
+def _softmax_backward_refusal(what: str):
+    """The refusal of the ``what`` gradient template: ``(grad, out, dim, input_dtype)``."""
+    def refusal(node: fx.Node) -> str | None:
+        grad, out, dim, input_dtype = node.args[:4]
+        if input_dtype != grad.meta[VAL].dtype:
+            return f"{what} template: an input dtype other than the gradient's runs as ATen's kernel"
+        return _last_dim_rows_refusal(what, node, grad, dim)
 
-
-def _softmax_refusal(node: fx.Node) -> str | None:
-    x, dim, half_to_float = node.args[:3]
-    if half_to_float:
-        return "softmax template: half_to_float runs as ATen's kernel"
-    return _last_dim_rows_refusal("softmax", node, x, dim)
-
-
-def _softmax_backward_refusal(node: fx.Node) -> str | None:
-    grad, out, dim, input_dtype = node.args[:4]
-    if input_dtype != grad.meta[VAL].dtype:
-        return "softmax backward template: an input dtype other than the gradient's runs as ATen's kernel"
-    return _last_dim_rows_refusal("softmax backward", node, grad, dim)
+    return refusal
 
 
 def _rows(ts: _Tensors, ndim: int):
@@ -336,17 +331,25 @@ def log_softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     return _row_kernel(name, node, ref, buffer, layout, "log_softmax", "out", {"x": node.args[0]}, body)
 
 
-def log_softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
-    """``_log_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
-    ``dx = g - exp(y) * sum(g)``; the sum in double."""
+def _row_sum_gradient(name: str, node: fx.Node, ref, buffer, layout, what: str, summand, element) -> CEmitted:
+    """A gradient of rows over the last dim, ``(g, y, dim=-1, ...)``: per row ``sg``, the sum of
+    ``summand`` (in double, taken before any of the row's ``dx`` is written: ``dx`` may overwrite
+    ``g``, ``passes/memory.py``'s ``_ROWWISE_INPLACE``), then each ``dx = element``;
+    ``summand``/``element``: ``(ct, at) -> C expression``."""
     def body(ct: str, n: int, at) -> list[str]:
         return ["double s = 0;", "#pragma omp simd reduction(+:s)",
-                f"for (int64_t j = 0; j < {n}; j++) s += (double){at('g')};",
+                f"for (int64_t j = 0; j < {n}; j++) s += (double)({summand(ct, at)});",
                 f"const {ct} sg = ({ct})s;",
-                f"for (int64_t j = 0; j < {n}; j++) {at('dx')} = {at('g')} - {_exp(ct, at('y'))} * sg;"]
+                f"for (int64_t j = 0; j < {n}; j++) {at('dx')} = {element(ct, at)};"]
 
-    ins = {"g": node.args[0], "y": node.args[1]}
-    return _row_kernel(name, node, ref, buffer, layout, "log_softmax backward", "dx", ins, body)
+    return _row_kernel(name, node, ref, buffer, layout, what, "dx", {"g": node.args[0], "y": node.args[1]}, body)
+
+
+def log_softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+    """``_log_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
+    ``dx = g - exp(y) * sum(g)``."""
+    return _row_sum_gradient(name, node, ref, buffer, layout, "log_softmax backward", lambda ct, at: at("g"),
+                             lambda ct, at: f"{at('g')} - {_exp(ct, at('y'))} * sg")
 
 
 def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
@@ -374,16 +377,9 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
 
 def softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
-    ``dx = y * (g - sum(g * y))``; the sum in double.  Each row's sum is taken before any of its
-    gradient is written: ``dx`` may overwrite ``g`` (``passes/memory.py``, ``_ROWWISE_INPLACE``)."""
-    def body(ct: str, n: int, at) -> list[str]:
-        return ["double s = 0;", "#pragma omp simd reduction(+:s)",
-                f"for (int64_t j = 0; j < {n}; j++) s += (double)({at('g')} * {at('y')});",
-                f"const {ct} sg = ({ct})s;",
-                f"for (int64_t j = 0; j < {n}; j++) {at('dx')} = {at('y')} * ({at('g')} - sg);"]
-
-    ins = {"g": node.args[0], "y": node.args[1]}
-    return _row_kernel(name, node, ref, buffer, layout, "softmax backward", "dx", ins, body)
+    ``dx = y * (g - sum(g * y))``."""
+    return _row_sum_gradient(name, node, ref, buffer, layout, "softmax backward",
+                             lambda ct, at: f"{at('g')} * {at('y')}", lambda ct, at: f"{at('y')} * ({at('g')} - sg)")
 
 
 def _nll_refusal(node: fx.Node) -> str | None:
@@ -589,10 +585,10 @@ def arange(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
 # op -> (why it cannot run as the template, or None; the emitter)
 TEMPLATES = {
     aten.native_layer_norm_backward.default: (layer_norm_backward_refusal, layer_norm_backward),
-    aten._log_softmax.default: (_log_softmax_refusal, log_softmax),
-    aten._log_softmax_backward_data.default: (_log_softmax_backward_refusal, log_softmax_backward),
-    aten._softmax.default: (_softmax_refusal, softmax),
-    aten._softmax_backward_data.default: (_softmax_backward_refusal, softmax_backward),
+    aten._log_softmax.default: (_softmax_refusal("log_softmax"), log_softmax),
+    aten._log_softmax_backward_data.default: (_softmax_backward_refusal("log_softmax backward"), log_softmax_backward),
+    aten._softmax.default: (_softmax_refusal("softmax"), softmax),
+    aten._softmax_backward_data.default: (_softmax_backward_refusal("softmax backward"), softmax_backward),
     aten.nll_loss_forward.default: (_nll_refusal, nll_loss_forward),
     aten.nll_loss_backward.default: (_nll_refusal, nll_loss_backward),
     aten.embedding.default: (_embedding_refusal, embedding),
