@@ -13,7 +13,9 @@ class NodeRewrite:
     """Subclasses name the pass (``name``), the op (``target``), the stat counting the nodes
     rewritten (``stat``), and the rule: ``rewrite(gm, mode, node)`` replaces ``node`` (new nodes
     get fake values in ``mode``, the graph's fake mode) and returns True, or leaves the graph as
-    it was and returns False.  Nodes it leaves unused go with the dead-code pass that follows."""
+    it was and returns False.  Nodes it leaves unused go with the dead-code pass that follows.
+    A node the graph returns is left alone: a rewrite ends in a view of a new node, which would
+    reach the caller where eager gives a tensor of its own."""
 
     name: str
     target: object
@@ -27,8 +29,9 @@ class NodeRewrite:
         done = 0
         if mode is not None:
             for n in list(gm.graph.nodes):
-                if n.op == "call_function" and n.target is self.target and self.rewrite(gm, mode, n):
-                    done += 1
+                if n.op != "call_function" or n.target is not self.target or any(u.op == "output" for u in n.users):
+                    continue
+                done += self.rewrite(gm, mode, n)
         if done:
             gm.recompile()
         return PassResult(gm, done > 0, {self.stat: done})

@@ -17,8 +17,7 @@ becomes
 (which then stores each element twice: once in ``v``'s layout, once in the permuted one) instead
 of a kernel reading ``v`` back.  Rewritten: a ``clone`` of one
 ``permute``/``transpose``/``t`` of a value a kernel computes, whatever memory format it asks
-(the result keeps its strides), unless the graph returns it (a view would reach the caller);
-static sizes.  Runs with the
+(the result keeps its strides), unless the graph returns it (``NodeRewrite``); static sizes.  Runs with the
 lowering passes, for backends that fuse.
 """
 
@@ -62,8 +61,6 @@ def permutation(x: fx.Node) -> list[int] | None:
 def _rewrite(gm: fx.GraphModule, mode, n: fx.Node) -> bool:
     if len(n.args) != 1:  # (a memory format only decides the result's strides, which are kept)
         return False
-    if any(u.op == "output" for u in n.users):
-        return False  # returned: the caller gets a tensor of its own, not a view of the copy
     x = n.args[0]
     if not isinstance(x, fx.Node) or node_kind(x) != "view":
         return False

@@ -18,7 +18,7 @@ always possible: one dim split in two), the cat runs over ``k`` and a view merge
 A cat is rewritten when at least one input is a ``view``/``_unsafe_view`` of a value whose shape
 is that input's with the cat dim split in two, all such inputs split it by the same ``c``, and
 every other input's size along the cat dim is a multiple of ``c``, and the graph does not return
-the cat (a view would reach the caller); static sizes only.  Runs with
+the cat (``NodeRewrite``); static sizes only.  Runs with
 the lowering passes (``Config.zero_copy``), before backend assignment.
 """
 
@@ -68,8 +68,6 @@ def _rewrite(gm: fx.GraphModule, mode, n: fx.Node) -> bool:
         return False
     if not all(isinstance(a, fx.Node) and isinstance(a.meta.get(VAL), torch.Tensor) for a in inputs):
         return False
-    if any(u.op == "output" for u in n.users):
-        return False  # returned: the caller gets a tensor of its own, not a view of the new cat
     d = (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % out.dim()
     vals = [a.meta[VAL] for a in inputs]
     if any(v.dim() != out.dim() or _static(v.shape) is None for v in vals):

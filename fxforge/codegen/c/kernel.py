@@ -169,6 +169,14 @@ def c_head(name: str, params: list[Param]) -> list[str]:
 C_END = ["    return 0;", "}"]  # a kernel's last lines (``c_head``)
 
 
+def block_rows(start: str, rows: int, block: int) -> str:
+    """``nb``, the rows of the block of ``rows`` starting at row ``start`` (``block``, the last one
+    fewer where ``rows`` is no multiple of it), as a C line."""
+    if rows % block == 0:
+        return f"const int64_t nb = {block};"
+    return f"const int64_t nb = {rows} - {start} < {block} ? {rows} - {start} : {block};"
+
+
 def launch_source(name: str, args: list[str], params: list[Param], prologue: list[str], head: list[str]) -> str:
     """The launch function ``name(*args)``: ``prologue`` (sizes read, checks), then ``<name>_c``
     called with each parameter's tensor or scalar (``launcher.link`` binds it).  A kernel whose
@@ -277,8 +285,7 @@ class CEmitter(Emitter):
         a, rows, b, n = self.tile_axes
         at = [v for v, _ in self.xvars].index(a)
         fors, inner = head[:len(self.xvars)], head[len(self.xvars):]
-        block = [f"const int64_t nb = {TILE_ROWS};" if rows % TILE_ROWS == 0 else
-                 f"const int64_t nb = {rows} - xb < {TILE_ROWS} ? {rows} - xb : {TILE_ROWS};"]
+        block = [block_rows("xb", rows, TILE_ROWS)]
         after = []
         for (ptr, first, step, stored), tile in self.tiles.items():
             block.append(f"float {tile}[{TILE_ROWS}][{n}];")

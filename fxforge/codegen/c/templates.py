@@ -36,7 +36,7 @@ import torch.fx as fx
 
 from ...graph import VAL, free_symbols, tensors
 from ..triton.launch import Param
-from .kernel import C_END, TILE_ROWS, CEmitted, c_head, launch_source
+from .kernel import C_END, TILE_ROWS, CEmitted, block_rows, c_head, launch_source
 from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
 
 aten = torch.ops.aten
@@ -215,8 +215,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     body = ["{"] + ["    " + l for l in body] + ["}"]
     if blocked:  # the last row loop runs block by block: stage the block's rows, then each row
         i = f"i{lead - 1}"
-        stage = [f"const int64_t nb = {block};" if inner % block == 0 else
-                 f"const int64_t nb = {inner} - ib < {block} ? {inner} - ib : {block};"]
+        stage = [block_rows("ib", inner, block)]
         first = {k: _offset(coords[:-1] + ["ib"], layouts[k][1][:lead]) for k in adjacent}  # the block's first row
         tiles = ct == "float"
         for key in staged:
