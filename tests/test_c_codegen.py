@@ -713,6 +713,49 @@ def test_shared_object_cached_in_process_and_compile_errors_name_the_file(monkey
     assert _so_files(tmp_path) == [so]
 
 
+def _unit_of(bodies: list[str], names: list[str] | None = None) -> build.CUnit:
+    """A CUnit of one-line kernels ``out_ptr0[0] = <body>;`` (named k0, k1... unless ``names``)."""
+    from fxforge.codegen.triton.launch import Param
+
+    params = [Param("out_ptr0", "*float", "out")]
+    kernels = []
+    for i, body in enumerate(bodies):
+        symbol, lines = kernel_module.c_function(params, [f"    out_ptr0[0] = {body};"])
+        name = names[i] if names else f"k{i}"
+        kernels.append(kernel_module.CEmitted(symbol, "\n".join(lines) + "\n", "", name, ["out"], params, 1, 1))
+    return build.CUnit(kernels)
+
+
+def test_translation_units_depend_on_their_kernels_alone(monkeypatch):
+    monkeypatch.setattr(build, "UNIT_KERNELS", 4)
+    bodies = [f"{i}.0f" for i in range(40)]
+    units = _unit_of(bodies).units()
+    assert len(units) > 2 and sorted(s for _, ss in units for s in ss) == sorted({k.symbol for k in _unit_of(bodies).kernels})
+    # the same kernels in another order, under other names, some twice: the same units
+    again = _unit_of(bodies[::-1] + bodies[:5], names=[f"other{i}" for i in range(45)]).units()
+    assert again == units
+    # one kernel more: every unit but the one it joins (split in two where it ends a unit) is unchanged
+    grown = _unit_of(bodies + ["41.0f"]).units()
+    assert len(set(map(str, grown)) - set(map(str, units))) <= 2 and len(set(map(str, units)) - set(map(str, grown))) == 1
+
+
+def test_kernels_built_in_several_units_in_parallel(monkeypatch, tmp_path):
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "UNIT_KERNELS", 2)
+    monkeypatch.setattr(build, "jobs", lambda: 2)
+
+    def f(x, w, z):  # kernels split by the matmuls: several C kernels, one wrapper
+        y = torch.relu(x * 2 + 1) @ w
+        y = torch.sigmoid(y) * 3 - x
+        return (y @ w).exp() + z, (y - z).abs().sum(-1)
+
+    args = (torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8))
+    b, out = run_compiled(f, *args)
+    for got, want in zip(out, f(*args)):
+        torch.testing.assert_close(got, want)
+    assert len(kernels(b)) >= 3 and len(_so_files(tmp_path)) >= 2
+
+
 def _bound_kernels(b) -> dict:
     """Each C kernel's callable (``<kernel>_c``) of every graph ``b`` compiled."""
     return {(i, k.name): c._fn.__globals__[f"{k.name}_c"] for i, c in enumerate(b.compiled)
@@ -739,7 +782,7 @@ def test_kernels_are_called_by_the_launcher_with_the_tensors():
     with pytest.raises(TypeError, match=f"{name} takes [0-9]+ positional arguments \\(0 given\\)") as e:
         fn()
     n = int(str(e.value).split("takes ")[1].split(" ")[0])
-    assert n == source.split(f"\n{name} = {name}_c", 1)[0].rsplit(f"# int {name}(", 1)[1].count("fx_ptrs[")
+    assert n == source.split(f"\n{name} = {name}_c", 1)[0].rsplit(f"# C kernel {name}_c", 1)[1].count("fx_ptrs[")
     with pytest.raises(TypeError, match="positional arguments"):
         fn(*([torch.zeros(0)] * (n - 1)), out=torch.zeros(0))
     with pytest.raises(AttributeError, match="data_ptr"):
@@ -772,8 +815,9 @@ def _every_kind_unit() -> build.CUnit:
               Param("s", "fp32", "s"), Param("flag", "i1", "flag"), Param("a", "i64", "a"), Param("b", "fp32", "b")]
     body = ["    if (n < 0) { *fx_err = n; return 1; }",  # launcher.KERNEL_ERRORS[1]
             "    for (int64_t j = 0; j < n; j++)", "        out_ptr0[j] = (in_ptr0[j] + a) * (flag ? s : -s) + b;"]
-    source = "\n".join(kernel_module.c_head("kinds", params) + body + kernel_module.C_END) + "\n"
-    return build.CUnit([kernel_module.CEmitted(source, "", "kinds", [p.launch for p in params], params, 1, 2)])
+    symbol, lines = kernel_module.c_function(params, body)
+    return build.CUnit([kernel_module.CEmitted(symbol, "\n".join(lines) + "\n", "", "kinds", [p.launch for p in params],
+                                               params, 1, 2)])
 
 
 def test_every_parameter_kind_reaches_the_kernel(kernels_through):

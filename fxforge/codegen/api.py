@@ -131,7 +131,7 @@ class CodegenBackend:
     extern: str | None = None
     # ``link(unit)``: called once per wrapper, after its groups are compiled, with what the
     # backend's ``compile`` left in ``KernelContext.units[name]``; returns wrapper globals the
-    # kernels' sources use (e.g. compiled functions: one compiler run per wrapper, not per group).
+    # kernels' sources use (e.g. compiled functions: built together per wrapper, not per group).
     link: Callable[[Any], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:

@@ -1,1 +1,1 @@
-"""C codegen backend: fused C kernels for CPU graphs, one shared object per wrapper (see docs/c.md)."""
+"""C codegen backend: fused C kernels for CPU graphs, built in parallel translation units (see docs/c.md)."""

@@ -1,14 +1,24 @@
-"""Building a wrapper's C kernels: one shared object per wrapper, compiled once, cached on disk.
+"""Building a wrapper's C kernels: translation units compiled in parallel, each cached on disk.
 
-The kernels of one wrapper (``CUnit``, filled by ``backend.compile_group``) are compiled together
-by one C compiler run (``$CC``, else ``cc``) when the wrapper is finished (``launcher.link``,
-which also binds each kernel to the wrapper global ``<kernel>_c``).  The source is the prelude
-and the kernels: no ``Python.h``.
+The kernels of one wrapper (``CUnit``, filled by ``backend.compile_group``) are built when the
+wrapper is finished (``launcher.link``, which also binds each kernel to the wrapper global
+``<kernel>_c``).  ``units`` splits them into translation units: each distinct kernel once (a
+kernel's C function is named after its text, ``kernel.c_function``: the same kernel twice in a
+wrapper is one function), sorted by that name, a unit ending after each kernel whose name
+hashes to 0 modulo ``UNIT_KERNELS`` (so about that many kernels a unit, and a unit's content
+does not depend on the other units': a wrapper that gained, lost or changed a kernel rebuilds
+the one unit it lands in).  The units are compiled by concurrent C compiler runs (``$CC``,
+else ``cc``), one per available core.  A unit's source is the prelude and its kernels: no
+``Python.h``.
 
 A shared object is named by a hash of the source, the compiler's version, the flags and this
 machine's CPU flags, in ``$FXFORGE_CACHE_DIR/c`` (the same checked private directory as the
 Triton kernels' cache, ``triton/cache.py``): a later process with the same kernels loads it
 without compiling.
+
+``FXFORGE_C_SANITIZE=1`` in the environment adds ``-fsanitize=address,undefined`` (and frame
+pointers) to every build, kernels and launcher alike (a cache entry of its own): the process
+must then have the sanitizer runtime preloaded (``make test-sanitize`` does that).
 
 Flags: ``-O2 -ftree-vectorize -fvect-cost-model=dynamic -march=native`` (vector code for this CPU:
 the kernels run as fast as at ``-O3``, which took 4.7x as long to compile a 128-kernel wrapper,
@@ -30,6 +40,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..triton.cache import atomic_write, cache_dir
@@ -39,6 +50,25 @@ from .prelude import PRELUDE
 FLAGS = ("-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march=native", "-fopenmp-simd", "-fwrapv",
          "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC") + (
     ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ())
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined")
+# About this many kernels a translation unit (``units``): a compiler run costs about 0.1 s of its
+# own (the prelude's headers) and 3-5 ms a kernel.
+UNIT_KERNELS = 48
+
+
+def flags() -> tuple[str, ...]:
+    """The compiler flags of every build (``FLAGS``; with ``SANITIZE_FLAGS`` under
+    ``FXFORGE_C_SANITIZE=1``)."""
+    sanitize = os.environ.get("FXFORGE_C_SANITIZE", "").strip().lower() in ("1", "true", "yes", "on")
+    return FLAGS + SANITIZE_FLAGS if sanitize else FLAGS
+
+
+def jobs() -> int:
+    """Concurrent compiler runs: the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 class CompileError(RuntimeError):
@@ -57,8 +87,8 @@ def _which(cc: str, path: str | None) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _identity(cc: str) -> str:
-    """What a cached shared object depends on besides its source: the compiler and this CPU."""
+def _identity(cc: str, flags: tuple[str, ...]) -> str:
+    """What a cached shared object depends on besides its source: the compiler, its flags and this CPU."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     cpu = ""
     try:
@@ -66,7 +96,7 @@ def _identity(cc: str) -> str:
             cpu = next((l for l in f if l.startswith("flags")), "")
     except OSError:
         pass
-    return "\0".join([cc, version, " ".join(FLAGS), cpu])
+    return "\0".join([cc, version, " ".join(flags), cpu])
 
 
 def _compile(cc: str, src: str, out: str, include: str | None = None) -> subprocess.CompletedProcess:
@@ -74,17 +104,33 @@ def _compile(cc: str, src: str, out: str, include: str | None = None) -> subproc
     # default on Linux, asked for on macOS
     inc = [f"-I{include}"] + (["-undefined", "dynamic_lookup"] if platform.system() == "Darwin" else []) \
         if include else []
-    return subprocess.run([cc, *FLAGS, *inc, src, "-o", out, "-lm"], capture_output=True, text=True, timeout=600)
+    return subprocess.run([cc, *flags(), *inc, src, "-o", out, "-lm"], capture_output=True, text=True, timeout=600)
 
 
 @dataclass
 class CUnit:
-    """The C kernels of one wrapper, compiled together by ``link``."""
+    """The C kernels of one wrapper, built by ``link`` (``units``, ``shared_objects``)."""
 
     kernels: list[CEmitted] = field(default_factory=list)
 
-    def source(self) -> str:
-        return PRELUDE + "\n" + "\n".join(k.c_source for k in self.kernels)
+    def units(self) -> list[tuple[str, list[str]]]:
+        """The translation units the kernels are compiled in (module docstring): each one's
+        source and the symbols it defines."""
+        distinct = {k.symbol: k for k in self.kernels}
+        units: list[list[str]] = [[]]
+        for symbol in sorted(distinct):
+            units[-1].append(symbol)
+            if int(hashlib.sha256(symbol.encode()).hexdigest()[:8], 16) % UNIT_KERNELS == 0:
+                units.append([])
+        return [(PRELUDE + "\n" + "\n".join(distinct[s].c_source for s in u), u) for u in units if u]
+
+
+def shared_objects(sources: list[str]) -> list[str]:
+    """``shared_object`` of each source, the compiler runs side by side (``jobs``)."""
+    if len(sources) <= 1 or jobs() == 1:
+        return [shared_object(s) for s in sources]
+    with ThreadPoolExecutor(min(jobs(), len(sources))) as pool:
+        return list(pool.map(shared_object, sources))
 
 
 def shared_object(source: str, include: str | None = None, cc: str | None = None) -> str:
@@ -93,7 +139,7 @@ def shared_object(source: str, include: str | None = None, cc: str | None = None
     cc = cc or compiler()
     if cc is None:
         raise CompileError("no C compiler: install gcc or clang, or set CC")
-    key = hashlib.sha256((_identity(cc) + "\0" + source).encode()).hexdigest()[:40]
+    key = hashlib.sha256((_identity(cc, flags()) + "\0" + source).encode()).hexdigest()[:40]
     directory = cache_dir("c")
     path = os.path.join(directory, f"k{key}.so")
     if os.path.isfile(path) and not os.path.islink(path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+import hashlib
 from dataclasses import dataclass
 
 import sympy
@@ -118,10 +119,11 @@ def _nest_lines(loops: tuple[tuple[str, sympy.Expr], ...], index: str) -> tuple[
 
 @dataclass
 class CEmitted:
-    """A generated C kernel: the C function, the Python launch function calling it through
-    ``<name>_c`` (bound when the wrapper's C functions are built, ``launcher.link``) and its
-    parameters."""
+    """A generated C kernel: the C function (named ``symbol``, ``c_function``), the Python launch
+    function calling it through ``<name>_c`` (bound when the wrapper's C functions are built,
+    ``launcher.link``) and its parameters."""
 
+    symbol: str
     c_source: str
     launch_source: str
     name: str
@@ -169,6 +171,16 @@ def c_head(name: str, params: list[Param]) -> list[str]:
 C_END = ["    return 0;", "}"]  # a kernel's last lines (``c_head``)
 
 
+def c_function(params: list[Param], body: list[str]) -> tuple[str, list[str]]:
+    """The C function running ``body`` (indented lines, after its parameters are read) and its
+    symbol, ``fxk_`` and a hash of its text: the same kernel has the same symbol in every wrapper
+    and at every position in one (``build.units`` compiles it once, into a unit that does not
+    change when other kernels do)."""
+    text = "\n".join(c_head("fxk", params) + body + C_END)
+    symbol = "fxk_" + hashlib.sha256(text.encode()).hexdigest()[:20]
+    return symbol, c_head(symbol, params) + body + C_END
+
+
 def block_rows(start: str, rows: int, block: int) -> str:
     """``nb``, the rows of the block of ``rows`` starting at row ``start`` (``block``, the last one
     fewer where ``rows`` is no multiple of it), as a C line."""
@@ -203,6 +215,7 @@ class CEmitter(Emitter):
         self.column_acc_decls: dict[str, tuple[torch.dtype, str]] = {}  # accumulator -> dtype, declaration
         self.tile_axes: tuple[str, int, str, int] | None = None  # the rows' loop and size, the elements' (TILE_ROWS)
         self.tiles: dict[tuple, str] = {}  # (pointer, offset of the block's first row, stride, stored) -> tile
+        self.value_names: list[tuple[str, str]] = []  # (local, the node whose value it holds)
 
     def persistent(self) -> bool:
         return False  # one element per iteration: every fold is a loop
@@ -385,6 +398,13 @@ class CEmitter(Emitter):
         return v
 
     # ---------------------------------------------------------------- text
+
+    def value_name(self, n: fx.Node) -> str:
+        """Locals are numbered, not named after the graph's nodes: the same kernel in another place
+        of the graph, or in another graph, is then the same text, compiled once (``c_function``).
+        The launch source's head says which node each holds."""
+        self.value_names.append((f"v{len(self.value_names)}", n.name))
+        return self.value_names[-1][0]
 
     def local(self, e: sympy.Expr) -> sympy.Expr:
         if e.is_Integer or e.is_Symbol:
@@ -589,18 +609,21 @@ class CEmitter(Emitter):
             head.insert(len(self.xvars) - 1, "#pragma omp simd")
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
             head.append("    const int64_t rindex = 0;")
-        lines = c_head(self.name, self.params)
         by_rows = self.columns_by_rows(head)
         if by_rows is not None:
-            lines += ["    " + l for l in by_rows] + C_END
+            body = ["    " + l for l in by_rows]
         elif self.tiles:
             opened, closed = self.tiled_nest(head)
-            lines += ["    " + l for l in opened] + ["            " + l for l in self.body] + ["        }"] + [
-                "    " + l for l in closed] + C_END
+            body = ["    " + l for l in opened] + ["            " + l for l in self.body] + ["        }"] + [
+                "    " + l for l in closed]
         else:
-            lines += ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }"] + C_END
+            body = ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }"]
+        symbol, lines = c_function(self.params, body)
         head = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "
-                "helpers: fxforge/codegen/c/prelude.py)"] + ["# " + l for l in lines]
+                "helpers: fxforge/codegen/c/prelude.py)"]
+        if self.value_names:
+            head.append("# values: " + ", ".join(f"{v} = {n}" for v, n in self.value_names))
+        head += ["# " + l for l in lines]
         launch = launch_source(self.name, self.args, self.params, self.launch_lines + self.launch_checks, head)
-        return CEmitted("\n".join(lines) + "\n", launch, self.name, list(self.args), list(self.params),
+        return CEmitted(symbol, "\n".join(lines) + "\n", launch, self.name, list(self.args), list(self.params),
                         len(self.nodes), len(self.storages))

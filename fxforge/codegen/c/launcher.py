@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .build import CompileError, CUnit, shared_object
+from .build import CompileError, CUnit, shared_object, shared_objects
 from .prelude import PRELUDE
 
 log = logging.getLogger(__name__)
@@ -329,11 +329,13 @@ def link(unit: CUnit) -> dict[str, Any]:
     launch function's tensors and scalars: a launcher object, else a ``ctypes`` adapter."""
     if not unit.kernels:
         return {}
-    lib = ctypes.CDLL(shared_object(unit.source()))
+    units = unit.units()
+    lib_of = {symbol: lib for (_, symbols), path in zip(units, shared_objects([source for source, _ in units]))
+              for lib in [ctypes.CDLL(path)] for symbol in symbols}
     module = launcher()
     out = {}
     for k in unit.kernels:
-        fn = getattr(lib, k.name)
+        fn = getattr(lib_of[k.symbol], k.symbol)
         if module is not None:
             out[f"{k.name}_c"] = module.kernel(ctypes.cast(fn, ctypes.c_void_p).value, k.kinds.encode(), k.name)
         else:

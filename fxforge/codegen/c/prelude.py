@@ -33,13 +33,17 @@ PRELUDE = r"""
 #include <string.h>
 #include <math.h>
 
+/* the element helpers are inlined, whatever the size of the unit it is compiled in (past gcc's unit growth
+   limit a large unit would call it, and the loop calling it would not be vectorized) */
+#define FX_INLINE static inline __attribute__((always_inline))
+
 #define FX_MAX_NAN(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
 #define FX_MIN_NAN(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
 
 /* exp(x) = 2**n * p: t = x / ln2 + 1.5 * 2**23 rounds to an integer whose low mantissa bits hold
    n (returned as t's bits), p = exp(r) for r = x - n ln2 (Cody-Waite, two constants), a degree-7
    polynomial on |r| <= ln2/2 */
-static inline float fx_exp_split(float x, uint32_t* t_bits) {
+FX_INLINE float fx_exp_split(float x, uint32_t* t_bits) {
     const float t = fmaf(x, 1.44269504088896341f, 12582912.0f);
     const float n = t - 12582912.0f;
     float r = fmaf(n, -0.693359375f, x);
@@ -56,14 +60,14 @@ static inline float fx_exp_split(float x, uint32_t* t_bits) {
 
 /* 2**(n + bias - 127) from t's bits, n + bias in [1, 254]: (t_bits + bias) << 23 is n + bias in
    the exponent field (t's other bits are shifted out) */
-static inline float fx_pow2_bits(uint32_t t_bits, uint32_t bias) {
+FX_INLINE float fx_pow2_bits(uint32_t t_bits, uint32_t bias) {
     const uint32_t b = (t_bits + bias) << 23;
     float f;
     memcpy(&f, &b, sizeof f);
     return f;
 }
 
-static inline float fx_expf(float x) {
+FX_INLINE float fx_expf(float x) {
     /* clamped to [-105, 88.8], where 2**n spans [2**-151, 2**128]: scaled in two steps, by 2**(n -+ 64)
        and 2**(+-64), so results overflow to inf, round into the subnormals and below them to 0 as
        one multiply would; NaN passes the clamp and every product */
@@ -74,7 +78,7 @@ static inline float fx_expf(float x) {
     return p * fx_pow2_bits(t, neg ? 127u + 64u : 127u - 64u) * (neg ? 5.42101086242752217e-20f : 1.8446744073709552e19f);
 }
 
-static inline float fx_tanhf(float x) {
+FX_INLINE float fx_tanhf(float x) {
     float a = fabsf(x);
     float z = x * x;
     float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
@@ -88,20 +92,20 @@ static inline float fx_tanhf(float x) {
 /* exp(x) for x <= 0, clamped at -87.3 (results below 2^-126 come out as about 1e-38): fx_erff's
    exp(-x*x) and the row templates' exp(x - max), where a result that small no longer changes
    the value; one scaling, no overflow or subnormal care; NaN passes the clamp and the product */
-static inline float fx_expf_neg(float x) {
+FX_INLINE float fx_expf_neg(float x) {
     uint32_t t;
     const float p = fx_exp_split(x < -87.3f ? -87.3f : x, &t);
     return p * fx_pow2_bits(t, 127u);
 }
 
 /* Abramowitz & Stegun 7.1.26: erf(a) = 1 - p(a) exp(-a*a) for a >= 0 */
-static inline float fx_erf_p(float a) {
+FX_INLINE float fx_erf_p(float a) {
     const float t = 1.0f / fmaf(0.3275911f, a, 1.0f);
     return fmaf(fmaf(fmaf(fmaf(1.061405429f, t, -1.453152027f), t, 1.421413741f), t, -0.284496736f), t,
                 0.254829592f) * t;
 }
 
-static inline float fx_erff(float x) {
+FX_INLINE float fx_erff(float x) {
     const float a = fabsf(x);
     return copysignf(fmaf(-fx_erf_p(a), fx_expf_neg(-a * a), 1.0f), x);  /* NaN stays NaN, erf(+-inf) = +-1 */
 }
@@ -109,7 +113,7 @@ static inline float fx_erff(float x) {
 /* d gelu(x)/dx = Phi(x) + x phi(x) (exact GELU): erf(x / sqrt2) as fx_erff computes it, and
    phi(x) = exp(-x*x/2) / sqrt(2 pi) from that same exp(-a*a), a = |x / sqrt2| (one exp, not two);
    0 below float32's normal range, so inf * phi(inf) is NaN, as eager's */
-static inline float fx_gelu_gradf(float x) {
+FX_INLINE float fx_gelu_gradf(float x) {
     const float a = fabsf(x * 0.7071067811865476f);
     const float e = a * a > 87.3f ? 0.0f : fx_expf_neg(-a * a);
     return 0.5f * (1.0f + copysignf(fmaf(-fx_erf_p(a), e, 1.0f), x)) + x * (e * 0.3989422804014327f);

@@ -36,7 +36,7 @@ import torch.fx as fx
 
 from ...graph import VAL, free_symbols, tensors
 from ..triton.launch import Param
-from .kernel import C_END, TILE_ROWS, CEmitted, block_rows, c_head, launch_source
+from .kernel import TILE_ROWS, CEmitted, block_rows, c_function, launch_source
 from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
 
 aten = torch.ops.aten
@@ -115,11 +115,11 @@ class _Tensors:
 
     def kernel(self, name: str, what: str, lines: list[str]) -> CEmitted:
         """The kernel ``name`` running ``lines``, and its launch (``what``: the template's name)."""
-        c_lines = c_head(name, self.params) + ["    " + l for l in lines] + C_END
+        symbol, c_lines = c_function(self.params, ["    " + l for l in lines])
         args = list(dict.fromkeys(p.launch for p in self.params))  # a tensor passed twice is one argument
         head = [f"# C kernel {name}_c (template: {what}, fxforge/codegen/c/templates.py)"]
         launch = launch_source(name, args, self.params, [], head + ["# " + l for l in c_lines])
-        return CEmitted("\n".join(c_lines) + "\n", launch, name, args, self.params, 1, len(args))
+        return CEmitted(symbol, "\n".join(c_lines) + "\n", launch, name, args, self.params, 1, len(args))
 
 
 def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:

@@ -570,8 +570,12 @@ class Emitter:
         if dt in d.LOW_PRECISION:
             v = d.cast(v, d.compute_dtype(dt))
         if not d.is_literal(v.expr):
-            v = self.emit_assign(f"v_{n.name}", v)
+            v = self.emit_assign(self.value_name(n), v)
         return self.remember(("v", n), v)
+
+    def value_name(self, n: fx.Node) -> str:
+        """The kernel local holding member ``n``'s value."""
+        return f"v_{n.name}"
 
     def block(self, v: V, dom: str) -> str:
         """``v`` as a block of the domain's shape (literals become ``tl.full``)."""
