@@ -30,10 +30,11 @@ from ...graph import VAL
 from ...iteration import reduction_of, shape_of
 from ..triton.kernel import R, RINDEX, X, XINDEX, Emitter, Unsupported, _trailing
 from ..triton.launch import Param
-from ..triton.ops import REDUCE_LOWERINGS, ReduceLowering, V
-from ..triton.printer import TritonPrinter
-from . import ops as c_ops
-from .ops import COMBINE, CTYPE, cast, identity
+from ..ir import aten as ir_aten, values as ir
+from ..ir.aten import REDUCTIONS, Reduction
+from ..ir.values import Value, Var
+from .ops import CTYPE, SIG_DTYPE
+from .printer import VALUES, CPrinter
 
 # A column kernel walks down its columns (one cache line per row for each vector of columns), so
 # the data it reduces has to stay in cache: a BERT vocabulary bias gradient (256 x 30,522 floats)
@@ -69,40 +70,6 @@ _DEFINED = re.compile(r"\s*const \w+ (\w+) =")  # a local the body defines
 # Kernel parameter types: tensors are ``*`` + their element type (``ops.SIG_DTYPE``); sizes and
 # scalars keep the emitter's names.
 _SCALAR_CTYPE = {"i64": "int64_t", "i1": "bool", "fp32": "float"}
-
-
-class CPrinter(TritonPrinter):
-    """Integer index expressions as C (``int64_t`` arithmetic): ``/`` and ``%`` where both
-    operands are non-negative, a sign correction otherwise (Python floor semantics)."""
-
-    def _print_Max(self, expr) -> str:
-        return self._fold("FX_MAX_NAN", expr.args)
-
-    def _print_Min(self, expr) -> str:
-        return self._fold("FX_MIN_NAN", expr.args)
-
-    def _print_Pow(self, expr) -> str:
-        base, exp = expr.args
-        if not (exp.is_Integer and exp > 0):
-            raise NotImplementedError(f"cannot print power {expr} as a C index")
-        return "(" + " * ".join([self._operand(base)] * int(exp)) + ")"
-
-    def div(self, a, b) -> str:
-        if b == 1:
-            return self._print(a)
-        x, y = self._operand(a), self._operand(b)
-        if a.is_nonnegative and b.is_nonnegative:
-            return f"({x} / {y})"
-        return f"({x} / {y} - (({x} % {y} != 0) && (({x} < 0) != ({y} < 0))))"
-
-    def mod(self, a, b) -> str:
-        if b == 1:
-            return "0"
-        x, y = self._operand(a), self._operand(b)
-        if a.is_nonnegative and b.is_nonnegative:
-            return f"({x} % {y})"
-        r = f"({x} % {y})"
-        return f"(({r} != 0 && (({r} < 0) != ({y} < 0))) ? {r} + {y} : {r})"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -201,7 +168,8 @@ def launch_source(name: str, args: list[str], params: list[Param], prologue: lis
 
 
 class CEmitter(Emitter):
-    dialect = c_ops
+    values = VALUES
+    SIG_DTYPE = SIG_DTYPE
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -247,7 +215,7 @@ class CEmitter(Emitter):
             self.xvars = self.nest(ks, X, "xi")
         rn = sympy.sympify(fr.rnumel) if fr.reduction else None
         if fr.reduction and not self.columns and rn.is_Integer and int(rn) <= ROW_CACHE_MAX_NUMEL:
-            passes = sum(2 if REDUCE_LOWERINGS[reduction_of(n).kind].strategy == "moments" else 1
+            passes = sum(2 if REDUCTIONS[reduction_of(n).kind].strategy == "moments" else 1
                          for n in self.reductions) + bool(self.full_outputs())
             if passes > 1:
                 self.row_cache = {reduction_of(n).inp: None for n in self.reductions}
@@ -373,11 +341,11 @@ class CEmitter(Emitter):
             v = compute()
             if self.row_cache[a] is not None:  # computing it made the row (an operand read through ``value``)
                 return self.remember(("row", a), v)
-            row = self.row_cache[a] = V(self.fresh("row"), v.dtype)
-            self.hoisted.append(f"{CTYPE[v.dtype]} {row.expr}[{CPrinter()(self.frame.rnumel)}];")
-            self.body.append(f"{row.expr}[{RINDEX}] = {v.expr};")
+            row = self.row_cache[a] = Var(self.fresh("row"), v.dtype)
+            self.hoisted.append(f"{CTYPE[v.dtype]} {row.name}[{CPrinter()(self.frame.rnumel)}];")
+            self.body.append(f"{row.name}[{RINDEX}] = {self.values(v)};")
         else:
-            v = self.emit_assign(self.fresh("c"), V(f"{row.expr}[{RINDEX}]", row.dtype))
+            v = self.emit_assign(self.fresh("c"), Var(f"{row.name}[{RINDEX}]", row.dtype))
         return self.remember(("row", a), v)
 
     def load(self, a: fx.Node, shape: tuple, dom: str) -> V:
@@ -431,9 +399,9 @@ class CEmitter(Emitter):
         at = self.tiled(ptr, off, dtype, stored=False) or f"{ptr}[{self.print_offset(off, dom)}]"
         self.body.append(f"const {CTYPE[dtype]} {name} = {at};")
 
-    def emit_assign(self, name: str, v: V) -> V:
-        self.body.append(f"const {CTYPE[v.dtype]} {name} = {v.expr};")
-        return V(name, v.dtype)
+    def emit_assign(self, name: str, v: Value) -> Var:
+        self.body.append(f"const {CTYPE[v.dtype]} {name} = {self.values(v)};")
+        return Var(name, v.dtype)
 
     def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: V, dom: str) -> None:
         ptr = self.tensor_params[(self.buffer(n, index), "out")]
@@ -441,38 +409,35 @@ class CEmitter(Emitter):
         val = self.placed(n, index, val)
         off = self.offset(val, self.coords_of(shape, dom), len(shape), dom)
         at = self.tiled(ptr, off, val.dtype, stored=True) or f"{ptr}[{self.print_offset(off, dom)}]"
-        self.body.append(f"{at} = {cast(v, val.dtype).expr};")
+        self.body.append(f"{at} = {self.values(ir.cast(v, val.dtype))};")
 
     # ---------------------------------------------------------------- reductions
 
-    def accumulator(self, low: ReduceLowering, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
+    def accumulator(self, low: Reduction, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
         """float32 sums and moments accumulate in double (the row is folded in order, not in a tree)."""
         acc = super().accumulator(low, in_dt, out_dt)
         return torch.float64 if acc == torch.float32 and low.accumulate in ("sum", "moments") else acc
 
-    def element(self, r, low: ReduceLowering, acc_dt: torch.dtype) -> str:
+    def element(self, r, low: Reduction, acc_dt: torch.dtype) -> Value:
         """The element of reduction ``r``'s input that the open fold loop reads, as its accumulator type."""
-        x = self.operand(r.inp, shape_of(r.inp.meta[VAL]), "xr")
-        if low.accumulate == "flag":
-            return f"((int32_t)({x.expr} != 0))"
-        return cast(x, acc_dt).expr
+        return ir_aten.element(low, self.operand(r.inp, shape_of(r.inp.meta[VAL]), "xr"), acc_dt)
 
-    def combine(self, low: ReduceLowering, acc_dt: torch.dtype, acc: str, nan: str | None, element: str) -> None:
+    def combine(self, low: Reduction, acc_dt: torch.dtype, acc: str, nan: str | None, element: Value) -> None:
         """Fold ``element`` into ``acc`` (max/min: the vectorizable compare, NaN tracked in ``nan``)."""
         if nan is None:
-            self.body.append(f"{acc} = {COMBINE[low.combine].format(a=acc, b=element)};")
+            self.body.append(f"{acc} = {self.values(ir_aten.combine(low, Var(acc, acc_dt), element))};")
             return
-        v = self.emit_assign(self.fresh("e"), V(element, acc_dt))
-        cmp = ">" if low.combine == "_max_nan" else "<"
-        self.body.append(f"{acc} = {v.expr} {cmp} {acc} ? {v.expr} : {acc};")
-        self.body.append(f"{nan} |= {v.expr} != {v.expr};")
+        v = self.emit_assign(self.fresh("e"), element).name
+        cmp = ">" if low.combine == "max_nan" else "<"
+        self.body.append(f"{acc} = {v} {cmp} {acc} ? {v} : {acc};")
+        self.body.append(f"{nan} |= {v} != {v};")
 
-    def open_fold(self, low: ReduceLowering, acc_dt: torch.dtype, track_nan: bool = True) -> tuple[str, str | None]:
+    def open_fold(self, low: Reduction, acc_dt: torch.dtype, track_nan: bool = True) -> tuple[str, str | None]:
         """Declare a combine fold's accumulator (and, for max/min in an ``omp simd`` reduction,
         its NaN flag: the reduction clause needs the plain compare): their names."""
         acc = self.fresh("acc")
-        self.body.append(f"{CTYPE[acc_dt]} {acc} = {identity(low.identity, acc_dt)};")
-        if not track_nan or low.combine not in ("_max_nan", "_min_nan"):
+        self.body.append(f"{CTYPE[acc_dt]} {acc} = {self.values(ir_aten.identity(low, acc_dt))};")
+        if not track_nan or low.combine not in ("max_nan", "min_nan"):
             return acc, None
         nan = self.fresh("nan")
         self.body.append(f"int {nan} = 0;")
@@ -492,14 +457,14 @@ class CEmitter(Emitter):
         folds = []
         for n in self.reductions:
             r = reduction_of(n)
-            low = REDUCE_LOWERINGS[r.kind]
+            low = REDUCTIONS[r.kind]
             if low.strategy != "combine":
                 raise Unsupported(f"{r.kind} over leading dims runs as an ATen kernel")
             key = (r.inp, r.kind, tuple(r.dims))
             if key not in self.column_accs:
                 acc_dt = self.accumulator(low, r.inp.meta[VAL].dtype, n.meta[VAL].dtype)
                 acc, _ = self.open_fold(low, acc_dt, track_nan=False)
-                self.column_accs[key] = {"acc": acc}
+                self.column_accs[key] = {"acc": Var(acc, acc_dt)}
                 self.column_acc_decls[acc] = (acc_dt, self.body[-1])  # open_fold's declaration
                 folds.append((r, low, acc_dt, acc))
         full = self.full_outputs()
@@ -517,7 +482,7 @@ class CEmitter(Emitter):
         if not self.columns:  # a column kernel stored them in its fold loop
             super().store_full(full, persistent)
 
-    def fold(self, r, low: ReduceLowering, acc_dt: torch.dtype, persistent: bool) -> dict[str, str]:
+    def fold(self, r, low: Reduction, acc_dt: torch.dtype, persistent: bool) -> dict[str, Var]:
         if low.strategy == "arg":
             raise Unsupported("arg reductions (argmax, max.dim...) run as ATen kernels")
         if self.columns:
@@ -526,40 +491,33 @@ class CEmitter(Emitter):
             return self.column_accs[(r.inp, r.kind, tuple(r.dims))]
         ct = CTYPE[acc_dt]
 
-        def element() -> str:
+        def element() -> Value:
             return self.element(r, low, acc_dt)
 
         if low.strategy == "combine":
             acc, nan = self.open_fold(low, acc_dt)
             if nan is not None:
-                op = "max" if low.combine == "_max_nan" else "min"
+                op = "max" if low.combine == "max_nan" else "min"
                 self.loop(lambda: self.combine(low, acc_dt, acc, nan, element()), f"reduction({op}:{acc}) reduction(|:{nan})")
             else:
-                red = "+" if low.combine == "_sum_combine" else "*"
+                red = "+" if low.combine == "add" else "*"
                 self.loop(lambda: self.combine(low, acc_dt, acc, None, element()), f"reduction({red}:{acc})")
             self.close_fold(acc, nan, acc_dt)
-            return {"acc": acc}
+            return {"acc": Var(acc, acc_dt)}
         total, mean, m2 = self.fresh("sum"), self.fresh("mean"), self.fresh("m2")
         self.body.append(f"{ct} {total} = 0;")
-        self.loop(lambda: self.body.append(f"{total} = {total} + {element()};"), f"reduction(+:{total})")
-        self.body.append(f"const {ct} {mean} = {total} / ({ct})({CPrinter()(self.frame.rnumel)});")
+        self.loop(lambda: self.body.append(f"{total} = {self.values(ir.add(Var(total, acc_dt), element()))};"),
+                  f"reduction(+:{total})")
+        self.body.append(f"const {ct} {mean} = "
+                         f"{self.values(ir.truediv(Var(total, acc_dt), ir_aten.count(self.frame.rnumel, acc_dt)))};")
         self.body.append(f"{ct} {m2} = 0;")
 
         def deviation():
-            d = self.fresh("d")
-            self.body.append(f"const {ct} {d} = {element()} - {mean};")
-            self.body.append(f"{m2} = {m2} + {d} * {d};")
+            d = self.emit_assign(self.fresh("d"), ir.sub(element(), Var(mean, acc_dt)))
+            self.body.append(f"{m2} = {m2} + {d.name} * {d.name};")
 
         self.loop(deviation, f"reduction(+:{m2})")
-        return {"mean": mean, "m2": m2}
-
-    def reduce_result(self, kind: str, accs: dict[str, str], acc_dt: torch.dtype, correction: float) -> V:
-        ct, rn = CTYPE[acc_dt], CPrinter()(self.frame.rnumel)
-        if kind == "mean":
-            return V(f"({accs['acc']} / ({ct})({rn}))", acc_dt)
-        if kind == "var":
-            return V(f"({accs['m2']} / FX_MAX_NAN(({ct})({rn}) - {float(correction)!r}, 0.0))", acc_dt)
-        return super().reduce_result(kind, accs, acc_dt, correction)  # the accumulators themselves
+        return {"mean": Var(mean, acc_dt), "m2": Var(m2, acc_dt)}
 
     def columns_by_rows(self, head: list[str]) -> list[str] | None:
         """A column kernel's body walking the rows in order (``COLUMNS_BY_ROWS_MIN``), or None.

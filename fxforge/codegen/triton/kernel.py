@@ -36,19 +36,16 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
 from ...iteration import numel as _numel, reduction_of, same_size as _same, schema_bind as _schema_bind, shape_of
 from ..indexing import floor_div, modular
+from ..ir import aten as ir_aten, values as ir
+from ..ir.aten import REDUCTIONS, Reduction
+from ..ir.values import LOW_PRECISION, Const, Unsupported, Value, Var, compute_dtype
 from ..pyexpr import PyExprPrinter
 from . import launch
 from .launch import Emitted, Param
-from . import ops as triton_ops
-from .ops import (LOW_PRECISION, REDUCE_LOWERINGS, TL_DTYPE, ReduceLowering, V, accumulator_dtype, cast,
-                  compute_dtype, identity_of)
-from .printer import TritonPrinter
+from .ops import COMBINE_FN, SIG_DTYPE, TL_DTYPE
+from .printer import VALUES, TritonPrinter
 
 INT32_MAX = 2**31 - 1
-
-
-class Unsupported(Exception):
-    """The emitter cannot lower this group (the capability check should have said so)."""
 
 
 # --------------------------------------------------------------------------- emitter
@@ -178,12 +175,14 @@ class Placed:
 
 class Emitter:
     """Walks a group's members and writes a kernel body.  The loop nest, index math, operand
-    reads and dtype rules are here; what the text looks like is the dialect's (``dialect``: the
-    module of op lowerings, ``cast``, ``const``, ``is_literal``, ``SIG_DTYPE``) and the hooks'
-    (``emit_load``, ``emit_assign``, ``print_offset``, ``store``, ``fold``, ``loop``, ``launch``),
-    which a kernel language overrides."""
+    reads and dtype rules are here; values are the kernel IR's (``codegen/ir``: what each op
+    computes is written there once), printed by ``values`` (a ``ValuePrinter``); the element
+    types are ``SIG_DTYPE``'s; what the text looks like is the hooks' (``emit_load``,
+    ``emit_assign``, ``print_offset``, ``store``, ``fold``, ``loop``, ``launch``), which a kernel
+    language overrides."""
 
-    dialect = triton_ops
+    values = VALUES
+    SIG_DTYPE = SIG_DTYPE
 
     def __init__(self, name: str, ref, buffer, nodes: list[fx.Node], outputs: list[fx.Node] | None = None,
                  autotune: bool = False, layout=None):
@@ -228,9 +227,9 @@ class Emitter:
         key = (var, role)
         if key not in self.tensor_params:
             pname = f"{role}_ptr{sum(1 for k in self.tensor_params if k[1] == role)}"
-            if val.dtype not in self.dialect.SIG_DTYPE:
+            if val.dtype not in self.SIG_DTYPE:
                 raise Unsupported(f"dtype {val.dtype}")
-            self.params.append(Param(pname, "*" + self.dialect.SIG_DTYPE[val.dtype], self.launch_arg(var)))
+            self.params.append(Param(pname, "*" + self.SIG_DTYPE[val.dtype], self.launch_arg(var)))
             self.tensor_params[key] = pname
             self.storages.add(var)
             self.readable(var, val)
@@ -279,7 +278,7 @@ class Emitter:
         self.int64 = True  # symbolic sizes: indices may exceed int32 for some sizes
         return sympy.Symbol(name, integer=True, positive=True) if positive else sympy.Symbol(name, integer=True, nonnegative=True)
 
-    def scalar(self, n: fx.Node) -> V:
+    def scalar(self, n: fx.Node) -> Var:
         if n not in self.scalar_params:
             v = n.meta.get(VAL)
             dt = torch.bool if isinstance(v, (bool, torch.SymBool)) else (
@@ -288,7 +287,7 @@ class Emitter:
             sig = {torch.bool: "i1", torch.float32: "fp32", torch.int64: "i64"}[dt]
             self.params.append(Param(pname, sig, self.launch_arg(self.ref(n))))
             self.scalar_params[n] = pname
-        return V(self.scalar_params[n], {"i1": torch.bool, "fp32": torch.float32, "i64": torch.int64}[
+        return Var(self.scalar_params[n], {"i1": torch.bool, "fp32": torch.float32, "i64": torch.int64}[
             next(p.sig for p in self.params if p.name == self.scalar_params[n])])
 
     # ---------------------------------------------------------------- scopes and index math
@@ -474,7 +473,7 @@ class Emitter:
         raise Unsupported(f"{n.name} has {numel} elements; the kernel runs "
                           f"{self.frame.xnumel_g} rows x {self.frame.rnumel_g}")
 
-    def load(self, a: fx.Node, shape: tuple, dom: str) -> V:
+    def load(self, a: fx.Node, shape: tuple, dom: str) -> Value:
         """Tensor ``a``, read from memory for a value of ``shape`` in ``dom`` (broadcast as eager)."""
         key = ("load", a, shape, dom)
         found = self.lookup(key)
@@ -497,16 +496,15 @@ class Emitter:
         off = self.offset(val, self.coords_of(shape, dom), len(shape), dom, base)
         name = self.fresh("tmp")
         self.emit_load(name, ptr, off, dom, val.dtype)
-        d = self.dialect
-        return self.remember(key, d.cast(V(name, val.dtype), d.compute_dtype(val.dtype)))
+        return self.remember(key, ir.cast(Var(name, val.dtype), compute_dtype(val.dtype)))
 
     def emit_load(self, name: str, ptr: str, off: sympy.Expr, dom: str, dtype: torch.dtype) -> None:
         self.body.append(f"{name} = tl.load({ptr} + ({self.print_offset(off, dom)}), mask={self.frame.mask(dom)}, other=0)")
 
-    def emit_assign(self, name: str, v: V) -> V:
+    def emit_assign(self, name: str, v: Value) -> Var:
         """Bind ``v`` to the kernel local ``name``."""
-        self.body.append(f"{name} = {v.expr}")
-        return V(name, v.dtype)
+        self.body.append(f"{name} = {self.values(v)}")
+        return Var(name, v.dtype)
 
     def check_rows(self, a: fx.Node, shape: tuple) -> None:
         """A row value ``a`` broadcast into a full value of ``shape`` must give each element its
@@ -524,7 +522,7 @@ class Emitter:
                 _same(ashape[j - lead] if j >= lead else 1, 1 if j in layout else shape[j]) for j in range(len(shape))):
             raise Unsupported(f"{a.name} {list(ashape)} is not one value per row of {list(shape)}")
 
-    def operand(self, a: Any, shape: tuple, dom: str) -> V:
+    def operand(self, a: Any, shape: tuple, dom: str) -> Value:
         """Argument ``a`` of a member computing a value of ``shape`` in ``dom``."""
         if not isinstance(a, fx.Node):
             raise Unsupported(f"operand {a!r}")
@@ -541,7 +539,7 @@ class Emitter:
         return v
 
     def value(self, n: fx.Node):
-        """The value of member ``n`` (a ``V``; a list for a multi-output reduction)."""
+        """The value of member ``n`` (a ``Value``; a list for a multi-output reduction)."""
         found = self.lookup(("v", n))
         if found is not None:
             return found
@@ -560,16 +558,15 @@ class Emitter:
                 return self.remember(("v", n), v)
             raise Unsupported(f"{n.target} of a value computed in the kernel")
         shape, dom = shape_of(n.meta[VAL]), self.dom(n)
-        v = self.lower_node(n, lambda a: self.operand(a, shape, dom))
+        v = ir_aten.lower(n, lambda a: self.operand(a, shape, dom), self.scalar)
         dt = n.meta[VAL].dtype
         # the value has the node's dtype from here on (rounded like eager between ops): a
         # conversion (float -> int truncates, int64 -> int32 wraps, -> bool tests != 0, fp64 ->
         # fp32 rounds) takes effect for the members reading it, not only at a store
-        d = self.dialect
-        v = d.cast(v, dt)
-        if dt in d.LOW_PRECISION:
-            v = d.cast(v, d.compute_dtype(dt))
-        if not d.is_literal(v.expr):
+        v = ir.cast(v, dt)
+        if dt in LOW_PRECISION:
+            v = ir.cast(v, compute_dtype(dt))
+        if not isinstance(v, Const):
             v = self.emit_assign(self.value_name(n), v)
         return self.remember(("v", n), v)
 
@@ -577,85 +574,19 @@ class Emitter:
         """The kernel local holding member ``n``'s value."""
         return f"v_{n.name}"
 
-    def block(self, v: V, dom: str) -> str:
-        """``v`` as a block of the domain's shape (literals become ``tl.full``)."""
+    def block(self, v: Value, dom: str) -> str:
+        """``v`` as a block of the domain's shape (constants become ``tl.full``)."""
         shape = self.frame.block(dom)
-        if triton_ops.is_literal(v.expr):
-            lit = v.expr
-            if lit.startswith("tl.full([], "):  # tl.full([], c, dtype): take c
-                lit = lit[len("tl.full([], "):].rsplit(",", 1)[0]
-            return f"tl.full({shape}, {lit}, {TL_DTYPE[v.dtype]})"
-        return f"tl.broadcast_to({v.expr}, {shape})"
+        if isinstance(v, Const):
+            return f"tl.full({shape}, {self.values.literal(v)}, {TL_DTYPE[v.dtype]})"
+        return f"tl.broadcast_to({self.values(v)}, {shape})"
 
-    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: V, dom: str) -> None:
+    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
         ptr = self.tensor_params[(self.buffer(n, index), "out")]
         shape = shape_of(val)
         val = self.placed(n, index, val)  # a region of a cat/pad's buffer: its container's strides
         off = self.print_offset(self.offset(val, self.coords_of(shape, dom), len(shape), dom), dom)
-        self.body.append(f"tl.store({ptr} + ({off}), {self.block(cast(v, val.dtype), dom)}, mask={self.frame.mask(dom)})")
-
-    def lower_node(self, n: fx.Node, operand) -> V:
-        d = self.dialect
-        cast, const, compute_dtype = d.cast, d.const, d.compute_dtype
-        b0 = _schema_bind(n)
-        opname = n.target.name().split("::", 1)[1]
-        if opname in ("full", "full_like", "scalar_tensor", "fill.Scalar", "zeros_like", "ones_like"):
-            out_dt = n.meta[VAL].dtype
-            value = {"zeros_like": 0, "ones_like": 1}.get(opname, b0.get("fill_value", b0.get("value", b0.get("s"))))
-            cdt = compute_dtype(out_dt)
-            if isinstance(value, fx.Node):
-                return cast(self.scalar(value), cdt)
-            if not isinstance(value, (bool, int, float)):
-                raise Unsupported(f"fill value {value!r}")
-            return const(value, cdt)
-        low = d.lowering_of(n.target)
-        if low is None:
-            raise Unsupported(f"no {d.LANGUAGE} lowering for {n.target}")
-        b = _schema_bind(n)
-        out_dt = n.meta[VAL].dtype
-        raw = [b.get(a) for a in low.operands]
-        if low.promotion is None:  # conversions: one operand, converted by value() (to the node dtype)
-            x = operand(raw[0])
-            return V(x.expr, x.dtype)
-        fake_args = []
-        for name, a in zip(low.operands, raw):
-            if name in CONDITIONS:
-                continue
-            if isinstance(a, fx.Node):
-                fake_args.append(a.meta[VAL])
-            elif a is not None:
-                fake_args.append(a)
-        cdt, rdt = elementwise_dtypes(*fake_args, type_promotion_kind=low.promotion)
-        if low.promotion == K.ALWAYS_BOOL:
-            # comparisons compute in the common dtype (bool results)
-            _, common = elementwise_dtypes(*fake_args, type_promotion_kind=K.DEFAULT)
-            cdt, rdt = compute_dtype(common), common
-        cdt = compute_dtype(cdt)
-        if low.dtypes == "float" and not cdt.is_floating_point:
-            raise Unsupported(f"{opname} on {cdt}")
-        if low.dtypes == "int" and cdt.is_floating_point:
-            raise Unsupported(f"{opname} on {cdt}")
-        if n.target.name().startswith("aten::pow") and not isinstance(raw[1], fx.Node):
-            out = d.pow_scalar(cast(operand(raw[0]), cdt), raw[1])
-            if out is None:
-                raise Unsupported(f"pow with exponent {raw[1]!r} on {cdt}")
-            return out
-        ops = []
-        for name, a in zip(low.operands, raw):
-            if a is None:
-                ops.append(None)
-            elif name in CONDITIONS:
-                ops.append(cast(operand(a), torch.bool) if isinstance(a, fx.Node) else const(a, torch.bool))
-            elif isinstance(a, fx.Node):
-                ops.append(cast(operand(a), cdt))
-            else:
-                if low.round_scalars and rdt in d.LOW_PRECISION:
-                    a = d.round_to(a, rdt)
-                ops.append(const(a, cdt))
-        kw = {k: v for k, v in b.items() if k not in low.operands}
-        if any(isinstance(v, fx.Node) for v in kw.values()):
-            raise Unsupported("a runtime value in a non-operand argument")
-        return low.fn(*ops, kw)
+        self.body.append(f"tl.store({ptr} + ({off}), {self.block(ir.cast(v, val.dtype), dom)}, mask={self.frame.mask(dom)})")
 
     # ---------------------------------------------------------------- kernels
 
@@ -768,52 +699,53 @@ class Emitter:
     def reduce(self, n: fx.Node, persistent: bool) -> None:
         """Emit reduction ``n`` (at the kernel's top level): its row results, stored if it is an
         output, and remembered for the members after it.  How it folds a row is the kind's
-        ``REDUCE_LOWERINGS`` entry."""
+        ``ir.aten.REDUCTIONS`` entry."""
         r = reduction_of(n)
-        low = REDUCE_LOWERINGS[r.kind]
+        low = REDUCTIONS[r.kind]
         val = n.meta[VAL]
         multi = isinstance(val, (tuple, list))
         out_vals = list(val) if multi else [val]
         acc_dt = self.accumulator(low, r.inp.meta[VAL].dtype, out_vals[0].dtype)
         accs = self.fold(r, low, acc_dt, persistent)
-        results = [self.reduce_result(k, accs, acc_dt, r.correction) for k in low.results]
+        results = [ir_aten.result(k, accs, self.frame.rnumel, r.correction) for k in low.results]
         if len(results) != len(out_vals):
             raise Unsupported(f"{r.kind}: {len(out_vals)} outputs")
         rounded = []
         for i, (ov, res) in enumerate(zip(out_vals, results)):
-            res = self.dialect.cast(res, ov.dtype)
-            if not res.expr.isidentifier():
+            res = ir.cast(res, ov.dtype)
+            if not isinstance(res, Var):
                 res = self.emit_assign(self.fresh("red"), res)
             if n in self.out_set:
                 self.store(n, i if multi else None, ov, res, "x")
-            rounded.append(self.dialect.cast(res, self.dialect.compute_dtype(ov.dtype)))
+            rounded.append(ir.cast(res, compute_dtype(ov.dtype)))
         self.remember(("v", n), rounded if multi else rounded[0])
         self.check_rows_not_empty(r.kind)
 
-    def accumulator(self, low: ReduceLowering, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
-        """The dtype a fold of ``low`` accumulates in (``ops.accumulator_dtype``)."""
-        return accumulator_dtype(low, in_dt, out_dt)
+    def accumulator(self, low: Reduction, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
+        """The dtype a fold of ``low`` accumulates in (``ir.aten.accumulator_dtype``)."""
+        return ir_aten.accumulator_dtype(low, in_dt, out_dt)
 
-    def fold(self, r, low: ReduceLowering, acc_dt: torch.dtype, persistent: bool) -> dict[str, str]:
-        """Emit the fold of each row (one block, or a loop over blocks): the names of the
-        accumulators it leaves, ``[XBLOCK, 1]`` each (see ``ReduceLowering.results``)."""
-        body, combine = self.body, low.combine
-        identity, tacc = identity_of(low, acc_dt), TL_DTYPE[acc_dt]
-        rn = TritonPrinter()(self.frame.rnumel)
+    def fold(self, r, low: Reduction, acc_dt: torch.dtype, persistent: bool) -> dict[str, Var]:
+        """Emit the fold of each row (one block, or a loop over blocks): the accumulators it
+        leaves, ``[XBLOCK, 1]`` each (see ``ir.aten.result``)."""
+        body, combine = self.body, COMBINE_FN[low.combine]
+        identity, tacc = self.values(ir_aten.identity(low, acc_dt)), TL_DTYPE[acc_dt]
         inp_shape = shape_of(r.inp.meta[VAL])
 
         def block() -> str:
             """The [XBLOCK, RBLOCK] block of the input, as the accumulator's type, masked to the identity."""
             x = self.operand(r.inp, inp_shape, "xr")
-            x = V(self.block(x, "xr"), x.dtype) if triton_ops.is_literal(x.expr) else x
-            v = f"({x.expr} != 0).to(tl.int32)" if low.accumulate == "flag" else cast(x, acc_dt).expr
+            x = Var(self.block(x, "xr"), x.dtype) if isinstance(x, Const) else x
             name = self.fresh("rv")
-            body.append(f"{name} = tl.where(rmask & xmask, {v}, {identity})")
+            body.append(f"{name} = tl.where(rmask & xmask, {self.values(ir_aten.element(low, x, acc_dt))}, {identity})")
             return name
 
         def ridx() -> str:
             body.append("ridx = tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)")
             return "ridx"
+
+        def mean_of(total: str) -> str:
+            return self.values(ir.truediv(Var(total, acc_dt), ir_aten.count(self.frame.rnumel, acc_dt)))
 
         if low.strategy == "combine":
             acc = self.fresh("acc")
@@ -823,7 +755,7 @@ class Emitter:
                 body.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
                 self.loop(lambda: body.append(f"{acc} = {combine}({acc}, {block()})"))
                 body.append(f"{acc} = tl.reduce({acc}, 1, {combine})[:, None]")
-            return {"acc": acc}
+            return {"acc": Var(acc, acc_dt)}
         if low.strategy == "arg":
             v, i = self.fresh("accv"), self.fresh("acci")
             if persistent:
@@ -834,7 +766,7 @@ class Emitter:
                 self.loop(lambda: body.append(f"{v}, {i} = {combine}({v}, {i}, {block()}, {ridx()})"))
                 body.append(f"{v}, {i} = tl.reduce(({v}, {i}), 1, {combine})")
             body += [f"{v} = {v}[:, None]", f"{i} = {i}[:, None]"]
-            return {"value": v, "index": i}
+            return {"value": Var(v, acc_dt), "index": Var(i, torch.int64)}
         # moments: the mean, then the squared deviations from it
         mean, m2 = self.fresh("mean"), self.fresh("m2")
 
@@ -845,38 +777,17 @@ class Emitter:
 
         if persistent:  # two passes over the block in registers
             v = block()
-            body.append(f"{mean} = (tl.reduce({v}, 1, {combine}) / {rn})[:, None]")
+            body.append(f"{mean} = {mean_of(f'tl.reduce({v}, 1, {combine})')}[:, None]")
             body.append(f"{m2} = tl.reduce({deviation2(v)}, 1, {combine})[:, None]")
         else:
             acc = self.fresh("acc")
             body.append(f"{acc} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
             self.loop(lambda: body.append(f"{acc} = {acc} + {block()}"))
-            body.append(f"{mean} = (tl.reduce({acc}, 1, {combine}) / {rn})[:, None]")
+            body.append(f"{mean} = {mean_of(f'tl.reduce({acc}, 1, {combine})')}[:, None]")
             body.append(f"{m2} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
             self.loop(lambda: body.append(f"{m2} = {m2} + {deviation2(block())}"))
             body.append(f"{m2} = tl.reduce({m2}, 1, {combine})[:, None]")
-        return {"mean": mean, "m2": m2}
-
-    def reduce_result(self, kind: str, accs: dict[str, str], acc_dt: torch.dtype, correction: float) -> V:
-        """One result of a fold (``ReduceLowering.results``) from its accumulators."""
-        rn = TritonPrinter()(self.frame.rnumel)
-        if kind == "acc":
-            return V(accs["acc"], acc_dt)
-        if kind == "mean":
-            return V(f"({accs['acc']} / {rn})", acc_dt)
-        if kind == "nonzero":
-            return V(f"({accs['acc']} != 0)", torch.bool)
-        if kind == "value":
-            return V(accs["value"], acc_dt)
-        if kind == "index":
-            return V(accs["index"], torch.int64)
-        if kind == "avg":
-            return V(accs["mean"], acc_dt)
-        if _is_int(self.frame.rnumel):  # "var"
-            denom = repr(float(max(int(self.frame.rnumel) - correction, 0.0)))
-        else:
-            denom = f"tl.maximum({rn}.to(tl.float32) - {correction!r}, 0.0)"
-        return V(f"({accs['m2']} / {denom})", acc_dt)
+        return {"mean": Var(mean, acc_dt), "m2": Var(m2, acc_dt)}
 
     def check_rows_not_empty(self, kind: str) -> None:
         """Rows of a static length 0 are refused; rows of a symbolic length may be empty at run
@@ -887,7 +798,7 @@ class Emitter:
             return
         if _is_int(rnumel):
             raise Unsupported("empty reduction")
-        if REDUCE_LOWERINGS[kind].identity in ("lowest", "highest"):
+        if REDUCTIONS[kind].identity in ("lowest", "highest"):
             rp = PyExprPrinter({s: s.name for s in self.all_symbols()})(rnumel)
             self.launch_checks += [f"if {rp} <= 0:", f"    raise IndexError('{kind}(): cannot reduce over an empty dimension')"]
 

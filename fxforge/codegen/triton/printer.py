@@ -1,22 +1,22 @@
-"""sympy index expressions -> Triton source, with Python (floor) semantics.
+"""Index expressions and kernel values (``codegen/ir``) as Triton source.
 
 Triton's ``//`` and ``%`` on integers are C-style (truncate toward zero; the remainder takes the
-dividend's sign).  sympy's ``FloorDiv``, ``ModularIndexing``, ``PythonMod`` and ``Mod`` mean
-Python floor semantics.  Where both operands are provably non-negative the two agree and the
-plain operator is printed; otherwise the printer emits a sign correction (``floor_div`` /
-``floor_mod`` below, also used for tensor *values* by the op table): a bare C ``%`` for a
-``ModularIndexing`` of unknown sign would index the wrong element.
+dividend's sign): where an operand may be negative, ``floor_div``/``floor_mod`` correct the sign
+(Python floor semantics, what sympy's and eager's floor division mean).  Values compute like
+eager: float32 division and square roots are IEEE-rounded (``div_rn``/``sqrt_rn``), math
+functions outside core ``tl`` come from libdevice (``prelude.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
 
 import sympy
-from torch.utils._sympy.functions import FloorDiv
-from torch.utils._sympy.printers import ExprPrinter
+import torch
 
-from ..pyexpr import ReadableArith, _delimited
+from ..ir.printer import IndexPrinter, ValuePrinter
+from ..ir.values import Const, Op
+from .ops import TL_DTYPE
 
 
 def floor_div(a: str, b: str) -> str:
@@ -31,39 +31,10 @@ def floor_mod(a: str, b: str) -> str:
     return f"tl.where(({r} != 0) & (({r} < 0) != ({b} < 0)), {r} + {b}, {r})"
 
 
-def _nonneg(e: sympy.Basic) -> bool:
-    return bool(e.is_nonnegative)
+class TritonPrinter(IndexPrinter):
+    """Integer index expressions as Triton (floor semantics, ``tl.maximum``/``tl.minimum``)."""
 
-
-class TritonPrinter(ReadableArith, ExprPrinter):
-    """Integer index expressions over symbols named by ``names`` (symbol -> source), as Triton.
-
-    torch's generic ``ExprPrinter`` (which refuses the float and Python-only functions a kernel
-    index never needs) with floor semantics for ``//`` and ``%`` (see the module docstring) and
-    ``tl.maximum``/``tl.minimum`` for ``Max``/``Min``."""
-
-    def __init__(self, names: dict[sympy.Symbol, str] | None = None):
-        super().__init__()
-        self.names = names if names is not None else {}
-
-    def __call__(self, e: Any) -> str:
-        """``e`` as source, parenthesized unless it is a name or a number: kernel code splices
-        it into larger expressions (``acc / {rnumel}``, ``{rnumel}.to(tl.float32)``)."""
-        return _delimited(sympy.sympify(e), self.doprint(sympy.sympify(e)))
-
-    def _print_Symbol(self, expr) -> str:
-        return self.names.get(expr, expr.name)
-
-    def _print_Mul(self, expr) -> str:
-        if any(not a.is_Integer and a.is_Rational for a in expr.args):
-            raise NotImplementedError(f"non-integer index expression {expr}")
-        return super()._print_Mul(expr)
-
-    def _print_Rational(self, expr) -> str:
-        raise NotImplementedError(f"non-integer index expression {expr}")
-
-    def _print_Float(self, expr) -> str:
-        raise NotImplementedError(f"non-integer index expression {expr}")
+    MAX, MIN = "tl.maximum", "tl.minimum"
 
     def _print_Pow(self, expr) -> str:
         base, exp = expr.args
@@ -71,54 +42,80 @@ class TritonPrinter(ReadableArith, ExprPrinter):
             raise NotImplementedError(f"cannot print power {expr} as a Triton index")
         return super()._print_Pow(expr)
 
-    def _print_FloorDiv(self, expr) -> str:
-        return self.div(*expr.args)
-
-    def _print_CleanDiv(self, expr) -> str:
-        return self.div(*expr.args)
-
-    def _print_CeilDiv(self, expr) -> str:
-        a, b = expr.args
-        return f"(-{self.div(-a, b)})"
-
-    def _print_ModularIndexing(self, expr) -> str:
-        x, d, m = expr.args
-        return self.mod(FloorDiv(x, d) if d != 1 else x, m)
-
-    def _print_PythonMod(self, expr) -> str:
-        return self.mod(*expr.args)
-
-    def _print_Mod(self, expr) -> str:
-        return self.mod(*expr.args)
-
-    def _print_Max(self, expr) -> str:
-        return self._fold("tl.maximum", expr.args)
-
-    def _print_Min(self, expr) -> str:
-        return self._fold("tl.minimum", expr.args)
-
-    def _fold(self, fn: str, args) -> str:
-        out = self._print(args[0])
-        for a in args[1:]:
-            out = f"{fn}({out}, {self._print(a)})"
-        return out
-
-    def _operand(self, e: sympy.Expr) -> str:
-        """``e`` as an operand of ``//`` or ``%`` (what this printer makes of a function is
-        already delimited: ``(x // y)``, ``tl.where(...)``)."""
-        s = self._print(e)
-        return f"({s})" if e.is_Add or e.is_Mul or e.is_Pow else s
-
     def div(self, a: sympy.Expr, b: sympy.Expr) -> str:
         if b == 1:
             return self._print(a)
-        if _nonneg(a) and _nonneg(b):
+        if a.is_nonnegative and b.is_nonnegative:
             return f"({self._operand(a)} // {self._operand(b)})"
         return floor_div(self._operand(a), self._operand(b))
 
     def mod(self, a: sympy.Expr, b: sympy.Expr) -> str:
         if b == 1:
             return "0"
-        if _nonneg(a) and _nonneg(b):
+        if a.is_nonnegative and b.is_nonnegative:
             return f"({self._operand(a)} % {self._operand(b)})"
         return floor_mod(self._operand(a), self._operand(b))
+
+
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "fmod": "%", "truncdiv": "//", "and": "&", "or": "|", "xor": "^",
+           "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_CALLS = {"max_nan": "_max_nan", "min_nan": "_min_nan", "mod": "_remainder", "pow": "_ld_pow", "atan2": "_ld_atan2",
+          "where": "tl.where", "abs": "tl.abs", "exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2",
+          "sin": "tl.sin", "cos": "tl.cos", "erf": "tl.math.erf", "floor": "tl.floor", "ceil": "tl.ceil"}
+# the rest of the vocabulary's float functions: libdevice's (``_ld_<name>``, prelude.py)
+_LIBDEVICE = ("expm1", "log10", "log1p", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
+              "atanh", "erfc", "erfinv", "lgamma", "trunc", "nearbyint")
+
+
+class TritonValues(ValuePrinter):
+    language = "Triton"
+
+    def __init__(self):
+        super().__init__(TritonPrinter())
+
+    def literal(self, c: Const) -> str:
+        """The constant as a Python literal (Triton types it as fp32, int32/int64 or i1)."""
+        x = c.value
+        if c.dtype == torch.bool:
+            return "True" if x else "False"
+        if c.dtype.is_floating_point:
+            return 'float("nan")' if math.isnan(x) else ('float("inf")' if x > 0 else 'float("-inf")') if math.isinf(x) else repr(x)
+        return str(x)
+
+    def const(self, c: Const) -> str:
+        dt = c.dtype
+        if dt in (torch.bool, torch.float32) or (dt in (torch.int32, torch.int64) and -(2**31) <= c.value < 2**31):
+            return self.literal(c)
+        return f"tl.full([], {self.literal(c)}, {TL_DTYPE[dt]})"
+
+    def op(self, x: Op, a: list[str]) -> str | None:
+        name = x.op
+        if name in _BINARY:
+            return f"({a[0]} {_BINARY[name]} {a[1]})"
+        if name in _CALLS:
+            return f"{_CALLS[name]}({', '.join(a)})"
+        if name in _LIBDEVICE:
+            return f"_ld_{name}({a[0]})"
+        if name == "neg":
+            return f"(-{a[0]})"
+        if name == "invert":
+            return f"(~{a[0]})"
+        if name == "not":
+            return f"({a[0]} == 0)"
+        if name == "truediv":
+            return f"tl.div_rn({a[0]}, {a[1]})" if x.dtype == torch.float32 else f"({a[0]} / {a[1]})"
+        if name == "sqrt":
+            return f"tl.sqrt_rn({a[0]})" if x.dtype == torch.float32 else f"_ld_sqrt({a[0]})"
+        if name == "floordiv":
+            return f"_div_floor_f({a[0]}, {a[1]})" if x.dtype.is_floating_point else floor_div(a[0], a[1])
+        if name == "cast":
+            src = x.args[0].dtype
+            if x.dtype == torch.bool:
+                return f"({a[0]} != 0)"
+            if x.dtype == torch.bfloat16 and src == torch.float32:
+                return f"_to_bf16({a[0]})"
+            return f"{a[0]}.to({TL_DTYPE[x.dtype]})"
+        return None
+
+
+VALUES = TritonValues()

@@ -1,0 +1,115 @@
+"""Index expressions and kernel values (``codegen/ir``) as C.
+
+Indices are ``int64_t`` arithmetic with Python floor semantics (a sign correction where an
+operand may be negative).  Values compute like eager: float32 constants are ``f``-suffixed (the
+nearest float32), ``exp``/``tanh``/``erf`` of float32 call the prelude's vectorizable
+``fx_<name>f`` (the C library's on float64), the exact GELU's derivative of float32 is
+``fx_gelu_gradf`` (one ``exp`` for both terms), integer bitwise results are narrowed back to
+their type.  What C lacks here (``log``, ``sin``, integer division...) is refused: those nodes
+run as ATen's vector kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ir.printer import IndexPrinter, ValuePrinter
+from ..ir.values import Const, Op
+from .ops import CTYPE
+
+
+class CPrinter(IndexPrinter):
+    """Integer index expressions as C (``int64_t`` arithmetic): ``/`` and ``%`` where both
+    operands are non-negative, a sign correction otherwise (Python floor semantics)."""
+
+    MAX, MIN = "FX_MAX_NAN", "FX_MIN_NAN"
+
+    def _print_Pow(self, expr) -> str:
+        base, exp = expr.args
+        if not (exp.is_Integer and exp > 0):
+            raise NotImplementedError(f"cannot print power {expr} as a C index")
+        return "(" + " * ".join([self._operand(base)] * int(exp)) + ")"
+
+    def div(self, a, b) -> str:
+        if b == 1:
+            return self._print(a)
+        x, y = self._operand(a), self._operand(b)
+        if a.is_nonnegative and b.is_nonnegative:
+            return f"({x} / {y})"
+        return f"({x} / {y} - (({x} % {y} != 0) && (({x} < 0) != ({y} < 0))))"
+
+    def mod(self, a, b) -> str:
+        if b == 1:
+            return "0"
+        x, y = self._operand(a), self._operand(b)
+        if a.is_nonnegative and b.is_nonnegative:
+            return f"({x} % {y})"
+        r = f"({x} % {y})"
+        return f"(({r} != 0 && (({r} < 0) != ({y} < 0))) ? {r} + {y} : {r})"
+
+
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_BITWISE = {"and": "&", "or": "|", "xor": "^"}
+# float functions: the prelude's vectorizable float32 versions (``fx_expf``...), else the C library's
+_PRELUDE_F32 = ("exp", "tanh", "erf")
+_LIBM = ("sqrt", "floor", "ceil", "trunc", "nearbyint")
+
+
+class CValues(ValuePrinter):
+    language = "C"
+
+    def __init__(self):
+        super().__init__(CPrinter())
+
+    def const(self, c: Const) -> str:
+        dt, x = c.dtype, c.value
+        if dt == torch.bool:
+            return "true" if x else "false"
+        if dt.is_floating_point:
+            if math.isnan(x):
+                return "NAN"
+            if math.isinf(x):
+                return "INFINITY" if x > 0 else "(-INFINITY)"
+            s = repr(x) + ("f" if dt == torch.float32 else "")
+            return s if not s.startswith("-") else f"({s})"
+        if x == -2**63:
+            return "INT64_MIN"
+        return f"(({CTYPE[dt]}){x})"
+
+    def op(self, x: Op, a: list[str]) -> str | None:
+        name, dt = x.op, x.dtype
+        f32 = dt == torch.float32
+        if name in _BINARY:
+            return f"({a[0]} {_BINARY[name]} {a[1]})"
+        if name in _BITWISE:
+            return f"({a[0]} {_BITWISE[name]} {a[1]})" if dt == torch.bool else f"(({CTYPE[dt]})({a[0]} {_BITWISE[name]} {a[1]}))"
+        if name == "truediv":  # floats only: an integer division by zero is undefined in C
+            return f"({a[0]} / {a[1]})" if dt.is_floating_point else None
+        if name == "neg":
+            return f"(-{a[0]})"
+        if name == "abs":
+            if dt.is_floating_point:
+                return f"fabsf({a[0]})" if f32 else f"fabs({a[0]})"
+            return f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
+        if name == "invert":
+            return f"(({CTYPE[dt]})(~{a[0]}))"
+        if name == "not":
+            return f"({a[0]} == 0)"
+        if name == "where":
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if name in ("max_nan", "min_nan"):
+            return f"{'FX_MAX_NAN' if name == 'max_nan' else 'FX_MIN_NAN'}({a[0]}, {a[1]})"
+        if name == "cast":
+            return f"({a[0]} != 0)" if dt == torch.bool else f"(({CTYPE[dt]})({a[0]}))"
+        if name in _PRELUDE_F32 and dt.is_floating_point:
+            return f"fx_{name}f({a[0]})" if f32 else f"{name}({a[0]})"
+        if name in _LIBM and dt.is_floating_point:
+            return f"{name}f({a[0]})" if f32 else f"{name}({a[0]})"
+        if name == "gelu_grad" and f32:
+            return f"fx_gelu_gradf({a[0]})"
+        return None
+
+
+VALUES = CValues()
