@@ -73,6 +73,18 @@ def test_passes_import_only_the_backend_interface_from_codegen():
     assert bad == set()
 
 
+def test_kernel_languages_share_only_the_ir():
+    """The C and Triton printers import nothing of each other: what they share is ``codegen/ir``
+    (values, op semantics, the group walk) and the neutral codegen modules."""
+    g, mods = _imports()
+    langs = ("fxforge.codegen.c", "fxforge.codegen.triton")
+    bad = {(m, t) for m in mods if m in g for t in g.successors(m)
+           for a, b in (langs, langs[::-1]) if m.startswith(a + ".") and t.startswith(b)}
+    assert bad == set()
+    assert not {(m, t) for m in mods if m.startswith("fxforge.codegen.ir") and m in g
+                for t in g.successors(m) if t.startswith(langs)}
+
+
 def test_import_fxforge_loads_no_triton_module():
     code = ("import sys, fxforge\n"
             "print(sorted(m for m in sys.modules if m.startswith('fxforge.codegen.triton') or m == 'triton'))")

@@ -16,6 +16,7 @@ under a second instead of the ~4 s an ``import fxforge`` (torch) costs each on a
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 import json
@@ -25,6 +26,7 @@ import multiprocessing
 import os
 import queue
 import stat
+import sys
 import time
 
 import pytest
@@ -67,11 +69,12 @@ def _recorder(seen: list):
 @pytest.fixture
 def cache(monkeypatch, tmp_path):
     """The cache module, with its cache under ``tmp_path/cache`` and no warnings given yet."""
+    from fxforge.codegen import diskcache
     from fxforge.codegen.triton import cache
 
     monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cache, "_warned", set(), raising=False)
-    monkeypatch.setattr(cache, "_fallback", None, raising=False)
+    monkeypatch.setattr(diskcache, "_warned", set())
+    monkeypatch.setattr(diskcache, "_fallback", None)
     return cache
 
 
@@ -218,10 +221,17 @@ STRESS_SECONDS = 6.0
 
 
 def _import_cache(cache_py: str):
-    spec = importlib.util.spec_from_file_location("fxforge_cache_under_test", cache_py)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """``codegen/triton/cache.py`` (and the ``codegen/diskcache.py`` it imports) without importing
+    fxforge and torch: the codegen directory stands as a package of its own."""
+    import types
+
+    triton_dir = os.path.dirname(cache_py)
+    for name, path in (("fxforge_codegen_under_test", os.path.dirname(triton_dir)),
+                       ("fxforge_codegen_under_test.triton", triton_dir)):
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [path]
+        sys.modules.setdefault(name, pkg)
+    return importlib.import_module("fxforge_codegen_under_test.triton.cache")
 
 
 def _stress_loader(cache_py, base, ready, go, stop, out):

@@ -451,7 +451,7 @@ def _fake_node(op, *shapes, dtype=torch.float32):
 
 def test_ptx_vectorized_loads_on_contiguous_inputs():
     n = _fake_node(torch.ops.aten.add.Tensor, (64, 1024), (64, 1024))
-    em = tk.Emitter("k", lambda n: n.name, lambda n, i: "out", [n]).emit()
+    em = tk.TritonEmitter("k", lambda n: n.name, lambda n, i: "out", [n]).emit()
     res = aot.check_kernel(em)
     for arch, r in res.items():
         assert r.has_cubin
@@ -460,10 +460,10 @@ def test_ptx_vectorized_loads_on_contiguous_inputs():
 
 def test_int64_indexing_for_huge_tensors():
     n = _fake_node(torch.ops.aten.neg.default, (2**16, 2**16 + 1))  # > 2**31 elements (fake: no memory)
-    em = tk.Emitter("k", lambda n: n.name, lambda n, i: "out", [n]).emit()
+    em = tk.TritonEmitter("k", lambda n: n.name, lambda n, i: "out", [n]).emit()
     assert "tl.program_id(0).to(tl.int64)" in em.kernel_source
     aot.check_kernel(em, archs=(90,))
-    small = tk.Emitter("k", lambda n: n.name, lambda n, i: "out", [_fake_node(torch.ops.aten.neg.default, (64, 64))]).emit()
+    small = tk.TritonEmitter("k", lambda n: n.name, lambda n, i: "out", [_fake_node(torch.ops.aten.neg.default, (64, 64))]).emit()
     assert "int64" not in small.kernel_source
 
 

@@ -24,7 +24,7 @@ from ...graph import VAL, free_symbols, node_kind, op_display, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..probes import memoized
-from ..triton.kernel import Unsupported, node_refusal
+from ..ir.emitter import Unsupported, node_refusal
 from .build import CUnit, compiler
 from .launcher import refusal
 from .kernel import CEmitter

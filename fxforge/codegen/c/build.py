@@ -13,7 +13,7 @@ else ``cc``), one per available core.  A unit's source is the prelude and its ke
 
 A shared object is named by a hash of the source, the compiler's version, the flags and this
 machine's CPU flags, in ``$FXFORGE_CACHE_DIR/c`` (the same checked private directory as the
-Triton kernels' cache, ``triton/cache.py``): a later process with the same kernels loads it
+Triton kernels' cache, ``codegen/diskcache.py``): a later process with the same kernels loads it
 without compiling.
 
 ``FXFORGE_C_SANITIZE=1`` in the environment adds ``-fsanitize=address,undefined`` (and frame
@@ -43,7 +43,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..triton.cache import atomic_write, cache_dir
+from ..diskcache import atomic_write, cache_dir
 from .kernel import CEmitted
 from .prelude import PRELUDE
 

@@ -1,7 +1,7 @@
 """Emitting one C function (and its Python launch function) for a group of ATen nodes.
 
-The loop nest, index math, operand reads and dtype rules are the Triton emitter's
-(``codegen/triton/kernel.py``), with one element per iteration instead of a block: the kernel
+The loop nest, index math, operand reads and dtype rules are the shared walk's
+(``codegen/ir/emitter.py``), with one element per iteration instead of a block: the kernel
 is a loop nest over the dims of the output (pointwise) or of the reduction's kept dims (rows),
 each coordinate a loop variable, so a contiguous or broadcast read is an affine index the C
 compiler vectorizes; a reduction over the last dims folds each row in loops over its reduced
@@ -28,8 +28,7 @@ import torch.fx as fx
 
 from ...graph import VAL
 from ...iteration import reduction_of, shape_of
-from ..triton.kernel import R, RINDEX, X, XINDEX, Emitter, Unsupported, _trailing
-from ..triton.launch import Param
+from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported, _trailing
 from ..ir import aten as ir_aten, values as ir
 from ..ir.aten import REDUCTIONS, Reduction
 from ..ir.values import Value, Var
@@ -374,13 +373,8 @@ class CEmitter(Emitter):
         self.value_names.append((f"v{len(self.value_names)}", n.name))
         return self.value_names[-1][0]
 
-    def local(self, e: sympy.Expr) -> sympy.Expr:
-        if e.is_Integer or e.is_Symbol:
-            return e
-        deps = self.deps_of(e)
-        name = self.fresh("x" if deps == {XINDEX} else "r" if deps == {RINDEX} else "f")
-        self.body.append(f"const int64_t {name} = {CPrinter()(e)};")
-        return self.define(name, e, deps)
+    def index_line(self, name: str, e: sympy.Expr) -> str:
+        return f"const int64_t {name} = {CPrinter()(e)};"
 
     def index_bound(self, sym: sympy.Symbol) -> int | None:
         """Loop variables run over their sizes, xindex and rindex over the row and reduced counts

@@ -35,7 +35,7 @@ import torch
 import torch.fx as fx
 
 from ...graph import VAL, free_symbols, tensors
-from ..triton.launch import Param
+from ..ir.emitter import Param
 from .kernel import TILE_ROWS, CEmitted, block_rows, c_function, launch_source
 from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
 

@@ -22,7 +22,7 @@ from ..api import GroupCost, Kernel, KernelContext
 from ..probes import memoized
 from . import cache
 from .autotune import Tuner
-from .kernel import Emitter, Unsupported, node_refusal
+from .kernel import TritonEmitter, Unsupported, node_refusal
 from .launch import KERNEL_NAME, Emitted
 from .ops import SIG_DTYPE
 from .prelude import helper_names, interp_missing, module_text
@@ -52,7 +52,7 @@ def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None) -> tuple[
     runs): the emitter run on the group (raises where it refuses), memoized by the group's
     structure (``probes.py``)."""
     def run() -> tuple[GroupCost, str | None]:
-        em = Emitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
+        em = TritonEmitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
         cost = GroupCost(num_args=len(em.params), unique_io_buffers=em.unique_io_buffers)
         return cost, interp_missing(em.kernel_source) if interpreting() else None
 
@@ -104,7 +104,7 @@ def load_kernel(em: Emitted, mode: str | None = None):
 
 
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:
-    em = Emitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, autotune=ctx.config.autotune,
+    em = TritonEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, autotune=ctx.config.autotune,
                  layout=ctx.layout).emit()
     fn = load_kernel(em)
     GENERATED.append(em)

@@ -1,144 +1,51 @@
 """Emitting one Triton kernel (module source + launch function) for a group of ATen nodes.
 
-Shapes of the kernels:
+Shapes of the kernels (the loop nest is ``ir.emitter``'s):
 
-* pointwise: one flat index ``xindex`` over the output's elements (row-major over its shape),
-  decomposed into coordinates; each tensor is read or written at ``sum(coord * stride)`` with
-  its own strides (broadcast dims have none), so strided, sliced and offset views (their data
-  pointer carries the offset) are read and written in place.
-* reduction: rows ``xindex`` over the kept dims, ``rindex`` over the reduced dims; *persistent*
-  (a whole row in one ``[XBLOCK, RBLOCK]`` block) when the row is static and small, else
-  *looped* (``for roffset in range(0, rnumel, RBLOCK)`` with a block-shaped accumulator).
+* pointwise: blocks of ``XBLOCK`` flat indices ``xindex`` over the output's elements;
+* reduction: ``[XBLOCK, 1]`` rows times ``[1, RBLOCK]`` reduced elements; *persistent* (a whole
+  row in one ``[XBLOCK, RBLOCK]`` block) when the row is static and small, else *looped* (``for
+  roffset in range(0, rnumel, RBLOCK)`` with a block-shaped accumulator).
 
 Sizes and strides that are symbolic become kernel arguments (``ks0``...) read off the tensors
 at launch; static ones are baked in.  Indices are int64 when a tensor's span or the element
 count may exceed 2**31 - 1 (always for symbolic sizes).
 
-The emitter walks the group's members and writes the kernel body.  What it draws on lives beside
-it: op lowerings and the reduction table (``ops.py``), index printing (``printer.py``), the
-helpers every module starts with (``prelude.py``), launch configurations and the launch function
+What it draws on lives beside it: value and index printing (``printer.py``), the helpers every
+module starts with (``prelude.py``), launch configurations and the launch function
 (``launch.py``).
 """
 
 from __future__ import annotations
 
-import operator
 import re
-from dataclasses import dataclass
-from typing import Any
 
 import sympy
 import torch
 import torch.fx as fx
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwise_dtypes
-from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
-from ...iteration import numel as _numel, reduction_of, same_size as _same, schema_bind as _schema_bind, shape_of
-from ..indexing import floor_div, modular
+from ...graph import VAL
+from ...iteration import shape_of
 from ..ir import aten as ir_aten, values as ir
-from ..ir.aten import REDUCTIONS, Reduction
-from ..ir.values import LOW_PRECISION, Const, Unsupported, Value, Var, compute_dtype
+from ..ir.aten import Reduction
+from ..ir.emitter import INT32_MAX, RINDEX, XINDEX, Emitter, Param, Unsupported, node_refusal  # noqa: F401 (the backend's names)
+from ..ir.values import Const, Value, Var
 from ..pyexpr import PyExprPrinter
 from . import launch
-from .launch import Emitted, Param
+from .launch import Emitted
 from .ops import COMBINE_FN, SIG_DTYPE, TL_DTYPE
 from .printer import VALUES, TritonPrinter
 
-INT32_MAX = 2**31 - 1
 
+class TritonEmitter(Emitter):
+    """``ir.emitter.Emitter`` writing Triton: blocks of rows, masked loads and stores."""
 
-# --------------------------------------------------------------------------- emitter
+    values = VALUES
+    SIG_DTYPE = SIG_DTYPE
 
-
-def _is_int(e: sympy.Expr) -> bool:
-    return sympy.sympify(e).is_Integer
-
-
-def _trailing(shape: tuple, dims: list[int]) -> bool:
-    """The reduced dims are the last ones: row i holds the flat elements [i * rnumel, (i+1) * rnumel)."""
-    return list(dims) == list(range(len(shape) - len(dims), len(shape)))
-
-
-def _leading(shape: tuple, dims: list[int]) -> bool:
-    """The reduced dims come before every kept dim but those of size 1: row i (a position in the
-    kept dims) is the column of elements i, i + xnumel, i + 2 xnumel..."""
-    kept = [d for d in range(len(shape)) if d not in dims and shape[d] != 1]
-    return not kept or not dims or min(kept) > max(dims)
-
-
-def _contiguous(shape: list, stride: list) -> bool:
-    """Row-major dense strides (size-1 dims may have any stride)."""
-    inner = sympy.Integer(1)
-    for s, st in zip(reversed(shape), reversed(stride)):
-        if s != 1 and sympy.expand(st - inner) != 0:
-            return False
-        inner = inner * s
-    return True
-
-
-def node_refusal(node: fx.Node, dtypes, language: str, masked_outputs: bool = False) -> str | None:
-    """Why a kernel emitted by this emitter (in ``language``, for element types ``dtypes``) cannot
-    run ``node``, whatever the op: not an ATen operator, mutating, non-tensor outputs, a dtype
-    without a lowering, a non-strided tensor, tensors on several devices, an output whose size
-    depends on data or is statically empty.  None: it is up to the op's lowering.
-    ``masked_outputs``: outputs an op leaves uncomputed (None, by an output mask) are allowed, for
-    kernels that write only the others (``codegen/c/templates.py``)."""
-    if not isinstance(node.target, torch._ops.OpOverload):
-        return "not an ATen operator"
-    if is_mutating(node):
-        return "mutates its inputs"
-    val = node.meta.get(VAL)
-    outs = tensors(val)
-    computed = [v for v in val if not (masked_outputs and v is None)] if isinstance(val, (list, tuple)) else None
-    if not outs or (computed is not None and len(outs) != len(computed)):
-        return "returns non-tensor values"
-    every = outs + [t for a in node.all_input_nodes for t in tensors(a.meta.get(VAL))]
-    for t in every:
-        if t.dtype not in dtypes:
-            return f"dtype {t.dtype} has no {language} lowering"
-        if t.layout != torch.strided or t.is_sparse:
-            return "non-strided layout"
-    if len({t.device for t in every}) > 1:
-        return "tensors on several devices"
-    if any(s.name.startswith("u") for s in free_symbols(val)):
-        return "data-dependent output size"
-    if any(t.numel() == 0 for t in outs if not free_symbols(t)):
-        return "empty output"
-    return None
-
-
-aten = torch.ops.aten
-XINDEX, RINDEX = "xindex", "rindex"
-# Operands (by schema name) that select, read as bool and left out of type promotion.
-CONDITIONS = ("condition", "mask")
-X = sympy.Symbol(XINDEX, integer=True, nonnegative=True)
-R = sympy.Symbol(RINDEX, integer=True, nonnegative=True)
-
-# Views that keep the row-major order of their input's elements (same element count): a value the
-# kernel computes at flat position i is the view's value at flat position i.
-ORDER_KEEPING_VIEWS = {
-    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
-    aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
-    aten.flatten.using_ints, aten.expand.default,
-}
-
-
-@dataclass
-class Frame:
-    """A kernel's loop nest.  Pointwise: one flat index ``xindex`` over ``xnumel`` elements.
-    Reduction: rows ``xindex`` (``[XBLOCK, 1]``) over the kept dims of ``shape`` (the first
-    reduction's input) times ``rindex`` (``[1, RBLOCK]``) over its reduced dims; ``layouts`` maps
-    each reduction input shape to its reduced dims.  ``xnumel``/``rnumel`` are over kernel
-    parameters, ``xnumel_g``/``rnumel_g`` over the graph's symbols."""
-
-    reduction: bool
-    xnumel: sympy.Expr
-    rnumel: sympy.Expr
-    xnumel_g: sympy.Expr
-    rnumel_g: sympy.Expr
-    shape: tuple
-    layouts: dict
+    def __init__(self, *args, autotune: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.autotune = autotune  # the launch asks ``<name>_tuner`` for its configuration
 
     def indices(self, dom: str) -> tuple[str, ...]:
         return (XINDEX,) if dom == "x" else (XINDEX, RINDEX)
@@ -146,437 +53,38 @@ class Frame:
     def mask(self, dom: str) -> str:
         return "xmask" if dom == "x" else "rmask & xmask"
 
-    def block(self, dom: str) -> str:
-        if not self.reduction:
+    def block_shape(self, dom: str) -> str:
+        if not self.frame.reduction:
             return "[XBLOCK]"
         return "[XBLOCK, 1]" if dom == "x" else "[XBLOCK, RBLOCK]"
 
+    def index_line(self, name: str, e: sympy.Expr) -> str:
+        return f"{name} = {TritonPrinter()(e)}"
 
-@dataclass(frozen=True)
-class Placed:
-    """A tensor value as the plan lays it out when that differs from its trace: a region of a
-    larger buffer (zero-copy cat/pad), strided as that buffer.  Its data pointer is the region's
-    first element.  Offers what the emitter reads of a tensor value."""
-
-    dtype: torch.dtype
-    shape: tuple
-    strides: tuple
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def stride(self) -> tuple:
-        return self.strides
-
-    def storage_offset(self) -> int:
-        return 0
-
-
-class Emitter:
-    """Walks a group's members and writes a kernel body.  The loop nest, index math, operand
-    reads and dtype rules are here; values are the kernel IR's (``codegen/ir``: what each op
-    computes is written there once), printed by ``values`` (a ``ValuePrinter``); the element
-    types are ``SIG_DTYPE``'s; what the text looks like is the hooks' (``emit_load``,
-    ``emit_assign``, ``print_offset``, ``store``, ``fold``, ``loop``, ``launch``), which a kernel
-    language overrides."""
-
-    values = VALUES
-    SIG_DTYPE = SIG_DTYPE
-
-    def __init__(self, name: str, ref, buffer, nodes: list[fx.Node], outputs: list[fx.Node] | None = None,
-                 autotune: bool = False, layout=None):
-        self.name = name
-        self.autotune = autotune  # the launch asks ``<name>_tuner`` for its configuration
-        self.ref, self.buffer = ref, buffer
-        self.layout = layout  # KernelContext.layout (None: every value as traced)
-        self.nodes = [n for n in nodes if node_kind(n) == "compute"]
-        self.order = list(nodes)  # members in schedule order (what reaches the source follows it)
-        self.members = set(nodes)
-        self.outputs = outputs
-        self.params: list[Param] = []
-        self.args: list[str] = []  # launch-function parameters (wrapper variable names)
-        self.arg_index: dict[str, int] = {}
-        self.launch_lines: list[str] = []
-        self.sym_names: dict[sympy.Symbol, str] = {}  # graph symbol -> ks param symbol
-        self.expr_syms: dict[sympy.Expr, sympy.Symbol] = {}
-        self.reads: list[tuple[sympy.Expr, str]] = []  # (fake expr, launch-time read)
-        self.body: list[str] = []
-        self.tensor_params: dict[tuple[str, int | None], str] = {}
-        self.int64 = False
-        self.scalar_params: dict[fx.Node, str] = {}
-        self.storages: set[str] = set()
-        self.scopes: list[dict] = [{}]  # the kernel's top level, then the open loop's body
-        self.n_locals = 0
-        self.deps: dict[str, set[str]] = {}  # index local -> the indices it varies with
-        self.defs: dict[sympy.Symbol, sympy.Expr] = {}  # index local -> the expression it holds
-        self.flat_of: dict[tuple, tuple] = {}  # coordinates -> (shape, flat index) they decompose
-        self.launch_checks: list[str] = []
-        self.reductions: list[fx.Node] = []
-        self.out_set = set(self.outputs_of())
-
-    # ---------------------------------------------------------------- arguments
-
-    def launch_arg(self, var: str) -> str:
-        if var not in self.arg_index:
-            self.arg_index[var] = len(self.args)
-            self.args.append(var)
-        return var
-
-    def tensor(self, var: str, val: torch.Tensor, role: str) -> str:
-        key = (var, role)
-        if key not in self.tensor_params:
-            pname = f"{role}_ptr{sum(1 for k in self.tensor_params if k[1] == role)}"
-            if val.dtype not in self.SIG_DTYPE:
-                raise Unsupported(f"dtype {val.dtype}")
-            self.params.append(Param(pname, "*" + self.SIG_DTYPE[val.dtype], self.launch_arg(var)))
-            self.tensor_params[key] = pname
-            self.storages.add(var)
-            self.readable(var, val)
-        return self.tensor_params[key]
-
-    def placed(self, n: fx.Node, index: int | None, val: torch.Tensor):
-        """``val`` (output ``index`` of ``n``) as the kernel indexes it: at the planned layout."""
-        if self.layout is None:
-            return val
-        shape, stride = self.layout(n, index)
-        if all(sympy.expand(a - expr(b)) == 0 for a, b in zip(stride, val.stride())):
-            return val
-        return Placed(val.dtype, tuple(val.shape), tuple(stride))
-
-    def readable(self, var: str, val: torch.Tensor) -> None:
-        """Sizes/strides of ``val`` that are plain symbols can be read off ``var`` at launch."""
-        for d, (s, st) in enumerate(zip(val.shape, val.stride())):
-            self.reads.append((expr(s), f"{var}.size({d})"))
-            self.reads.append((expr(st), f"{var}.stride({d})"))
-
-    def size(self, e: Any) -> sympy.Expr:
-        """A fake size/stride as an expression over kernel parameter symbols."""
-        e = sympy.sympify(expr(e) if not isinstance(e, sympy.Basic) else e)
-        if e.is_Integer:
-            return e
-        for s in e.free_symbols:
-            if s not in self.sym_names:
-                read = next((r for x, r in self.reads if x == s), None)
-                if read is None:
-                    break
-                self.sym_names[s] = self.new_param(read, positive=True)
-        else:
-            return e.xreplace(self.sym_names)
-        if e not in self.expr_syms:
-            read = next((r for x, r in self.reads if x == e), None)
-            if read is None:
-                raise Unsupported(f"cannot read size {e} off the kernel's tensors")
-            self.expr_syms[e] = self.new_param(read, positive=False)
-        return self.expr_syms[e]
-
-    def new_param(self, read: str, positive: bool) -> sympy.Symbol:
-        name = f"ks{sum(1 for p in self.params if p.name.startswith('ks'))}"
-        self.params.append(Param(name, "i64", name))
-        self.launch_arg(read.split(".", 1)[0])
-        self.launch_lines.append(f"{name} = {read}")
-        self.int64 = True  # symbolic sizes: indices may exceed int32 for some sizes
-        return sympy.Symbol(name, integer=True, positive=True) if positive else sympy.Symbol(name, integer=True, nonnegative=True)
-
-    def scalar(self, n: fx.Node) -> Var:
-        if n not in self.scalar_params:
-            v = n.meta.get(VAL)
-            dt = torch.bool if isinstance(v, (bool, torch.SymBool)) else (
-                torch.float32 if isinstance(v, (float, torch.SymFloat)) else torch.int64)
-            pname = f"sc{len(self.scalar_params)}"
-            sig = {torch.bool: "i1", torch.float32: "fp32", torch.int64: "i64"}[dt]
-            self.params.append(Param(pname, sig, self.launch_arg(self.ref(n))))
-            self.scalar_params[n] = pname
-        return Var(self.scalar_params[n], {"i1": torch.bool, "fp32": torch.float32, "i64": torch.int64}[
-            next(p.sig for p in self.params if p.name == self.scalar_params[n])])
-
-    # ---------------------------------------------------------------- scopes and index math
-    #
-    # Values and coordinates are computed once per scope: the kernel's top level, or the body of
-    # one ``for roffset`` loop of a looped reduction (whatever a loop computes is gone after it).
-
-    def lookup(self, key):
-        for scope in reversed(self.scopes):
-            if key in scope:
-                return scope[key]
-        return None
-
-    def remember(self, key, v):
-        self.scopes[-1][key] = v
-        return v
-
-    def fresh(self, prefix: str) -> str:
-        self.n_locals += 1
-        return f"{prefix}{self.n_locals}"
-
-    def deps_of(self, e: sympy.Expr) -> set[str]:
-        """Which of ``xindex`` / ``rindex`` an index expression varies with."""
-        out: set[str] = set()
-        for s in sympy.sympify(e).free_symbols:
-            out |= {s.name} if s.name in (XINDEX, RINDEX) else self.deps.get(s.name, set())
-        return out
-
-    def local(self, e: sympy.Expr) -> sympy.Expr:
-        """``e`` as an integer local of the kernel (named after the indices it varies with)."""
-        if e.is_Integer or e.is_Symbol:
-            return e
-        deps = self.deps_of(e)
-        name = self.fresh("x" if deps == {XINDEX} else "r" if deps == {RINDEX} else "f")
-        self.body.append(f"{name} = {TritonPrinter()(e)}")
-        return self.define(name, e, deps)
-
-    def define(self, name: str, e: sympy.Expr, deps: set[str]) -> sympy.Symbol:
-        """The symbol of the index local ``name``, which holds ``e`` (emitted by ``local``)."""
-        self.deps[name] = deps
-        sym = sympy.Symbol(name, integer=True, nonnegative=True)
-        self.defs[sym] = e
-        return sym
-
-    def index_bound(self, sym: sympy.Symbol) -> int | None:
-        """An exclusive upper bound of the loop index ``sym`` that holds for every element the
-        kernel computes (None: unknown).  None here: a Triton block's masked lanes run past it."""
-        return None
-
-    def fold_index(self, index: sympy.Expr, div: sympy.Expr, mod: sympy.Expr | None) -> sympy.Expr | None:
-        """``index // div`` (``% mod``) with the divisions the loop indices' ranges make exact
-        folded away (``indexing.py``), or None."""
-        if not div.is_Integer or (mod is not None and not mod.is_Integer):
-            return None
-        e = index
-        for _ in range(4):  # through locals holding other locals
-            e = e.xreplace(self.defs)
-        if mod is None:
-            return floor_div(e, int(div), self.index_bound) if div != 1 else None
-        return modular(e, int(div), int(mod), self.index_bound)
-
-    def coords(self, shape: list[sympy.Expr], index: sympy.Expr) -> list[sympy.Expr]:
-        """Row-major coordinates of the flat ``index`` over ``shape`` (kernel-parameter sizes)."""
-        key = ("coords", tuple(shape), index)
-        found = self.lookup(key)
-        if found is not None:
-            return found
-        exprs: list[sympy.Expr] = []
-        inner = sympy.Integer(1)
-        for d in reversed(range(len(shape))):
-            s = shape[d]
-            if s == 1:
-                exprs.append(sympy.Integer(0))
-            elif d == 0 or all(x == 1 for x in shape[:d]):
-                folded = self.fold_index(index, inner, None)  # (a sympy 0 is falsy: compare with None)
-                exprs.append(folded if folded is not None else FloorDiv(index, inner) if inner != 1 else index)
-            else:
-                folded = self.fold_index(index, inner, s)
-                exprs.append(folded if folded is not None else ModularIndexing(index, inner, s))
-            inner = inner * s
-        out = [self.local(e) for e in reversed(exprs)]
-        self.flat_of[tuple(out)] = (tuple(shape), index)
-        return self.remember(key, out)
-
-    def coords_of(self, shape: tuple, dom: str) -> dict[int, sympy.Expr]:
-        """Coordinates of the element that a value of (graph) ``shape`` computes in domain ``dom``:
-        row values ("x") sit at the flat row index ``xindex``; full values ("xr") at the element
-        (xindex, rindex) of a reduction's input layout, or at the flat position of that element
-        in the frame's shape (values reshaped from it)."""
-        ks = [self.size(s) for s in shape]
-        layout = self.frame.layouts.get(shape)
-        if dom == "x":
-            return dict(enumerate(self.coords(ks, X)))
-        if layout is not None:
-            kept = [d for d in range(len(shape)) if d not in layout]
-            xc = self.coords([ks[d] for d in kept], X)
-            rc = self.coords([ks[d] for d in layout], R)
-            c = {**dict(zip(kept, xc)), **dict(zip(layout, rc))}
-            if _trailing(shape, layout):  # row-major: row xindex holds [xindex * rnumel, ...)
-                self.flat_of[tuple(c[d] for d in range(len(shape)))] = (tuple(ks), X * self.frame.rnumel + R)
-            elif _leading(shape, layout):  # columns: element (xindex, rindex) at rindex * xnumel + xindex
-                self.flat_of[tuple(c[d] for d in range(len(shape)))] = (tuple(ks), R * self.frame.xnumel + X)
-            return c
-        return dict(enumerate(self.coords(ks, self.flat_index())))
-
-    def flat_index(self) -> sympy.Expr:
-        """Row-major position, in the frame's shape, of the element (xindex, rindex) computes."""
-        found = self.lookup(("flat",))
-        if found is None:
-            shape = self.frame.shape
-            c = self.coords_of(shape, "xr")
-            e, inner = sympy.Integer(0), sympy.Integer(1)
-            for d in reversed(range(len(shape))):
-                e, inner = e + c[d] * inner, inner * self.size(shape[d])
-            found = self.remember(("flat",), self.local(e))
-        return found
-
-    def offset(self, val: torch.Tensor, coords: dict[int, sympy.Expr], out_rank: int, dom: str,
-               base: sympy.Expr = sympy.Integer(0)) -> sympy.Expr:
-        """Element offset of ``val`` (right-aligned to ``out_rank`` dims, broadcast dims have no
-        stride) at ``coords``, plus ``base``.  The offset varies with every index of ``dom`` (a
-        broadcast read still needs a pointer block of the full shape)."""
-        e = base
-        lead = out_rank - val.ndim
-        flat = self.flat_of.get(tuple(coords[d] for d in range(out_rank)) if len(coords) == out_rank else None)
-        shape = [self.size(s) for s in val.shape]
-        if lead == 0 and flat is not None and list(flat[0]) == shape and _contiguous(shape, [self.size(s) for s in val.stride()]):
-            e = e + flat[1]  # a contiguous tensor read at its own flat index
-        else:
-            for j in range(val.ndim):
-                if shape[j] == 1:
-                    continue
-                c = coords.get(lead + j)
-                if c is not None:
-                    e = e + c * self.size(val.stride()[j])
-        return e
+    def open_persistent(self) -> None:
+        self.body.append("rindex = tl.arange(0, RBLOCK)[None, :]")
+        self.body.append(f"rmask = rindex < {TritonPrinter()(self.frame.rnumel)}")
 
     def print_offset(self, e: sympy.Expr, dom: str) -> str:
         """An element offset as source: a block varying with every index of ``dom``."""
         out = TritonPrinter()(e)
         have = self.deps_of(e)
-        for ix in self.frame.indices(dom):
+        for ix in self.indices(dom):
             if ix not in have:
                 out += f" + 0 * {ix}"
         return out
 
-    def check_int64(self, vals: list[torch.Tensor]) -> None:
-        for v in vals:
-            span = 1 + sum((expr(s) - 1) * expr(st) for s, st in zip(v.shape, v.stride()))
-            numel = sympy.prod([expr(s) for s in v.shape]) if v.ndim else sympy.Integer(1)
-            for e in (sympy.sympify(span), sympy.sympify(numel)):
-                if not e.is_Integer or int(e) > INT32_MAX // 2:
-                    self.int64 = True
-
-    # ---------------------------------------------------------------- values
-
-    def internal(self, a: fx.Node) -> bool:
-        """``a``'s value is computed by this kernel (it is never read from memory)."""
-        if a in self.members:
-            k = node_kind(a)
-            return k == "compute" or (k == "view" and self.internal(aliased_input(a)))
-        return a.target is operator.getitem and isinstance(a.args[0], fx.Node) and a.args[0] in self.members
-
-    def root(self, a: fx.Node) -> fx.Node:
-        """The tensor outside the kernel that a member view of one reads (``a`` itself otherwise)."""
-        while a in self.members and node_kind(a) == "view":
-            a = aliased_input(a)
-        return a
-
-    def dom(self, n: fx.Node) -> str:
-        """"x": one value per row; "xr": one per element of the rows (reduction kernels only)."""
-        if not self.frame.reduction:
-            return "x"
-        if n.target is operator.getitem:
-            return self.dom(n.args[0])
-        if n in self.reductions:
-            return "x"
-        numel = _numel(shape_of(n.meta[VAL]))
-        if _same(numel, self.frame.xnumel_g):
-            return "x"
-        if _same(numel, self.frame.xnumel_g * self.frame.rnumel_g):
-            return "xr"
-        raise Unsupported(f"{n.name} has {numel} elements; the kernel runs "
-                          f"{self.frame.xnumel_g} rows x {self.frame.rnumel_g}")
-
-    def load(self, a: fx.Node, shape: tuple, dom: str) -> Value:
-        """Tensor ``a``, read from memory for a value of ``shape`` in ``dom`` (broadcast as eager)."""
-        key = ("load", a, shape, dom)
-        found = self.lookup(key)
-        if found is not None:
-            return found
-        val = a.meta[VAL]
-        root = self.root(a)
-        rval = root.meta[VAL]
-        if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
-            raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
-        rval = self.placed(root, None, rval)
-        ptr = self.tensor(self.ref(root), rval, "in")
-        base = sympy.Integer(0)
-        if root is not a:  # a view of it, with the view's own layout
-            if isinstance(rval, Placed):
-                raise Unsupported(f"{a.name}: a view of {root.name}, which the plan placed in a region of a larger buffer")
-            base = self.size(val.storage_offset()) - self.size(rval.storage_offset())
-        else:
-            val = rval
-        off = self.offset(val, self.coords_of(shape, dom), len(shape), dom, base)
-        name = self.fresh("tmp")
-        self.emit_load(name, ptr, off, dom, val.dtype)
-        return self.remember(key, ir.cast(Var(name, val.dtype), compute_dtype(val.dtype)))
-
     def emit_load(self, name: str, ptr: str, off: sympy.Expr, dom: str, dtype: torch.dtype) -> None:
-        self.body.append(f"{name} = tl.load({ptr} + ({self.print_offset(off, dom)}), mask={self.frame.mask(dom)}, other=0)")
+        self.body.append(f"{name} = tl.load({ptr} + ({self.print_offset(off, dom)}), mask={self.mask(dom)}, other=0)")
 
     def emit_assign(self, name: str, v: Value) -> Var:
         """Bind ``v`` to the kernel local ``name``."""
         self.body.append(f"{name} = {self.values(v)}")
         return Var(name, v.dtype)
 
-    def check_rows(self, a: fx.Node, shape: tuple) -> None:
-        """A row value ``a`` broadcast into a full value of ``shape`` must give each element its
-        own row's value: ``shape`` is a reduction's input and ``a`` has its kept dims, in place."""
-        fr = self.frame
-        layout = fr.layouts.get(shape)
-        if layout is None and _trailing(fr.shape, fr.layouts[fr.shape]):
-            # rows are runs of rnumel consecutive elements: the dims of ``shape`` after the first
-            # k, whose sizes multiply to rnumel, run within a row
-            k = next((k for k in range(len(shape) + 1) if _same(_numel(shape[k:]), fr.rnumel_g)), None)
-            layout = None if k is None else list(range(k, len(shape)))
-        ashape = shape_of(a.meta[VAL])
-        lead = len(shape) - len(ashape)
-        if layout is None or lead < 0 or not all(
-                _same(ashape[j - lead] if j >= lead else 1, 1 if j in layout else shape[j]) for j in range(len(shape))):
-            raise Unsupported(f"{a.name} {list(ashape)} is not one value per row of {list(shape)}")
-
-    def operand(self, a: Any, shape: tuple, dom: str) -> Value:
-        """Argument ``a`` of a member computing a value of ``shape`` in ``dom``."""
-        if not isinstance(a, fx.Node):
-            raise Unsupported(f"operand {a!r}")
-        if not isinstance(a.meta.get(VAL), torch.Tensor):
-            return self.scalar(a)
-        if not self.internal(a):
-            return self.load(a, shape, dom)
-        v = self.value(a)
-        have = self.dom(a)
-        if have == "x" and dom == "xr":
-            self.check_rows(a, shape)
-        elif have != dom:
-            raise Unsupported(f"{a.name}: a full value read per row")
-        return v
-
-    def value(self, n: fx.Node):
-        """The value of member ``n`` (a ``Value``; a list for a multi-output reduction)."""
-        found = self.lookup(("v", n))
-        if found is not None:
-            return found
-        if n.target is operator.getitem:
-            return self.value(n.args[0])[n.args[1]]
-        if n in self.reductions:
-            raise Unsupported(f"{n.name} is read before its reduction ran")
-        if node_kind(n) == "view":
-            base = aliased_input(n)
-            v = self.value(base)
-            numel, bnumel = _numel(shape_of(n.meta[VAL])), _numel(shape_of(base.meta[VAL]))
-            if n.target in ORDER_KEEPING_VIEWS and _same(numel, bnumel):
-                return self.remember(("v", n), v)
-            if n.target == aten.expand.default and self.dom(base) == "x" and self.dom(n) == "xr":
-                self.check_rows(base, shape_of(n.meta[VAL]))
-                return self.remember(("v", n), v)
-            raise Unsupported(f"{n.target} of a value computed in the kernel")
-        shape, dom = shape_of(n.meta[VAL]), self.dom(n)
-        v = ir_aten.lower(n, lambda a: self.operand(a, shape, dom), self.scalar)
-        dt = n.meta[VAL].dtype
-        # the value has the node's dtype from here on (rounded like eager between ops): a
-        # conversion (float -> int truncates, int64 -> int32 wraps, -> bool tests != 0, fp64 ->
-        # fp32 rounds) takes effect for the members reading it, not only at a store
-        v = ir.cast(v, dt)
-        if dt in LOW_PRECISION:
-            v = ir.cast(v, compute_dtype(dt))
-        if not isinstance(v, Const):
-            v = self.emit_assign(self.value_name(n), v)
-        return self.remember(("v", n), v)
-
-    def value_name(self, n: fx.Node) -> str:
-        """The kernel local holding member ``n``'s value."""
-        return f"v_{n.name}"
-
     def block(self, v: Value, dom: str) -> str:
         """``v`` as a block of the domain's shape (constants become ``tl.full``)."""
-        shape = self.frame.block(dom)
+        shape = self.block_shape(dom)
         if isinstance(v, Const):
             return f"tl.full({shape}, {self.values.literal(v)}, {TL_DTYPE[v.dtype]})"
         return f"tl.broadcast_to({self.values(v)}, {shape})"
@@ -586,103 +94,13 @@ class Emitter:
         shape = shape_of(val)
         val = self.placed(n, index, val)  # a region of a cat/pad's buffer: its container's strides
         off = self.print_offset(self.offset(val, self.coords_of(shape, dom), len(shape), dom), dom)
-        self.body.append(f"tl.store({ptr} + ({off}), {self.block(ir.cast(v, val.dtype), dom)}, mask={self.frame.mask(dom)})")
+        self.body.append(f"tl.store({ptr} + ({off}), {self.block(ir.cast(v, val.dtype), dom)}, mask={self.mask(dom)})")
 
     # ---------------------------------------------------------------- kernels
-
-    def outputs_of(self) -> list[fx.Node]:
-        if self.outputs:
-            return [n for n in self.outputs if n in set(self.nodes)]
-        return list(self.nodes)
-
-    def emit(self) -> Emitted:
-        """The group's kernel: one program per ``XBLOCK`` rows.  Members are lowered in schedule
-        order; in a looped reduction the full values are recomputed inside each loop that needs
-        them (each reduction's loop, then one loop storing the full outputs)."""
-        self.reductions = [n for n in self.nodes if reduction_of(n) is not None]
-        for n in self.nodes:
-            if n not in self.reductions and not isinstance(n.meta.get(VAL), torch.Tensor):
-                raise Unsupported("multi-output pointwise node")
-        outs = self.outputs_of()
-        outs_placed = []
-        for n in outs:
-            val = n.meta[VAL]
-            multi = isinstance(val, (tuple, list))
-            for i, t in enumerate(val if multi else [val]):
-                t = self.placed(n, i if multi else None, t)
-                self.tensor(self.buffer(n, i if multi else None), t, "out")
-                outs_placed.append(t)
-        ins = []
-        for n in self.order:
-            for a in n.all_input_nodes:
-                if a not in self.members and not self.internal(a) and isinstance(a.meta.get(VAL), torch.Tensor):
-                    ins.append(self.placed(a, None, a.meta[VAL]))
-                    self.readable(self.ref(a), ins[-1])
-        self.frame = self.frame_of()
-        fr = self.frame
-        self.check_int64([t for n in self.members for t in tensors(n.meta.get(VAL))] + outs_placed + ins)
-        persistent = self.persistent()
-        if fr.reduction:  # the rows' coordinates, once at the top level
-            ks = [self.size(s) for s in fr.shape]
-            self.coords([ks[d] for d in range(len(ks)) if d not in fr.layouts[fr.shape]], X)
-        if fr.reduction and persistent:
-            self.body.append("rindex = tl.arange(0, RBLOCK)[None, :]")
-            self.body.append(f"rmask = rindex < {TritonPrinter()(fr.rnumel)}")
-        for n in self.nodes:
-            if n in self.reductions:
-                self.reduce(n, persistent)
-            elif persistent or self.dom(n) == "x":
-                self.value(n)
-        full = self.full_outputs()
-        for n in outs:
-            if n not in self.reductions and n not in full:
-                self.store(n, None, n.meta[VAL], self.value(n), "x")
-        if full:
-            self.store_full(full, persistent)
-        return self.launch()
-
-    def full_outputs(self) -> list[fx.Node]:
-        """The outputs with one value per element of the rows ("xr"), not per row."""
-        return [n for n in self.outputs_of() if n not in self.reductions and self.dom(n) == "xr"]
-
-    def store_full(self, full: list[fx.Node], persistent: bool) -> None:
-        """Store the full outputs (after the folds, recomputing their values in a loop of their own)."""
-        def store():
-            for n in full:
-                self.store(n, None, n.meta[VAL], self.value(n), "xr")
-        store() if persistent else self.loop(store)
 
     def persistent(self) -> bool:
         """A reduction whose rows fit one block (no loop over them)."""
         return launch.is_persistent(self.frame.reduction, self.frame.rnumel)
-
-    def frame_of(self) -> "Frame":
-        if not self.reductions:
-            shapes = [shape_of(n.meta[VAL]) for n in self.order if isinstance(n.meta.get(VAL), torch.Tensor)]
-            numel = _numel(shapes[0])
-            if any(not _same(_numel(s), numel) for s in shapes):
-                raise Unsupported("pointwise group with different element counts")
-            return Frame(False, self.size_expr(numel), sympy.Integer(1), numel, sympy.Integer(1), shapes[0], {})
-        def layout(n):  # input shape, reduced dims (size-1 dims count as kept: one coordinate, 0)
-            r = reduction_of(n)
-            s = shape_of(r.inp.meta[VAL])
-            return s, [d for d in r.dims if s[d] != 1]
-
-        shape, dims = layout(self.reductions[0])
-        layouts = {shape: dims}
-        xg = _numel([s for d, s in enumerate(shape) if d not in dims])
-        rg = _numel([s for d, s in enumerate(shape) if d in dims])
-        for n in self.reductions[1:]:
-            s, ds = layout(n)
-            same_rows = _same(_numel([x for d, x in enumerate(s) if d in ds]), rg) and _same(_numel(s), xg * rg)
-            if layouts.get(s, ds) != ds or not (s in layouts or (same_rows and _trailing(s, ds) and _trailing(shape, dims))):
-                raise Unsupported(f"reductions over different rows: {list(shape)} dims {dims} and {list(s)} dims {ds}")
-            layouts[s] = ds
-        return Frame(True, self.size_expr(xg), self.size_expr(rg), xg, rg, shape, layouts)
-
-    def size_expr(self, e) -> sympy.Expr:
-        e = sympy.sympify(e)
-        return e if e.is_Integer else sympy.sympify(e).xreplace({s: self.size(s) for s in e.free_symbols})
 
     def loop(self, body) -> None:
         """Emit ``body()`` inside ``for roffset in range(0, rnumel, RBLOCK)``, in its own scope."""
@@ -695,35 +113,6 @@ class Emitter:
         body()
         self.scopes.pop()
         self.body[start:] = ["    " + l for l in self.body[start:]]
-
-    def reduce(self, n: fx.Node, persistent: bool) -> None:
-        """Emit reduction ``n`` (at the kernel's top level): its row results, stored if it is an
-        output, and remembered for the members after it.  How it folds a row is the kind's
-        ``ir.aten.REDUCTIONS`` entry."""
-        r = reduction_of(n)
-        low = REDUCTIONS[r.kind]
-        val = n.meta[VAL]
-        multi = isinstance(val, (tuple, list))
-        out_vals = list(val) if multi else [val]
-        acc_dt = self.accumulator(low, r.inp.meta[VAL].dtype, out_vals[0].dtype)
-        accs = self.fold(r, low, acc_dt, persistent)
-        results = [ir_aten.result(k, accs, self.frame.rnumel, r.correction) for k in low.results]
-        if len(results) != len(out_vals):
-            raise Unsupported(f"{r.kind}: {len(out_vals)} outputs")
-        rounded = []
-        for i, (ov, res) in enumerate(zip(out_vals, results)):
-            res = ir.cast(res, ov.dtype)
-            if not isinstance(res, Var):
-                res = self.emit_assign(self.fresh("red"), res)
-            if n in self.out_set:
-                self.store(n, i if multi else None, ov, res, "x")
-            rounded.append(ir.cast(res, compute_dtype(ov.dtype)))
-        self.remember(("v", n), rounded if multi else rounded[0])
-        self.check_rows_not_empty(r.kind)
-
-    def accumulator(self, low: Reduction, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
-        """The dtype a fold of ``low`` accumulates in (``ir.aten.accumulator_dtype``)."""
-        return ir_aten.accumulator_dtype(low, in_dt, out_dt)
 
     def fold(self, r, low: Reduction, acc_dt: torch.dtype, persistent: bool) -> dict[str, Var]:
         """Emit the fold of each row (one block, or a loop over blocks): the accumulators it
@@ -788,22 +177,6 @@ class Emitter:
             self.loop(lambda: body.append(f"{m2} = {m2} + {deviation2(block())}"))
             body.append(f"{m2} = tl.reduce({m2}, 1, {combine})[:, None]")
         return {"mean": Var(mean, acc_dt), "m2": Var(m2, acc_dt)}
-
-    def check_rows_not_empty(self, kind: str) -> None:
-        """Rows of a static length 0 are refused; rows of a symbolic length may be empty at run
-        time: sum/prod/mean/var/any/all then give the fold's identity (as eager), min/max and
-        arg folds raise like eager, from the launch function."""
-        rnumel = self.frame.rnumel
-        if _is_int(rnumel) and int(rnumel) > 0:
-            return
-        if _is_int(rnumel):
-            raise Unsupported("empty reduction")
-        if REDUCTIONS[kind].identity in ("lowest", "highest"):
-            rp = PyExprPrinter({s: s.name for s in self.all_symbols()})(rnumel)
-            self.launch_checks += [f"if {rp} <= 0:", f"    raise IndexError('{kind}(): cannot reduce over an empty dimension')"]
-
-    def all_symbols(self):
-        return list(self.sym_names.values()) + list(self.expr_syms.values())
 
     def launch(self) -> Emitted:
         """The kernel module and its launch function (``launch.assemble``)."""

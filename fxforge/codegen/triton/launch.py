@@ -11,18 +11,13 @@ from dataclasses import dataclass
 
 import sympy
 
+from ..ir.emitter import Param
+
 KERNEL_NAME = "kernel"
 # Rows of at most this many elements (static) reduce in one block; longer or symbolic rows loop.
 PERSISTENT_RBLOCK_MAX = 1024
 LOOP_RBLOCK = 1024
 POINTWISE_XBLOCK = 1024
-
-
-@dataclass
-class Param:
-    name: str  # kernel parameter
-    sig: str  # Triton signature type ("*fp32", "i64", "i1", ...)
-    launch: str  # launch-function expression passing it
 
 
 @dataclass
