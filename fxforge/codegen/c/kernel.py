@@ -64,7 +64,6 @@ COLUMNS_BY_ROWS_MAX_BYTES = 64 << 10
 TILE_ROWS = 8
 TILE_MAX_BYTES = 64 << 10
 
-_DEFINED = re.compile(r"\s*const \w+ (\w+) =")  # a local the body defines
 
 # Kernel parameter types: tensors are ``*`` + their element type (``ops.SIG_DTYPE``); sizes and
 # scalars keep the emitter's names.
@@ -176,8 +175,10 @@ class CEmitter(Emitter):
         self.rvars: list[tuple[str, sympy.Expr]] = []
         self.columns = False  # the rows are columns (the last dim kept): see fold_columns
         self.hoisted: list[str] | None = None  # inside a fold's loop: the lines before it (``load``)
+        self.loop_defined: set[str] = set()  # inside a fold's loop: the index locals it defines
+        self.last_offset: sympy.Expr = sympy.Integer(0)  # the offset of the last load emitted
         self.column_accs: dict[tuple, dict[str, str]] = {}
-        self.row_cache: dict[fx.Node, V | None] = {}  # reduction input -> its row array (None: not yet made)
+        self.row_cache: dict[fx.Node, Var | None] = {}  # reduction input -> its row array (None: not yet made)
         self.fold_span: tuple[int, int] | None = None  # a column kernel's fold loop: its lines in body
         self.column_acc_decls: dict[str, tuple[torch.dtype, str]] = {}  # accumulator -> dtype, declaration
         self.tile_axes: tuple[str, int, str, int] | None = None  # the rows' loop and size, the elements' (TILE_ROWS)
@@ -309,6 +310,7 @@ class CEmitter(Emitter):
         if simd and self.rvars:
             head.insert(len(self.rvars) - 1, f"#pragma omp simd {simd}")
         self.hoisted, self.body = self.body, [head[-1].strip()]  # loads of row values go before the loop
+        self.loop_defined = set()
         self.scopes.append({})
         body()
         self.scopes.pop()
@@ -316,7 +318,7 @@ class CEmitter(Emitter):
         self.body += head[:-1] + ["    " + l for l in inner] + ["}"]
         return len(head) + len(inner)  # the lines of the loop, at the end of body
 
-    def operand(self, a, shape: tuple, dom: str) -> V:
+    def operand(self, a, shape: tuple, dom: str) -> Value:
         if isinstance(a, fx.Node) and a in self.row_cache and dom == "xr" and shape == shape_of(a.meta[VAL]):
             return self.row_cached(a, lambda: super(CEmitter, self).operand(a, shape, dom))
         return super().operand(a, shape, dom)
@@ -326,7 +328,7 @@ class CEmitter(Emitter):
             return self.row_cached(n, lambda: super(CEmitter, self).value(n))
         return super().value(n)
 
-    def row_cached(self, a: fx.Node, compute) -> V:
+    def row_cached(self, a: fx.Node, compute) -> Value:
         """A reduction input of a multi-pass row (``ROW_CACHE_MAX_NUMEL``), inside a pass's
         loop: the first pass computes it (``compute``) and stores it in the row's array,
         declared before that pass's loop; the later passes read the array."""
@@ -347,7 +349,7 @@ class CEmitter(Emitter):
             v = self.emit_assign(self.fresh("c"), Var(f"{row.name}[{RINDEX}]", row.dtype))
         return self.remember(("row", a), v)
 
-    def load(self, a: fx.Node, shape: tuple, dom: str) -> V:
+    def load(self, a: fx.Node, shape: tuple, dom: str) -> Value:
         """A read inside a fold's loop whose offset does not vary with the reduced index (a row's
         mean, a column's bias) is made once per row, before the loop: left inside, next to the
         loop's stores, the compiler could not tell it from them and would not vectorize the loop."""
@@ -356,10 +358,10 @@ class CEmitter(Emitter):
         before = len(self.body)
         v = super().load(a, shape, dom)
         new = self.body[before:]
-        if len(new) == 1:
-            defined = {m.group(1) for l in self.body for m in [_DEFINED.match(l)] if m}
-            names = set(re.findall(r"\b[A-Za-z_]\w*\b", new[0].split("=", 1)[1]))
-            if not any(RINDEX in self.deps.get(x, ()) or x == RINDEX or x in defined for x in names):
+        if len(new) == 1:  # the load alone (no index local made for it): hoisted if its offset
+            # neither varies with the reduced index nor reads a local the loop defines
+            off = self.last_offset
+            if RINDEX not in self.deps_of(off) and not {s.name for s in off.free_symbols} & self.loop_defined:
                 self.hoisted.append(self.body.pop())
                 self.scopes[-2][("load", a, shape, dom)] = v
         return v
@@ -374,6 +376,8 @@ class CEmitter(Emitter):
         return self.value_names[-1][0]
 
     def index_line(self, name: str, e: sympy.Expr) -> str:
+        if self.hoisted is not None:
+            self.loop_defined.add(name)
         return f"const int64_t {name} = {CPrinter()(e)};"
 
     def index_bound(self, sym: sympy.Symbol) -> int | None:
@@ -390,6 +394,7 @@ class CEmitter(Emitter):
         return CPrinter()(e)
 
     def emit_load(self, name: str, ptr: str, off: sympy.Expr, dom: str, dtype: torch.dtype) -> None:
+        self.last_offset = off
         at = self.tiled(ptr, off, dtype, stored=False) or f"{ptr}[{self.print_offset(off, dom)}]"
         self.body.append(f"const {CTYPE[dtype]} {name} = {at};")
 
@@ -397,7 +402,7 @@ class CEmitter(Emitter):
         self.body.append(f"const {CTYPE[v.dtype]} {name} = {self.values(v)};")
         return Var(name, v.dtype)
 
-    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: V, dom: str) -> None:
+    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
         ptr = self.tensor_params[(self.buffer(n, index), "out")]
         shape = shape_of(val)
         val = self.placed(n, index, val)

@@ -89,12 +89,15 @@ FX_INLINE float fx_tanhf(float x) {
     return x != x ? x : y;
 }
 
-/* exp(x) for x <= 0, clamped at -87.3 (results below 2^-126 come out as about 1e-38): fx_erff's
+/* -ln(FLT_MIN): exp of anything below -FX_EXPF_MIN_ARG is below float32's normal range */
+#define FX_EXPF_MIN_ARG 87.33654f
+
+/* exp(x) for x <= 0, clamped at -FX_EXPF_MIN_ARG (results below 2^-126 come out as about 1e-38): fx_erff's
    exp(-x*x) and the row templates' exp(x - max), where a result that small no longer changes
    the value; one scaling, no overflow or subnormal care; NaN passes the clamp and the product */
 FX_INLINE float fx_expf_neg(float x) {
     uint32_t t;
-    const float p = fx_exp_split(x < -87.3f ? -87.3f : x, &t);
+    const float p = fx_exp_split(x < -FX_EXPF_MIN_ARG ? -FX_EXPF_MIN_ARG : x, &t);
     return p * fx_pow2_bits(t, 127u);
 }
 
@@ -115,7 +118,7 @@ FX_INLINE float fx_erff(float x) {
    0 below float32's normal range, so inf * phi(inf) is NaN, as eager's */
 FX_INLINE float fx_gelu_gradf(float x) {
     const float a = fabsf(x * 0.7071067811865476f);
-    const float e = a * a > 87.3f ? 0.0f : fx_expf_neg(-a * a);
+    const float e = a * a > FX_EXPF_MIN_ARG ? 0.0f : fx_expf_neg(-a * a);
     return 0.5f * (1.0f + copysignf(fmaf(-fx_erf_p(a), e, 1.0f), x)) + x * (e * 0.3989422804014327f);
 }
 

@@ -361,7 +361,7 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     def body(ct: str, n: int, at) -> list[str]:
         e = _exp(ct, "d", nonpositive=True)
         if ct == "float":
-            e = f"d < -87.33654f ? 0.0f : {e}"
+            e = f"d < -FX_EXPF_MIN_ARG ? 0.0f : {e}"
         return [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
                 f"for (int64_t j = 0; j < {n}; j++) m = m > {at('x')} ? m : {at('x')};",
                 "double s = 0;", "#pragma omp simd reduction(+:s)",
