@@ -366,3 +366,19 @@ def test_inf_limits_compile_and_packet_fallback_ops_apply():
     fallbacks = b.compiled[0].stats["fallbacks"]
     assert fallbacks and all("fallback_ops" in r for r in fallbacks.values())
     assert len(fallbacks) == 2  # add.Tensor and add.Scalar (mul, relu, sum run on the backend)
+
+
+def test_a_backend_bounds_its_kernels_arguments():
+    """The C backend's kernels take at most ``C_MAX_KERNEL_ARGS`` launch arguments: a Config naming
+    it with a higher limit is refused with the fix; with "auto" the lower limit applies."""
+    from fxforge.codegen.api import kernel_args_limit
+    from fxforge.codegen.registry import C_MAX_KERNEL_ARGS
+
+    for limit in (math.inf, C_MAX_KERNEL_ARGS + 1):
+        with pytest.raises(ValueError, match=f"max_kernel_args <= {C_MAX_KERNEL_ARGS}"):
+            Config(codegen="c", max_kernel_args=limit)
+    assert Config(codegen="c", max_kernel_args=C_MAX_KERNEL_ARGS).max_kernel_args == C_MAX_KERNEL_ARGS
+    c = DEFAULT_REGISTRY.get("c")
+    assert kernel_args_limit(c, Config(max_kernel_args=math.inf)) == C_MAX_KERNEL_ARGS
+    assert kernel_args_limit(c, Config(max_kernel_args=12)) == 12
+    assert kernel_args_limit(DEFAULT_REGISTRY.get("torch"), Config(max_kernel_args=math.inf)) == math.inf

@@ -133,6 +133,10 @@ class CodegenBackend:
     # backend's ``compile`` left in ``KernelContext.units[name]``; returns wrapper globals the
     # kernels' sources use (e.g. compiled functions: built together per wrapper, not per group).
     link: Callable[[Any], dict[str, Any]] | None = None
+    # The most launch arguments one of its kernels can take (None: no bound of its own): the
+    # limit fusion and ``accepts`` use is the lower of this and ``Config.max_kernel_args``
+    # (``kernel_args_limit``); a Config naming the backend with a higher limit is refused.
+    max_kernel_args: int | None = None
 
     def __post_init__(self) -> None:
         if self.decompose not in DECOMPOSE_LEVELS:
@@ -141,6 +145,12 @@ class CodegenBackend:
             )
         if isinstance(self.devices, str) or not all(isinstance(d, str) for d in self.devices):
             raise ValueError(f"CodegenBackend {self.name!r}: devices={self.devices!r}; expected a tuple of device types")
+
+
+def kernel_args_limit(backend: CodegenBackend | None, config: Config) -> float:
+    """The most launch arguments a kernel of ``backend`` may take under ``config``."""
+    bound = backend.max_kernel_args if backend is not None and backend.max_kernel_args is not None else float("inf")
+    return min(config.max_kernel_args, bound)
 
 
 def deferred(module: str, attr: str) -> Callable[..., Any]:

@@ -89,6 +89,8 @@ _TRITON = "fxforge.codegen.triton.backend"
 
 
 _C = "fxforge.codegen.c.backend"
+# The launcher passes a kernel's arguments in arrays on the C stack: a bound keeps them small.
+C_MAX_KERNEL_ARGS = 1024
 
 
 def _default_registry() -> Registry:
@@ -126,6 +128,7 @@ def _default_registry() -> Registry:
         reads_planned=True,
         extern="torch",
         link=deferred("fxforge.codegen.c.launcher", "link"),
+        max_kernel_args=C_MAX_KERNEL_ARGS,
         description="fused C kernels for CPU (pointwise chains, row reductions), built with the system C compiler",
     ))
     return reg

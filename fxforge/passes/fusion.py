@@ -20,7 +20,8 @@ Every candidate merge is checked, in this order, and refused with a reason code 
 ``backend``                the backend cannot emit the group as one kernel (its reason is kept)
 ``max_unique_io_buffers``  more distinct buffers read or written than
                            ``Config.max_fusion_unique_io_buffers`` (the backend's own count)
-``max_kernel_args``        more launch arguments than ``Config.max_kernel_args`` (the backend's
+``max_kernel_args``        more launch arguments than ``Config.max_kernel_args`` or the backend's
+                           own bound (``CodegenBackend.max_kernel_args``; the backend's
                            count for the kernel it would emit: pointers, sizes, strides, scalars)
 ``peak_memory``            the estimated peak of live bytes would exceed the unfused graph's by
                            more than ``Config.max_fusion_peak_growth``
@@ -44,7 +45,7 @@ import numpy as np
 import sympy
 import torch.fx as fx
 
-from ..codegen.api import CodegenBackend
+from ..codegen.api import CodegenBackend, kernel_args_limit
 from ..config import Config
 from ..graph import BACKEND, GROUP, aliased_input, node_kind, output_nodes, storage_root
 from ..iteration import Iteration, iteration_of, joined_iteration, kind_of
@@ -105,6 +106,7 @@ class FusionRun:
 
     def __init__(self, gm: fx.GraphModule, backend: CodegenBackend, config: Config):
         self.gm, self.backend, self.config = gm, backend, config
+        self.args_limit = kernel_args_limit(backend, config)
         self.result: PassResult | None = None
         self._fusible: dict[fx.Node, bool] = {}  # memo of fusible()
         nodes = program_order(gm)
@@ -212,8 +214,8 @@ class FusionRun:
         if cost.unique_io_buffers > cfg.max_fusion_unique_io_buffers:
             self.refuse("max_unique_io_buffers", a, b, f"{cost.unique_io_buffers} > {cfg.max_fusion_unique_io_buffers}")
             return False
-        if cost.num_args > cfg.max_kernel_args:
-            self.refuse("max_kernel_args", a, b, f"{cost.num_args} > {cfg.max_kernel_args}")
+        if cost.num_args > self.args_limit:
+            self.refuse("max_kernel_args", a, b, f"{cost.num_args} > {self.args_limit}")
             return False
         grown = self.memory.try_merge(a, b, members | {v for v, copy in views if not copy})
         if grown is not None:
@@ -500,6 +502,6 @@ def verify_groups(gm: fx.GraphModule, config: Config, backend: CodegenBackend | 
             continue
         if cost.unique_io_buffers > config.max_fusion_unique_io_buffers:
             problems.append(f"group {gid}: {cost.unique_io_buffers} io buffers > {config.max_fusion_unique_io_buffers}")
-        if cost.num_args > config.max_kernel_args:
-            problems.append(f"group {gid}: {cost.num_args} kernel args > {config.max_kernel_args}")
+        if cost.num_args > kernel_args_limit(backend, config):
+            problems.append(f"group {gid}: {cost.num_args} kernel args > {kernel_args_limit(backend, config)}")
     return problems

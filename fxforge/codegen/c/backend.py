@@ -24,6 +24,7 @@ from ...graph import VAL, free_symbols, node_kind, op_display, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..probes import memoized
+from ..registry import C_MAX_KERNEL_ARGS
 from ..ir.emitter import Unsupported, node_refusal
 from .build import CUnit, compiler
 from .launcher import refusal
@@ -71,8 +72,9 @@ def accepts(node: fx.Node, config: Config) -> str | None:
         cost = _probe([node])
     except (Unsupported, NotImplementedError) as e:
         return f"c: {e}"
-    if cost.num_args > config.max_kernel_args:
-        return f"c: {cost.num_args} kernel arguments > Config.max_kernel_args={config.max_kernel_args}"
+    limit = min(config.max_kernel_args, C_MAX_KERNEL_ARGS)
+    if cost.num_args > limit:
+        return f"c: {cost.num_args} kernel arguments > {limit} (Config.max_kernel_args, the C launcher's bound)"
     return None
 
 
