@@ -93,6 +93,8 @@ def has_val(node: fx.Node) -> bool:
 
 def expr(x: Any) -> sympy.Expr:
     """A size, stride or scalar as a sympy expression (SymInts give their symbolic expression)."""
+    if type(x) is int:  # the common case first: static sizes (asked for by every kernel probe)
+        return sympy.Integer(x)
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         env = getattr(x.node, "shape_env", None)
         # replacements: symbols the ShapeEnv proved equal to others (s77 == s33) are rewritten

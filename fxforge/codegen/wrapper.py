@@ -460,8 +460,21 @@ class _Builder:
             self.demoted.append((g.id, reason))
             return None
         k.backend = g.backend
+        if self.config.debug:
+            self.check_cost(backend, g, k)
         self.globals.update(k.globals)
         return k
+
+    def check_cost(self, backend, g: Group, k: Kernel) -> None:
+        """What fusion was told a fused group's kernel takes is what the emitted kernel takes
+        (debug mode): the check and the emitter cannot disagree."""
+        if backend.fusion_cost is None or not backend.fuses or sum(node_kind(n) == "compute" for n in g.nodes) < 2:
+            return
+        cost = backend.fusion_cost(g.nodes, g.outputs, self.config)
+        if isinstance(cost, str) or cost.num_args != k.num_args or cost.unique_io_buffers != k.unique_io_buffers:
+            raise AssertionError(f"group {g.id} ({', '.join(n.name for n in g.nodes)}): {g.backend}'s fusion cost "
+                                 f"{cost} disagrees with its kernel {k.name} ({k.num_args} launch arguments, "
+                                 f"{k.unique_io_buffers} io buffers)")
 
     def build(self) -> Wrapper:
         plan = self.plan

@@ -1,0 +1,149 @@
+"""A third kernel language on fxforge's kernel IR, as a plugin would write it: NumPy source.
+
+The group walk (``ir.emitter.Emitter``), the op semantics (``ir.aten``) and the values are
+fxforge's; this module only prints them: every index is a NumPy array (``xindex`` the rows as a
+column, ``rindex`` a row's elements as a row: broadcasting makes the ``[rows, elements]`` block),
+each tensor a flat view of its memory, every reduction folded in one ``np.sum``/``np.max`` call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fxforge.codegen.api import CodegenBackend, GroupCost, Kernel
+from fxforge.codegen.ir import aten as ir_aten, values as ir
+from fxforge.codegen.ir.emitter import Emitter, Unsupported, node_refusal
+from fxforge.codegen.ir.printer import IndexPrinter, ValuePrinter
+from fxforge.graph import node_kind
+
+NP = {torch.float32: "np.float32", torch.float64: "np.float64", torch.int64: "np.int64", torch.int32: "np.int32",
+      torch.int16: "np.int16", torch.int8: "np.int8", torch.uint8: "np.uint8", torch.bool: "np.bool_"}
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "and": "&", "or": "|",
+           "xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_CALLS = {"where": "np.where", "max_nan": "np.maximum", "min_nan": "np.minimum", "neg": "np.negative",
+          "abs": "np.abs", "invert": "np.invert", "not": "np.logical_not", "pow": "np.power", "atan2": "np.arctan2",
+          "fmod": "np.fmod", "nearbyint": "np.rint", "asin": "np.arcsin", "acos": "np.arccos", "atan": "np.arctan",
+          "asinh": "np.arcsinh", "acosh": "np.arccosh", "atanh": "np.arctanh"}
+_FOLD = {"add": "np.sum", "mul": "np.prod", "max_nan": "np.max", "min_nan": "np.min"}
+
+
+class NumpyIndex(IndexPrinter):
+    MAX, MIN = "np.maximum", "np.minimum"
+
+    def div(self, a, b) -> str:  # NumPy's // and % are Python's (floor)
+        return self._print(a) if b == 1 else f"({self._operand(a)} // {self._operand(b)})"
+
+    def mod(self, a, b) -> str:
+        return "0" if b == 1 else f"({self._operand(a)} % {self._operand(b)})"
+
+
+class NumpyValues(ValuePrinter):
+    language = "NumPy"
+
+    def __init__(self):
+        super().__init__(NumpyIndex())
+
+    def const(self, c: ir.Const) -> str:
+        value = f"float('{c.value!r}')" if isinstance(c.value, float) else repr(c.value)  # inf, nan
+        return f"{NP[c.dtype]}({value})"
+
+    def op(self, x: ir.Op, a: list[str]) -> str | None:
+        if x.op in _BINARY:
+            return f"({a[0]} {_BINARY[x.op]} {a[1]})"
+        if x.op == "cast":
+            return f"np.asarray({a[0]}).astype({NP[x.dtype]})"
+        fn = _CALLS.get(x.op) or (f"np.{x.op}" if x.op in ir.FLOAT_UNARY and hasattr(np, x.op) else None)
+        return f"{fn}({', '.join(a)})" if fn else None  # erf, lgamma...: NumPy has none
+
+
+class NumpyEmitter(Emitter):
+    values = NumpyValues()
+    SIG_DTYPE = NP
+
+    def index_line(self, name, e):
+        return f"{name} = {self.values.index(e)}"
+
+    def emit_load(self, name, ptr, off, dom, dtype):
+        self.body.append(f"{name} = {ptr}[{self.print_offset(off, dom)}]")
+
+    def emit_assign(self, name, v):
+        self.body.append(f"{name} = {self.values(v)}")
+        return ir.Var(name, v.dtype)
+
+    def print_offset(self, e, dom):
+        return self.values.index(e)
+
+    def store(self, n, index, val, v, dom):
+        ptr = self.tensor_params[(self.buffer(n, index), "out")]
+        shape = tuple(val.shape)
+        off = self.offset(self.placed(n, index, val), self.coords_of(shape, dom), len(shape), dom)
+        self.body.append(f"{ptr}[{self.print_offset(off, dom)}] = {self.values(ir.cast(v, val.dtype))}")
+
+    def persistent(self):
+        return True  # the whole row in one array
+
+    def open_persistent(self):
+        self.body.append(f"rindex = np.arange({self.values.index(self.frame.rnumel)})[None, :]")
+
+    def fold(self, r, low, acc_dt, persistent):
+        if low.strategy == "arg":
+            raise Unsupported("arg reductions")
+        x = self.operand(r.inp, tuple(r.inp.meta["val"].shape), "xr")
+        block = f"np.broadcast_to({self.values(ir_aten.element(low, x, acc_dt))}, (xnumel, rnumel))"
+        name = self.fresh("acc")
+        if low.strategy == "combine":
+            self.body.append(f"{name} = {_FOLD[low.combine]}({block}, axis=1, keepdims=True).astype({NP[acc_dt]})")
+            return {"acc": ir.Var(name, acc_dt)}
+        self.body.append(f"{name} = np.mean({block}, axis=1, keepdims=True, dtype={NP[acc_dt]})")
+        self.body.append(f"{name}_m2 = np.sum(({block} - {name}) ** 2, axis=1, keepdims=True, dtype={NP[acc_dt]})")
+        return {"mean": ir.Var(name, acc_dt), "m2": ir.Var(f"{name}_m2", acc_dt)}
+
+    def launch(self) -> Kernel:
+        fr, p = self.frame, self.values.index
+        lines = [f"def {self.name}({', '.join(self.args)}):"] + ["    " + l for l in self.launch_lines + self.launch_checks]
+        for q in self.params:
+            lines.append(f"    {q.name} = _flat({q.launch})" if q.sig.startswith("*") else f"    {q.name} = {q.launch}")
+        lines += [f"    xnumel, rnumel = {p(fr.xnumel)}, {p(fr.rnumel)}",
+                  f"    xindex = np.arange(xnumel){'[:, None]' if fr.reduction else ''}",
+                  "    with np.errstate(all='ignore'):  # eager's IEEE results, without NumPy's warnings"]
+        lines += ["        " + l for l in self.body]
+        return Kernel(self.name, "\n".join(lines) + "\n", list(self.args), {"np": np, "_flat": _flat},
+                      node_count=len(self.nodes), unique_io_buffers=len(self.storages), launch_args=len(self.params))
+
+
+def _flat(t: torch.Tensor) -> np.ndarray:
+    """The memory ``t`` spans, as a flat NumPy array from its first element (strides in elements)."""
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
+    return t.detach().as_strided((span,), (1,)).numpy()
+
+
+def _emit(nodes, outputs=None, name="probe", ref=lambda n: n.name, buffer=lambda n, i: f"{n.name}_{i}", layout=None):
+    return NumpyEmitter(name, ref, buffer, nodes, outputs, layout=layout).emit()
+
+
+def accepts(node, config):
+    why = node_refusal(node, NP, "NumPy")
+    if why is None:
+        try:
+            _emit([node])
+        except (Unsupported, NotImplementedError) as e:
+            why = f"numpy: {e}"
+    return why
+
+
+def fusion_cost(nodes, outputs, config):
+    try:
+        k = _emit(nodes, outputs)
+    except (Unsupported, NotImplementedError) as e:
+        return f"numpy: {e}"
+    return GroupCost(num_args=k.num_args, unique_io_buffers=k.unique_io_buffers)
+
+
+def compile_group(group, ctx):
+    return _emit(group.nodes, group.outputs or None, ctx.name, ctx.ref, ctx.buffer, ctx.layout)
+
+
+BACKEND = CodegenBackend("numpy", ("cpu",), accepts, compile_group, fuses=True, fusion_cost=fusion_cost,
+                         decompose="core", reads_planned=True, extern="torch",
+                         description="NumPy source printed from fxforge's kernel IR (a test backend)")
