@@ -770,7 +770,8 @@ def _residual_block(x, w, bias, r):
                     reason="no Python.h for this interpreter, or no data-pointer entry in this torch: kernels go through ctypes")
 def test_kernels_are_called_by_the_launcher_with_the_tensors():
     args = (torch.randn(6, 16), torch.randn(16), torch.randn(16), torch.randn(6, 16))
-    b, out = run_compiled(_residual_block, *args)
+    # the launcher's own errors: without debug mode's layout checks, which come first
+    b, out = run_compiled(_residual_block, *args, config=fxforge.Config(codegen="c", debug=False))
     torch.testing.assert_close(out, _residual_block(*args))
     bound = _bound_kernels(b)
     assert bound and all(type(f).__name__ == "Kernel" for f in bound.values())
@@ -957,3 +958,36 @@ def test_random_graphs_through_c_kernels_match_eager(example):
 
     check_pass(lambda g: None, gm, inputs, runner=runner)
     assert all(c.stats["fallback_nodes"] == 0 for c in compiled), [c.stats["fallbacks"] for c in compiled]
+
+
+def test_debug_mode_checks_each_tensors_layout_naming_the_argument(kernels_through):
+    args = (torch.randn(6, 16), torch.randn(16), torch.randn(16), torch.randn(6, 16))
+    for debug in (True, False):
+        torch._dynamo.reset()
+        b = fxforge.backend(fxforge.Config(codegen="c", debug=debug))
+        f = torch.compile(_residual_block, backend=b, fullgraph=True)
+        torch.testing.assert_close(f(*args), _residual_block(*args))
+        (i, name), fn = next(iter(_bound_kernels(b).items()))
+        scope, seen = b.compiled[i]._fn.__globals__, []
+        slot = name if scope[name] is fn else f"{name}_c"  # ``kernel0 = kernel0_c``, or a launch function
+        scope[slot] = lambda *a: (seen.append(a), fn(*a))[1]  # the arguments of a real call
+        f(*args)
+        scope[slot] = fn
+        real = seen[0]
+        t = next(j for j, a in enumerate(real) if isinstance(a, torch.Tensor) and a.dim() == 2 and a.shape[1] > 1)
+        shape = tuple(real[t].shape)
+        wrong = (torch.randn(shape[0], shape[1] + 1), f"has shape \\({shape[0]}, {shape[1] + 1}\\); the kernel was "
+                 f"compiled for \\({shape[0]}, {shape[1]}\\)")
+        cases = [wrong, (torch.randn(shape[::-1]).t(), "has strides"),
+                 (torch.randn(shape, dtype=torch.float64), "is a torch.float64 tensor on cpu; the kernel was compiled for torch.float32 on cpu"),
+                 (3.0, "is a float, not a tensor")]
+        for bad, why in cases:
+            call = list(real)
+            call[t] = bad
+            if debug:
+                with pytest.raises(ValueError, match=f"fxforge C kernel {name}: argument {t} \\(.*\\) {why}"):
+                    fn(*call)
+            elif not isinstance(bad, torch.Tensor):  # off: no check (the launcher's own error)
+                with pytest.raises(Exception) as e:
+                    fn(*call)
+                assert "fxforge C kernel" not in str(e.value)

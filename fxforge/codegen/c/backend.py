@@ -100,7 +100,7 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
         k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout)
     else:
         k = CEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, layout=ctx.layout).emit()
-    unit = ctx.units.setdefault("c", CUnit())
+    unit = ctx.units.setdefault("c", CUnit(debug=ctx.config.debug))
     unit.kernels.append(k)
     return Kernel(name=k.name, source=k.launch_source, args=list(k.args), node_count=k.node_count,
                   unique_io_buffers=k.unique_io_buffers, launch_args=len(k.params), backend="c")

@@ -112,6 +112,7 @@ class CUnit:
     """The C kernels of one wrapper, built by ``link`` (``units``, ``shared_objects``)."""
 
     kernels: list[CEmitted] = field(default_factory=list)
+    debug: bool = False  # each kernel checks its tensors' layouts before it runs (``launcher.layout_check``)
 
     def units(self) -> list[tuple[str, list[str]]]:
         """The translation units the kernels are compiled in (module docstring): each one's

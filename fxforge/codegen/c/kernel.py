@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import re
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 import torch
@@ -96,6 +96,8 @@ class CEmitted:
     params: list[Param]
     node_count: int
     unique_io_buffers: int
+    # tensor parameter -> (dtype, sizes, strides) the kernel was compiled for (None: symbolic)
+    specs: dict[str, tuple] = field(default_factory=dict)
 
     @property
     def kinds(self) -> str:
@@ -583,4 +585,4 @@ class CEmitter(Emitter):
         head += ["# " + l for l in lines]
         launch = launch_source(self.name, self.args, self.params, self.launch_lines + self.launch_checks, head)
         return CEmitted(symbol, "\n".join(lines) + "\n", launch, self.name, list(self.args), list(self.params),
-                        len(self.nodes), len(self.storages))
+                        len(self.nodes), len(self.storages), self.specs)

@@ -65,6 +65,7 @@ typedef struct {
     PyObject* name;        /* str: the kernel's name, for errors and repr */
     char* kinds;           /* per argument: 'p' tensor, 'i' int64, 'b' bool, 'f' float */
     Py_ssize_t nargs, nptrs, nints, nfloats;
+    PyObject* check;       /* NULL, or called with the arguments first (FXFORGE_DEBUG: their layouts) */
 } FxKernel;
 
 static void* (*fx_tensor_data_ptr)(PyObject*);  /* torch's, bound by _bind */
@@ -94,6 +95,12 @@ static PyObject* fx_kernel_call(PyObject* self, PyObject* const* args, size_t na
         PyErr_Format(PyExc_TypeError, "%U takes %zd positional arguments (%zd given)", k->name, k->nargs,
                      n + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0));
         return NULL;
+    }
+    if (k->check != NULL) {
+        PyObject* ok = PyObject_Vectorcall(k->check, args, n, NULL);
+        if (ok == NULL)
+            return NULL;
+        Py_DECREF(ok);
     }
     void* ptrs[k->nptrs + 1];
     int64_t ints[k->nints + 1];
@@ -137,6 +144,7 @@ static void fx_kernel_dealloc(PyObject* self)
 {
     FxKernel* k = (FxKernel*)self;
     Py_XDECREF(k->name);
+    Py_XDECREF(k->check);
     PyMem_Free(k->kinds);
     PyObject_Free(self);
 }
@@ -158,11 +166,13 @@ static PyTypeObject FxKernelType = {
     .tp_doc = "One C kernel, called with the wrapper's tensors and sizes.",
 };
 
-/* kernel(address, kinds, name): the kernel at address, taking arguments of these kinds */
+/* kernel(address, kinds, name[, check]): the kernel at address, taking arguments of these kinds
+   (check: None, or a callable run with the arguments before each call) */
 static PyObject* fx_kernel(PyObject* module, PyObject* const* args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyLong_Check(args[0]) || !PyBytes_Check(args[1]) || !PyUnicode_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "kernel(address: int, kinds: bytes, name: str)");
+    if (nargs < 3 || nargs > 4 || !PyLong_Check(args[0]) || !PyBytes_Check(args[1]) || !PyUnicode_Check(args[2])
+        || (nargs == 4 && args[3] != Py_None && !PyCallable_Check(args[3]))) {
+        PyErr_SetString(PyExc_TypeError, "kernel(address: int, kinds: bytes, name: str, check=None)");
         return NULL;
     }
     void* entry = PyLong_AsVoidPtr(args[0]);
@@ -186,6 +196,7 @@ static PyObject* fx_kernel(PyObject* module, PyObject* const* args, Py_ssize_t n
     FxKernel* k = PyObject_New(FxKernel, &FxKernelType);
     if (k == NULL)
         return NULL;
+    k->check = NULL;
     k->kinds = PyMem_Malloc(n + 1);
     if (k->kinds == NULL) {
         k->name = NULL;
@@ -197,6 +208,10 @@ static PyObject* fx_kernel(PyObject* module, PyObject* const* args, Py_ssize_t n
     k->entry = (fx_entry)entry;
     Py_INCREF(args[2]);
     k->name = args[2];
+    if (nargs == 4 && args[3] != Py_None) {
+        Py_INCREF(args[3]);
+        k->check = args[3];
+    }
     k->nargs = n;
     k->nptrs = nptrs;
     k->nints = nints;
@@ -336,17 +351,47 @@ def link(unit: CUnit) -> dict[str, Any]:
     out = {}
     for k in unit.kernels:
         fn = getattr(lib_of[k.symbol], k.symbol)
+        check = layout_check(k) if unit.debug else None
         if module is not None:
-            out[f"{k.name}_c"] = module.kernel(ctypes.cast(fn, ctypes.c_void_p).value, k.kinds.encode(), k.name)
+            out[f"{k.name}_c"] = module.kernel(ctypes.cast(fn, ctypes.c_void_p).value, k.kinds.encode(), k.name, check)
         else:
             fn.restype = ctypes.c_int
-            out[f"{k.name}_c"] = _ctypes_adapter(fn, k.kinds)
+            out[f"{k.name}_c"] = _ctypes_adapter(fn, k.kinds, check)
     return out
 
 
-def _ctypes_adapter(fn: Any, kinds: str):
+def layout_check(k) -> Any:
+    """A function of a kernel's arguments raising a ``ValueError`` that names the first tensor
+    whose device, dtype, shape or strides (where the kernel was compiled for static ones, and
+    the dim has more than one element) differ from what the kernel was compiled for
+    (``CEmitted.specs``)."""
+    specs = [(i, p, k.specs[p.name]) for i, p in enumerate(k.params) if p.name in k.specs]
+
+    def check(*args: Any) -> None:
+        for i, p, (dtype, shape, stride) in specs:
+            t = args[i]
+            if not isinstance(t, torch.Tensor):
+                why = f"is a {type(t).__name__}, not a tensor"
+            elif t.device.type != "cpu" or t.dtype != dtype:
+                why = f"is a {t.dtype} tensor on {t.device}; the kernel was compiled for {dtype} on cpu"
+            elif t.dim() != len(shape) or any(s is not None and s != a for s, a in zip(shape, t.shape)):
+                why = f"has shape {tuple(t.shape)}; the kernel was compiled for {_spec(shape)}"
+            elif any(st is not None and n != 1 and st != a for st, n, a in zip(stride, t.shape, t.stride())):
+                why = f"has strides {t.stride()}; the kernel was compiled for {_spec(stride)}"
+            else:
+                continue
+            raise ValueError(f"fxforge C kernel {k.name}: argument {i} ({p.launch}, kernel parameter {p.name}) {why}")
+
+    return check
+
+
+def _spec(dims: tuple) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _ctypes_adapter(fn: Any, kinds: str, check: Any = None):
     """A Python function passing the launcher's arrays to ``fn`` (NULL for an empty one),
-    converting each argument as the launcher does."""
+    converting each argument as the launcher does (after ``check``, where given)."""
     ptrs, ints, floats = ([i for i, c in enumerate(kinds) if c in k] for k in ("p", "ib", "f"))  # ints: bools too
     n, ptr_array = len(kinds), ctypes.c_void_p * len(ptrs)
     int_array = ctypes.c_int64 * len(ints) if ints else None
@@ -355,6 +400,8 @@ def _ctypes_adapter(fn: Any, kinds: str):
     def call(*args: Any) -> None:
         if len(args) != n:
             raise TypeError(f"takes {n} positional arguments ({len(args)} given)")
+        if check is not None:
+            check(*args)
         err = ctypes.c_int64(0)
         rc = fn(ptr_array(*[args[i].data_ptr() for i in ptrs]),
                 int_array and int_array(*[operator.index(args[i]) if kinds[i] == "i" else (1 if args[i] else 0) for i in ints]),

@@ -106,12 +106,14 @@ class _Tensors:
         self.params: list[Param] = []
         self.ptr: dict[str, str] = {}
         self.layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.specs: dict[str, tuple] = {}  # CEmitted.specs
 
     def add(self, key: str, var: str, role: str, a: fx.Node, i: int | None, t: torch.Tensor) -> None:
         self.ptr[key] = f"{role}_ptr{sum(1 for p in self.params if p.name.startswith(role))}"
         self.params.append(Param(self.ptr[key], "*" + CTYPE[t.dtype], var))
         sizes, strides = self.layout(a, i) if self.layout is not None else (t.shape, t.stride())
         self.layouts[key] = tuple(int(s) for s in sizes), tuple(int(s) for s in strides)
+        self.specs[self.ptr[key]] = (t.dtype, *self.layouts[key])
 
     def kernel(self, name: str, what: str, lines: list[str]) -> CEmitted:
         """The kernel ``name`` running ``lines``, and its launch (``what``: the template's name)."""
@@ -119,7 +121,7 @@ class _Tensors:
         args = list(dict.fromkeys(p.launch for p in self.params))  # a tensor passed twice is one argument
         head = [f"# C kernel {name}_c (template: {what}, fxforge/codegen/c/templates.py)"]
         launch = launch_source(name, args, self.params, [], head + ["# " + l for l in c_lines])
-        return CEmitted(symbol, "\n".join(c_lines) + "\n", launch, name, args, self.params, 1, len(args))
+        return CEmitted(symbol, "\n".join(c_lines) + "\n", launch, name, args, self.params, 1, len(args), self.specs)
 
 
 def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:

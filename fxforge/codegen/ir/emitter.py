@@ -46,6 +46,15 @@ class Param:
 # --------------------------------------------------------------------------- emitter
 
 
+def _static(dims) -> tuple:
+    """Sizes or strides as ints, None where symbolic."""
+    out = []
+    for d in dims:
+        e = expr(d)
+        out.append(int(e) if e.is_Integer else None)
+    return tuple(out)
+
+
 def _is_int(e: sympy.Expr) -> bool:
     return sympy.sympify(e).is_Integer
 
@@ -179,6 +188,7 @@ class Emitter:
         self.reads: list[tuple[sympy.Expr, str]] = []  # (fake expr, launch-time read)
         self.body: list[str] = []
         self.tensor_params: dict[tuple[str, int | None], str] = {}
+        self.specs: dict[str, tuple] = {}  # tensor parameter -> (dtype, sizes, strides); None where symbolic
         self.int64 = False
         self.scalar_params: dict[fx.Node, str] = {}
         self.storages: set[str] = set()
@@ -207,6 +217,7 @@ class Emitter:
                 raise Unsupported(f"dtype {val.dtype}")
             self.params.append(Param(pname, "*" + self.SIG_DTYPE[val.dtype], self.launch_arg(var)))
             self.tensor_params[key] = pname
+            self.specs[pname] = (val.dtype, _static(val.shape), _static(val.stride()))
             self.storages.add(var)
             self.readable(var, val)
         return self.tensor_params[key]
