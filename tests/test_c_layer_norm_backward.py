@@ -161,3 +161,27 @@ def test_template_refusals_name_the_reason():
     (n,) = [n for n in bw.graph.graph.nodes if n.target is torch.ops.aten.native_layer_norm_backward.default]
     assert n.meta.get(BACKEND) != "c"
     assert "normalized elements" in c_backend.accepts(n, fxforge.Config(codegen="c"))
+
+
+@pytest.mark.parametrize("case", ["affine", "two_normalized_dims"])
+def test_arrays_past_the_stack_budget_live_in_heap_scratch(case, monkeypatch):
+    """With a stack budget smaller than one array, every template and emitted kernel's arrays
+    (staged rows, tiles, accumulators, row caches) go to the kernel's heap block: same results."""
+    from fxforge.codegen.c import kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module, "STACK_MAX_BYTES", 64)
+    torch.manual_seed(1)
+    bw = _grads_match(CASES[case](torch.float32), torch.randn(4, 16, 24) * 3 + 1, requires_grad=True)
+    assert "template: layer norm backward" in bw.source
+    assert "fx_heap + " in bw.source and "malloc(" in bw.source and "free(fx_heap);" in bw.source
+
+
+def test_scratch_keeps_a_kernels_stack_arrays_within_the_budget():
+    from fxforge.codegen.c.kernel import STACK_MAX_BYTES, Scratch
+
+    s = Scratch()
+    decls = [s.array("float", f"a{i}", (8, 1024), 4) for i in range(6)]  # 32 KiB each
+    on_stack = [d for d in decls if "fx_heap" not in d]
+    assert len(on_stack) * 32 * 1024 <= STACK_MAX_BYTES < (len(on_stack) + 1) * 32 * 1024
+    assert decls[-1] == "float (*a5)[1024] = (float (*)[1024])(fx_heap + 32768);" and s.heap == 2 * 32768
+    assert s.array("double", "d", (3,), 8) == "double* d = (double*)(fx_heap + 65536);"

@@ -63,6 +63,10 @@ COLUMNS_BY_ROWS_MAX_BYTES = 64 << 10
 # at least TILE_ROWS; the tiles of a kernel take at most TILE_MAX_BYTES of C stack.
 TILE_ROWS = 8
 TILE_MAX_BYTES = 64 << 10
+# The local arrays of one kernel (row caches, tiles, column accumulators, a template's staged
+# rows) take at most this much C stack in all; the arrays past it live in heap scratch space the
+# kernel allocates once a call (``Scratch``): a kernel may run on a thread with a small stack.
+STACK_MAX_BYTES = 128 << 10
 
 
 # Kernel parameter types: tensors are ``*`` + their element type (``ops.SIG_DTYPE``); sizes and
@@ -138,14 +142,50 @@ def c_head(name: str, params: list[Param]) -> list[str]:
 C_END = ["    return 0;", "}"]  # a kernel's last lines (``c_head``)
 
 
-def c_function(params: list[Param], body: list[str]) -> tuple[str, list[str]]:
+class Scratch:
+    """The local arrays of one kernel, on the C stack up to ``STACK_MAX_BYTES`` in all, in one
+    heap block past it (``fx_heap``, allocated by ``c_function``'s entry for the call)."""
+
+    def __init__(self):
+        self.stack = 0
+        self.heap = 0
+
+    def array(self, ctype: str, name: str, dims: tuple[int, ...], itemsize: int) -> str:
+        """The declaration of array ``name``: ``ctype name[d0][d1]...``, or a pointer into the heap block."""
+        size = itemsize
+        for d in dims:
+            size *= d
+        if self.stack + size <= STACK_MAX_BYTES:
+            self.stack += size
+            return f"{ctype} {name}{''.join(f'[{d}]' for d in dims)};"
+        at, self.heap = self.heap, self.heap + (size + 63) // 64 * 64
+        inner = "".join(f"[{d}]" for d in dims[1:])
+        return f"{ctype} (*{name}){inner} = ({ctype} (*){inner})(fx_heap + {at});" if inner else \
+            f"{ctype}* {name} = ({ctype}*)(fx_heap + {at});"
+
+
+def c_function(params: list[Param], body: list[str], heap: int = 0) -> tuple[str, list[str]]:
     """The C function running ``body`` (indented lines, after its parameters are read) and its
     symbol, ``fxk_`` and a hash of its text: the same kernel has the same symbol in every wrapper
     and at every position in one (``build.units`` compiles it once, into a unit that does not
-    change when other kernels do)."""
-    text = "\n".join(c_head("fxk", params) + body + C_END)
-    symbol = "fxk_" + hashlib.sha256(text.encode()).hexdigest()[:20]
-    return symbol, c_head(symbol, params) + body + C_END
+    change when other kernels do).  ``heap``: the bytes of the body's ``fx_heap`` block
+    (``Scratch``): the function allocates it, runs the body (a function of its own) and frees it."""
+    def lines(symbol: str) -> list[str]:
+        if not heap:
+            return c_head(symbol, params) + body + C_END
+        inner = c_head(f"{symbol}_body", params)
+        inner[0] = "static " + inner[0].replace("int64_t* fx_err)", "int64_t* fx_err, char* fx_heap)")
+        return inner + body + C_END + [
+            c_head(symbol, [])[0], "{", f"    char* fx_heap = malloc({heap});",
+            f"    if (fx_heap == NULL) {{ *fx_err = {heap}; return {SCRATCH_ERROR}; }}",
+            f"    const int rc = {symbol}_body(fx_ptrs, fx_ints, fx_floats, fx_err, fx_heap);",
+            "    free(fx_heap);", "    return rc;", "}"]
+
+    symbol = "fxk_" + hashlib.sha256("\n".join(lines("fxk")).encode()).hexdigest()[:20]
+    return symbol, lines(symbol)
+
+
+SCRATCH_ERROR = 3  # a kernel's return when its heap scratch cannot be allocated (launcher.KERNEL_ERRORS)
 
 
 def block_rows(start: str, rows: int, block: int) -> str:
@@ -186,6 +226,7 @@ class CEmitter(Emitter):
         self.tile_axes: tuple[str, int, str, int] | None = None  # the rows' loop and size, the elements' (TILE_ROWS)
         self.tiles: dict[tuple, str] = {}  # (pointer, offset of the block's first row, stride, stored) -> tile
         self.value_names: list[tuple[str, str]] = []  # (local, the node whose value it holds)
+        self.scratch = Scratch()  # the kernel's local arrays
 
     def persistent(self) -> bool:
         return False  # one element per iteration: every fold is a loop
@@ -271,7 +312,7 @@ class CEmitter(Emitter):
         block = [block_rows("xb", rows, TILE_ROWS)]
         after = []
         for (ptr, first, step, stored), tile in self.tiles.items():
-            block.append(f"float {tile}[{TILE_ROWS}][{n}];")
+            block.append(self.scratch.array("float", tile, (TILE_ROWS, n), 4))
             at_first = f"{ptr} + {CPrinter()(first)}"
             if stored:
                 after.append(f"fx_tile_out8({at_first}, {step}, &{tile}[0][0], {n}, {n}, nb);")
@@ -345,7 +386,7 @@ class CEmitter(Emitter):
             if self.row_cache[a] is not None:  # computing it made the row (an operand read through ``value``)
                 return self.remember(("row", a), v)
             row = self.row_cache[a] = Var(self.fresh("row"), v.dtype)
-            self.hoisted.append(f"{CTYPE[v.dtype]} {row.name}[{CPrinter()(self.frame.rnumel)}];")
+            self.hoisted.append(self.scratch.array(CTYPE[v.dtype], row.name, (int(self.frame.rnumel),), v.dtype.itemsize))
             self.body.append(f"{row.name}[{RINDEX}] = {self.values(v)};")
         else:
             v = self.emit_assign(self.fresh("c"), Var(f"{row.name}[{RINDEX}]", row.dtype))
@@ -553,7 +594,7 @@ class CEmitter(Emitter):
             return head + ["    " + l for l in lines] + ["}"]
 
         opened = fold.index("{") + 1  # the fold loop: its for lines and brace, its body, its brace
-        out = [f"{CTYPE[dt]} {a}[{int(columns)}];" for a, (dt, _) in accs.items()]
+        out = [self.scratch.array(CTYPE[dt], a, (int(columns),), dt.itemsize) for a, (dt, _) in accs.items()]
         out += nest([indexed([decl.split(" ", 1)[1]])[0] for _, decl in accs.values()])  # acc[x] = identity;
         body = [l[4:] if l.startswith("    ") else l for l in fold[opened:-1]]
         out += fold[:opened] + ["    " + l for l in nest(defs + indexed(body))] + ["}"]
@@ -577,7 +618,7 @@ class CEmitter(Emitter):
                 "    " + l for l in closed]
         else:
             body = ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }"]
-        symbol, lines = c_function(self.params, body)
+        symbol, lines = c_function(self.params, body, self.scratch.heap)
         head = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "
                 "helpers: fxforge/codegen/c/prelude.py)"]
         if self.value_names:

@@ -254,7 +254,8 @@ PyMODINIT_FUNC PyInit_fxforge_c_launcher(void)
 
 # What a kernel's nonzero return means: the exception raised, its message for the value the
 # kernel left in *fx_err (eager's message for the same error).
-KERNEL_ERRORS = {1: (IndexError, "Target {} is out of bounds."), 2: (IndexError, "index out of range in self")}
+KERNEL_ERRORS = {1: (IndexError, "Target {} is out of bounds."), 2: (IndexError, "index out of range in self"),
+                 3: (MemoryError, "an fxforge C kernel could not allocate its scratch space ({} bytes)")}
 
 
 def _errors_c() -> str:

@@ -29,6 +29,7 @@ not vectorized without ``-ffast-math``, which would also reorder eager's arithme
 
 PRELUDE = r"""
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdbool.h>
 #include <string.h>
 #include <math.h>

@@ -36,7 +36,7 @@ import torch.fx as fx
 
 from ...graph import VAL, free_symbols, tensors
 from ..ir.emitter import Param
-from .kernel import TILE_ROWS, CEmitted, block_rows, c_function, launch_source
+from .kernel import TILE_ROWS, CEmitted, Scratch, block_rows, c_function, launch_source
 from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
 
 aten = torch.ops.aten
@@ -107,6 +107,7 @@ class _Tensors:
         self.ptr: dict[str, str] = {}
         self.layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.specs: dict[str, tuple] = {}  # CEmitted.specs
+        self.scratch = Scratch()  # the kernel's local arrays
 
     def add(self, key: str, var: str, role: str, a: fx.Node, i: int | None, t: torch.Tensor) -> None:
         self.ptr[key] = f"{role}_ptr{sum(1 for p in self.params if p.name.startswith(role))}"
@@ -117,7 +118,7 @@ class _Tensors:
 
     def kernel(self, name: str, what: str, lines: list[str]) -> CEmitted:
         """The kernel ``name`` running ``lines``, and its launch (``what``: the template's name)."""
-        symbol, c_lines = c_function(self.params, ["    " + l for l in lines])
+        symbol, c_lines = c_function(self.params, ["    " + l for l in lines], self.scratch.heap)
         args = list(dict.fromkeys(p.launch for p in self.params))  # a tensor passed twice is one argument
         head = [f"# C kernel {name}_c (template: {what}, fxforge/codegen/c/templates.py)"]
         launch = launch_source(name, args, self.params, [], head + ["# " + l for l in c_lines])
@@ -134,7 +135,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     grad, x, shape, mean, rstd, weight = node.args[:6]
     val = node.meta[VAL]
     xv = x.meta[VAL]
-    ct = CTYPE[xv.dtype]
+    ct, isz = CTYPE[xv.dtype], xv.dtype.itemsize
     lead = xv.dim() - len(shape)
     n = math.prod(int(s) for s in shape)
 
@@ -186,7 +187,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
 
     g = f"({at('dy')} * {at('w')})" if "w" in ptr else at("dy")
     accs = [(key, f"acc_{key}") for key in ("dw", "db") if key in ptr]
-    lines = [f"double {acc}[{n}];" for _, acc in accs]
+    lines = [ts.scratch.array("double", acc, (n,), 8) for _, acc in accs]
     if accs:
         lines.append(f"for (int64_t j = 0; j < {n}; j++) {{ {' '.join(f'{acc}[j] = 0;' for _, acc in accs)} }}")
     loops = [f"for (int64_t i{d} = 0; i{d} < {int(s)}; i{d}++)" for d, s in enumerate(xv.shape[:lead])]
@@ -196,7 +197,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
         body += [f"{ct}* row_{key} = blk_{key}[i{lead - 1} - ib];" for key in written]
     else:
         for key in staged:
-            body += [f"{ct} row_{key}[{n}];",
+            body += [ts.scratch.array(ct, f"row_{key}", (n,), isz),
                      f"for (int64_t j = 0; j < {n}; j++) row_{key}[j] = {ptr[key]}[{row[key]} + {col[key]}*j];"]
     if "dx" in ptr:
         body += ["double ds = 0, db = 0;", "#pragma omp simd reduction(+:ds) reduction(+:db)",
@@ -221,11 +222,11 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
         first = {k: _offset(coords[:-1] + ["ib"], layouts[k][1][:lead]) for k in adjacent}  # the block's first row
         tiles = ct == "float"
         for key in staged:
-            stage.append(f"{ct} blk_{key}[{block}][{n}];")
+            stage.append(ts.scratch.array(ct, f"blk_{key}", (block, n), isz))
             stage += [f"fx_tile_in8(&blk_{key}[0][0], {n}, {ptr[key]} + ({first[key]}), {col[key]}, {n}, nb);"] if tiles else [
                 f"for (int64_t j = 0; j < {n}; j++)",
                 f"    for (int64_t r = 0; r < nb; r++) blk_{key}[r][j] = {ptr[key]}[{first[key]} + r + {col[key]}*j];"]
-        stage += [f"{ct} blk_{key}[{block}][{n}];" for key in written]
+        stage += [ts.scratch.array(ct, f"blk_{key}", (block, n), isz) for key in written]
         store = [l for key in written for l in (
             [f"fx_tile_out8({ptr[key]} + ({first[key]}), {col[key]}, &blk_{key}[0][0], {n}, {n}, nb);"] if tiles else [
                 f"for (int64_t j = 0; j < {n}; j++)",
