@@ -21,6 +21,10 @@ Token embeddings: ``embedding`` gathers rows (an index out of range is error 2),
 adds each index's row in eager's order; integer ``arange`` fills positions.  Each replaces a
 small ATen call that runs cold in a training step (the demo's: 244 µs a step as ATen calls).
 
+Each template's docstring says why the kernel IR (``codegen/ir``: one frame of rows or columns,
+values computed from loads and constants) cannot express it; the ones it could express with a
+decomposition of their op are marked as such, to be replaced by one.
+
 A template kernel runs its node alone (``fusion_cost`` keeps it out of groups); shapes must be
 static, float tensors float32 or float64 (indices and targets int64; an embedding's may be
 int32).  Sums accumulate in double, as the emitter's do, but for the embedding gradient's,
@@ -127,6 +131,9 @@ class _Tensors:
 
 def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``native_layer_norm_backward(dy, x, shape, mean, rstd, w, b, mask)``: dx, dw, db.
+
+    Why a template: it folds rows (the input's gradient) and columns (the weight's and bias's)
+    in one pass; a kernel of the IR has one frame, rows or columns.
 
     Per row (mean ``mu``, ``rs`` = rstd, g = dy * w over the row's n elements, as ATen):
     ``ds = sum(g * x)``, ``db = sum(g)``, ``b = (db * mu - ds) * rs^3 / n``, ``c = -b * mu - db * rs / n``,
@@ -320,7 +327,11 @@ def _row_kernel(name: str, node: fx.Node, ref, buffer, layout, what: str, out: s
 def log_softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``_log_softmax(x, dim=-1)``, per row as ATen's CPU kernel: ``m = max(x)``,
     ``ls = log(sum(exp(x - m)))``, ``out = (x - m) - ls``; the sum in double.  A row with a NaN is
-    NaN (through the sum), as eager's."""
+    NaN (through the sum), as eager's.
+
+    Why a template: the IR could express it as a row kernel (the max, the sum of ``exp``, then a
+    store), with the C backend's op decomposed; this is that decomposition written by hand, to be
+    replaced by one."""
     def body(ct: str, n: int, at) -> list[str]:
         # the max as a vector reduction, which may pass over a NaN: the sum has it, and every output
         return [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
@@ -349,13 +360,18 @@ def _row_sum_gradient(name: str, node: fx.Node, ref, buffer, layout, what: str, 
 
 def log_softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``_log_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
-    ``dx = g - exp(y) * sum(g)``."""
+    ``dx = g - exp(y) * sum(g)``.
+
+    Why a template: the IR could express it (a row sum, then a pointwise store) with the op
+    decomposed; written by hand until the C backend decomposes it."""
     return _row_sum_gradient(name, node, ref, buffer, layout, "log_softmax backward", lambda ct, at: at("g"),
                              lambda ct, at: f"{at('g')} - {_exp(ct, at('y'))} * sg")
 
 
 def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
-    """``_softmax(x, dim=-1)``, per row as ATen's CPU kernel: ``m = max(x)``, ``e = exp(x - m)``
+    """``_softmax(x, dim=-1)``, per row as ATen's CPU kernel (why a template: it stores ``exp``
+    while summing it, then scales what it stored: the IR reads no output back, and would compute
+    the exponentials twice): ``m = max(x)``, ``e = exp(x - m)``
     stored in the output while summing it (in double), then the output scaled by ``1 / sum``.
     float32's ``exp`` is ``fx_expf_neg`` (its argument is never above 0), and 0 where eager's is
     below float32's normal range (``d < log(FLT_MIN)``; ``fx_expf_neg`` stops at about 1e-38): a
@@ -379,7 +395,10 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
 
 def softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
-    ``dx = y * (g - sum(g * y))``."""
+    ``dx = y * (g - sum(g * y))``.
+
+    Why a template: the IR could express it (a row sum, then a pointwise store) with the op
+    decomposed; written by hand until the C backend decomposes it."""
     return _row_sum_gradient(name, node, ref, buffer, layout, "softmax backward",
                              lambda ct, at: f"{at('g')} * {at('y')}", lambda ct, at: f"{at('y')} * ({at('g')} - sg)")
 
@@ -433,7 +452,10 @@ def nll_loss_forward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``nll_loss_forward(x, target, weight, reduction, ignore_index)``: ``(loss, total_weight)``,
     as ATen's CPU kernel: over the rows whose target is not ignored, ``total_weight = sum(w[t])``
     and ``loss = -sum(x[i, t] * w[t])``, divided by ``total_weight`` for a mean (NaN when every
-    target is ignored); sums in double.  A target out of bounds raises eager's ``IndexError``."""
+    target is ignored); sums in double.  A target out of bounds raises eager's ``IndexError``.
+
+    Why a template: ``x[i, t[i]]`` is a load at an address read from another tensor, and a bad
+    target an error the kernel returns: the IR's loads are at index expressions of the loop nest."""
     x, target, weight, reduction, ignore_index = node.args[:5]
     xv = x.meta[VAL]
     ct = CTYPE[xv.dtype]
@@ -456,7 +478,10 @@ def nll_loss_forward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
 def nll_loss_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight)``: zeros
     but ``dx[i, t] = w[t] * -(g / total_weight)`` (a mean; ``-g`` for a sum) at each row's target,
-    as ATen's CPU kernel.  A target out of bounds raises eager's ``IndexError``."""
+    as ATen's CPU kernel.  A target out of bounds raises eager's ``IndexError``.
+
+    Why a template: it stores at an address read from another tensor (the IR's stores are at
+    index expressions of the loop nest)."""
     g, x, target, weight, reduction, ignore_index, total = node.args[:7]
     xv = x.meta[VAL]
     ct = CTYPE[xv.dtype]
@@ -516,7 +541,10 @@ def _index_rows(ts: _Tensors, indices: torch.Tensor, per_index) -> list[str]:
 def embedding(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``embedding(weight, indices)``: ``out[i..., j] = weight[indices[i...], j]``, as ATen's
     ``index_select``; an index outside ``[0, V)`` raises eager's ``IndexError`` (error 2 of
-    ``launcher.KERNEL_ERRORS``).  ``padding_idx`` only matters to the gradient."""
+    ``launcher.KERNEL_ERRORS``).  ``padding_idx`` only matters to the gradient.
+
+    Why a template: a gather (rows at indices read from another tensor), which the IR's loads
+    cannot say."""
     weight, indices = node.args[:2]
     wv, iv = weight.meta[VAL], indices.meta[VAL]
     ts = _Tensors(layout)
@@ -535,7 +563,10 @@ def embedding_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitte
     """``embedding_dense_backward(grad, indices, num_weights, padding_idx, False)``: zeros, then
     ``dw[k] += grad[i...]`` for each index ``k`` in row-major order, skipping ``padding_idx`` and
     indices outside ``[0, num_weights)``: ATen's CPU kernel, in its order (each row's sum rounds
-    as eager's)."""
+    as eager's).
+
+    Why a template: a scatter-add in eager's order (rows added at indices read from another
+    tensor), which the IR's stores cannot say."""
     grad, indices, num_weights, padding_idx = node.args[:4]
     ov = node.meta[VAL]
     ts = _Tensors(layout)
@@ -574,7 +605,10 @@ def _arange_refusal(node: fx.Node) -> str | None:
 
 
 def arange(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
-    """``arange(start, end, step)`` of ints: ``out[i] = start + i * step``."""
+    """``arange(start, end, step)`` of ints: ``out[i] = start + i * step``.
+
+    Why a template: the value is the element's index; the IR's ATen semantics compute values from
+    loads and constants only, to be given the index."""
     start, step = _arange_terms(node)
     ov = node.meta[VAL]
     ts = _Tensors(layout)
