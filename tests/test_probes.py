@@ -131,9 +131,10 @@ def test_memo_changes_no_decision_and_no_line_of_code(codegen, monkeypatch):
     # each of the 60 nodes is probed alone: 5 distinct ops, so 55 emitter runs fewer at least
     # (a refusal is not kept, its message names the node: C refuses the 12 sins)
     assert runs_b - runs_a >= 55 - (12 if codegen == "c" else 0), (runs_a, runs_b)
-    if codegen == "c":  # 12 groups between the sins, each merge candidate one of 12 repeats
+    if codegen == "c":  # 12 groups between the sins, each merge candidate one of 12 repeats (the
+        # pointwise merges are answered from the members' facts, ir/facts.py, memo or not)
         kernels = sum(1 for k in a.kernels if k.backend == "c")
-        assert kernels == 12 and runs_b > 3 * runs_a and runs_a <= kernels + 12 + 10, (runs_a, runs_b, kernels)
+        assert kernels == 12 and runs_b > 2 * runs_a and runs_a <= kernels + 12 + 10, (runs_a, runs_b, kernels)
 
 
 @needs_cc

@@ -23,6 +23,7 @@ from ...config import Config
 from ...graph import VAL, free_symbols, node_kind, op_display, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
+from ..ir.facts import pointwise_cost
 from ..probes import memoized
 from ..registry import C_MAX_KERNEL_ARGS
 from ..ir.emitter import Unsupported, node_refusal
@@ -87,6 +88,9 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
     computed = [n for n in nodes if node_kind(n) == "compute"]
     if len(computed) > 1 and any(template_of(n) for n in computed):
         return "c: a template kernel (templates.py) runs alone"
+    cost = pointwise_cost(nodes, outputs)  # from the members' facts, where they decide it
+    if cost is not None:
+        return cost
     try:
         return _probe(nodes, outputs)
     except (Unsupported, NotImplementedError) as e:

@@ -260,6 +260,22 @@ _FILLS = ("full.default", "full_like.default", "scalar_tensor.default", "fill.Sc
           "ones_like.default")
 
 
+def read_nodes(n: fx.Node) -> list[fx.Node] | None:
+    """The nodes ``lower`` reads for ``n`` (its operands, and a fill's runtime value), or None
+    where ``n`` has no semantics here."""
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return None
+    key = op_key(n.target)
+    b = schema_bind(n)
+    if key in _FILLS:
+        value = b.get("fill_value", b.get("value", b.get("s")))
+        return [value] if isinstance(value, fx.Node) else []
+    sem = OPS.get(key)
+    if sem is None:
+        return None
+    return [a for a in (b.get(name) for name in sem.operands) if isinstance(a, fx.Node)]
+
+
 def lower(n: fx.Node, operand: Callable[[fx.Node], Value], scalar: Callable[[fx.Node], Value]) -> Value:
     """The value of pointwise node ``n`` in its computation dtype (the caller converts it to the
     node's dtype): ``operand(a)`` gives a tensor argument's value per element, ``scalar(a)`` a

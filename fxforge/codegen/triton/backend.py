@@ -19,6 +19,7 @@ from ...config import Config
 from ...graph import VAL, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
+from ..ir.facts import pointwise_cost
 from ..probes import memoized
 from . import cache
 from .autotune import Tuner
@@ -87,6 +88,9 @@ def writes_views(node: fx.Node, config: Config) -> bool:
 
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
     """The emitted kernel's launch arguments and storages, or why no single kernel can be emitted."""
+    cost = pointwise_cost(nodes, outputs)  # from the members' facts, where they decide it
+    if cost is not None:
+        return cost
     try:
         cost, missing = _probe(nodes, outputs)
     except (Unsupported, NotImplementedError) as e:
