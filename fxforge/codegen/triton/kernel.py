@@ -18,8 +18,6 @@ module starts with (``prelude.py``), launch configurations and the launch functi
 
 from __future__ import annotations
 
-import re
-
 import sympy
 import torch
 import torch.fx as fx
@@ -46,6 +44,8 @@ class TritonEmitter(Emitter):
     def __init__(self, *args, autotune: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.autotune = autotune  # the launch asks ``<name>_tuner`` for its configuration
+        self.local_lines: dict[str, int] = {}  # index local -> the body line defining it
+        self.offset_symbols: set[sympy.Symbol] = set()  # what the printed offsets read
 
     def indices(self, dom: str) -> tuple[str, ...]:
         return (XINDEX,) if dom == "x" else (XINDEX, RINDEX)
@@ -59,6 +59,7 @@ class TritonEmitter(Emitter):
         return "[XBLOCK, 1]" if dom == "x" else "[XBLOCK, RBLOCK]"
 
     def index_line(self, name: str, e: sympy.Expr) -> str:
+        self.local_lines[name] = len(self.body)  # (``local`` appends the line next)
         return f"{name} = {TritonPrinter()(e)}"
 
     def open_persistent(self) -> None:
@@ -68,6 +69,7 @@ class TritonEmitter(Emitter):
     def print_offset(self, e: sympy.Expr, dom: str) -> str:
         """An element offset as source: a block varying with every index of ``dom``."""
         out = TritonPrinter()(e)
+        self.offset_symbols |= e.free_symbols
         have = self.deps_of(e)
         for ix in self.indices(dom):
             if ix not in have:
@@ -189,11 +191,14 @@ class TritonEmitter(Emitter):
                                len(self.nodes), len(self.storages))
 
     def used_body(self) -> list[str]:
-        """The body without index locals nothing reads (coordinates a contiguous access skipped)."""
-        body = list(self.body)
-        while True:
-            text = "\n".join(body)
-            dead = {n for n in self.deps if len(re.findall(rf"\b{n}\b", text)) == 1}
-            if not dead:
-                return body
-            body = [l for l in body if l.strip().split(" = ", 1)[0] not in dead]
+        """The body without index locals nothing reads (coordinates a contiguous access skipped):
+        the locals the printed offsets read, and those their definitions read, are kept."""
+        live: set[sympy.Symbol] = set()
+        stack = list(self.offset_symbols)
+        while stack:
+            s = stack.pop()
+            if s not in live:
+                live.add(s)
+                stack.extend(self.defs.get(s, sympy.Integer(0)).free_symbols)
+        dead = {self.local_lines[s.name] for s in self.defs if s not in live and s.name in self.local_lines}
+        return [l for i, l in enumerate(self.body) if i not in dead]
