@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.fxforge-installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m slow"`.
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv browser bench bench-gpu clean
+.PHONY: demo test test-sanitize venv browser bench bench-gpu clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,25 @@ browser:
 test: $(STAMP) browser
 	FXFORGE_DEBUG=1 $(VPY) -m pytest -q -n 2 --durations=15 $(PYTEST_ARGS)
 
+# The C codegen tests and the full C OpInfo sweep with every C build (kernels and the launcher)
+# under AddressSanitizer + UBSan (FXFORGE_C_SANITIZE=1; docs/c.md, "Sanitizers"). Not part of
+# `make test`. Python is not instrumented, so gcc's sanitizer runtimes are preloaded (ASan first),
+# and the builds use that gcc (SAN_CC, e.g. `make test-sanitize SAN_CC=gcc-13`). The sanitized
+# shared objects are cached in a directory of their own, kept between runs (`make clean` empties it).
+SAN_CC    ?= gcc
+SAN_CACHE := $(CURDIR)/.cache-sanitize
+SAN_ASAN   = $(shell $(SAN_CC) -print-file-name=libasan.so 2>/dev/null)
+SAN_UBSAN  = $(shell $(SAN_CC) -print-file-name=libubsan.so 2>/dev/null)
+
+test-sanitize: $(STAMP)
+	@for lib in "$(SAN_ASAN)" "$(SAN_UBSAN)"; do case "$$lib" in /*) [ -f "$$lib" ] && continue;; esac; \
+	  echo "test-sanitize: no sanitizer runtime ($${lib:-$(SAN_CC) not found}) for $(SAN_CC): install gcc with its" \
+	    "ASan/UBSan runtimes (Debian/Ubuntu: gcc, which brings libgcc-<version>-dev, libasan and libubsan;" \
+	    "Fedora: gcc libasan libubsan), or name another gcc with SAN_CC=..." >&2; exit 1; done
+	CC=$(SAN_CC) FXFORGE_C_SANITIZE=1 FXFORGE_CACHE_DIR=$(SAN_CACHE) FXFORGE_TEST_CACHE=$(SAN_CACHE) FXFORGE_DEBUG=1 \
+	LD_PRELOAD="$(SAN_ASAN) $(SAN_UBSAN)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(VPY) -m pytest -q -n 2 -m 'slow or not slow' --durations=15 tests/test_c_*.py $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(VENV)/bin/fxforge bench
 
@@ -40,4 +59,4 @@ bench-gpu:
 	$(PYTHON) -m fxforge.cli bench --gpu
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .cache-sanitize
