@@ -142,7 +142,7 @@ def helpers(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"tiles{request.param}")
     c, so = d / "tiles.c", d / "tiles.so"
     c.write_text(PRELUDE + _HARNESS)
-    cmd = [build.compiler(), *build.FLAGS, f"-DFX_TILE_VECTORS={request.param}", str(c), "-o", str(so), "-lm"]
+    cmd = [build.compiler(), *build.flags(), f"-DFX_TILE_VECTORS={request.param}", str(c), "-o", str(so), "-lm"]
     subprocess.run(cmd, check=True, capture_output=True)
     lib = ctypes.CDLL(str(so))
     for f in (lib.tile_in, lib.tile_out):

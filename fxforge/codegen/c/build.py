@@ -50,7 +50,7 @@ from .prelude import PRELUDE
 FLAGS = ("-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march=native", "-fopenmp-simd", "-fwrapv",
          "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC") + (
     ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ())
-SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined")
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined", "-g1")
 # About this many kernels a translation unit (``units``): a compiler run costs about 0.1 s of its
 # own (the prelude's headers) and 3-5 ms a kernel.
 UNIT_KERNELS = 48
@@ -104,7 +104,10 @@ def _compile(cc: str, src: str, out: str, include: str | None = None) -> subproc
     # default on Linux, asked for on macOS
     inc = [f"-I{include}"] + (["-undefined", "dynamic_lookup"] if platform.system() == "Darwin" else []) \
         if include else []
-    return subprocess.run([cc, *flags(), *inc, src, "-o", out, "-lm"], capture_output=True, text=True, timeout=600)
+    # the compiler is not to run under a sanitizer runtime this process preloads (make test-sanitize)
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
+    return subprocess.run([cc, *flags(), *inc, src, "-o", out, "-lm"], capture_output=True, text=True, timeout=600,
+                          env=env)
 
 
 @dataclass
