@@ -25,7 +25,7 @@ import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
-from ...iteration import numel as _numel, reduction_of, same_size as _same, schema_bind as _schema_bind, shape_of
+from ...iteration import numel as _numel, reduction_of, same_size as _same, shape_of
 from ..indexing import floor_div, modular
 from ..pyexpr import PyExprPrinter
 from . import aten as ir_aten, values as ir
@@ -129,8 +129,8 @@ ORDER_KEEPING_VIEWS = {
 @dataclass
 class Frame:
     """A kernel's loop nest.  Pointwise: one flat index ``xindex`` over ``xnumel`` elements.
-    Reduction: rows ``xindex`` (``[XBLOCK, 1]``) over the kept dims of ``shape`` (the first
-    reduction's input) times ``rindex`` (``[1, RBLOCK]``) over its reduced dims; ``layouts`` maps
+    Reduction: rows ``xindex`` over the kept dims of ``shape`` (the first reduction's input)
+    times ``rindex`` over its reduced dims; ``layouts`` maps
     each reduction input shape to its reduced dims.  ``xnumel``/``rnumel`` are over kernel
     parameters, ``xnumel_g``/``rnumel_g`` over the graph's symbols."""
 
@@ -550,9 +550,9 @@ class Emitter:
         return list(self.nodes)
 
     def emit(self):
-        """The group's kernel: one program per ``XBLOCK`` rows.  Members are lowered in schedule
-        order; in a looped reduction the full values are recomputed inside each loop that needs
-        them (each reduction's loop, then one loop storing the full outputs)."""
+        """The group's kernel (``launch``'s).  Members are lowered in schedule order; in a looped
+        reduction the full values are recomputed inside each loop that needs them (each
+        reduction's loop, then one loop storing the full outputs)."""
         self.reductions = [n for n in self.nodes if reduction_of(n) is not None]
         for n in self.nodes:
             if n not in self.reductions and not isinstance(n.meta.get(VAL), torch.Tensor):
