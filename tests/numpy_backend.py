@@ -15,7 +15,6 @@ from fxforge.codegen.api import CodegenBackend, GroupCost, Kernel
 from fxforge.codegen.ir import aten as ir_aten, values as ir
 from fxforge.codegen.ir.emitter import Emitter, Unsupported, node_refusal
 from fxforge.codegen.ir.printer import IndexPrinter, ValuePrinter
-from fxforge.graph import node_kind
 
 NP = {torch.float32: "np.float32", torch.float64: "np.float64", torch.int64: "np.int64", torch.int32: "np.int32",
       torch.int16: "np.int16", torch.int8: "np.int8", torch.uint8: "np.uint8", torch.bool: "np.bool_"}
@@ -75,9 +74,7 @@ class NumpyEmitter(Emitter):
         return self.values.index(e)
 
     def store(self, n, index, val, v, dom):
-        ptr = self.tensor_params[(self.buffer(n, index), "out")]
-        shape = tuple(val.shape)
-        off = self.offset(self.placed(n, index, val), self.coords_of(shape, dom), len(shape), dom)
+        ptr, off = self.store_target(n, index, val, dom)
         self.body.append(f"{ptr}[{self.print_offset(off, dom)}] = {self.values(ir.cast(v, val.dtype))}")
 
     def persistent(self):

@@ -502,6 +502,7 @@ def verify_groups(gm: fx.GraphModule, config: Config, backend: CodegenBackend | 
             continue
         if cost.unique_io_buffers > config.max_fusion_unique_io_buffers:
             problems.append(f"group {gid}: {cost.unique_io_buffers} io buffers > {config.max_fusion_unique_io_buffers}")
-        if cost.num_args > kernel_args_limit(backend, config):
-            problems.append(f"group {gid}: {cost.num_args} kernel args > {kernel_args_limit(backend, config)}")
+        limit = kernel_args_limit(backend, config)
+        if cost.num_args > limit:
+            problems.append(f"group {gid}: {cost.num_args} kernel args > {limit}")
     return problems

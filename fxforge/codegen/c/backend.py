@@ -23,10 +23,10 @@ from ...config import Config
 from ...graph import VAL, free_symbols, node_kind, op_display, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
+from ..ir.emitter import Unsupported, node_refusal
 from ..ir.facts import pointwise_cost
 from ..probes import memoized
 from ..registry import C_MAX_KERNEL_ARGS
-from ..ir.emitter import Unsupported, node_refusal
 from .build import CUnit, compiler
 from .launcher import refusal
 from .kernel import CEmitter

@@ -51,8 +51,9 @@ FLAGS = ("-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march=native"
          "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC") + (
     ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ())
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined", "-g1")
-# About this many kernels a translation unit (``units``): a compiler run costs about 0.1 s of its
-# own (the prelude's headers) and 3-5 ms a kernel.
+# About this many kernels a translation unit (``units``): enough that a compiler run's own cost
+# (the prelude's headers) is small next to its kernels', few enough that a large wrapper's units
+# keep every core busy and a change rebuilds little.
 UNIT_KERNELS = 48
 
 

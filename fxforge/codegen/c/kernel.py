@@ -18,8 +18,8 @@ function; every index is ``int64_t``.
 from __future__ import annotations
 
 import functools
-import re
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 import sympy
@@ -28,8 +28,8 @@ import torch.fx as fx
 
 from ...graph import VAL
 from ...iteration import reduction_of, shape_of
-from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported, _trailing
 from ..ir import aten as ir_aten, values as ir
+from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported, _trailing
 from ..ir.aten import REDUCTIONS, Reduction
 from ..ir.values import Value, Var
 from .ops import CTYPE, SIG_DTYPE
@@ -100,7 +100,7 @@ class CEmitted:
     params: list[Param]
     node_count: int
     unique_io_buffers: int
-    # tensor parameter -> (dtype, sizes, strides) the kernel was compiled for (None: symbolic)
+    # tensor parameter -> (dtype, sizes, strides) the kernel was compiled for (``launcher.layout_check``)
     specs: dict[str, tuple] = field(default_factory=dict)
 
     @property
@@ -118,15 +118,17 @@ def param_kind(p: Param) -> str:
     return "p" if p.sig.startswith("*") else _KIND[p.sig]
 
 
-def c_head(name: str, params: list[Param]) -> list[str]:
+def c_head(name: str, params: list[Param], heap: bool = False) -> list[str]:
     """The kernel's signature, its opening brace and its parameters read from it.  Every kernel
     has the same signature, ``int name(void* const* fx_ptrs, const int64_t* fx_ints, const
     double* fx_floats, int64_t* fx_err)`` (one launcher calls them all, ``launcher.py``): the
     tensors' data pointers in order (``const`` for the ``in_`` ones, which the kernel only
     reads), the sizes and bools, the floats.  It returns 0, or one of ``launcher.KERNEL_ERRORS``
-    with the value that error names in ``*fx_err``; its last lines are ``C_END``."""
-    lines = [f"int {name}(void* const* fx_ptrs, const int64_t* fx_ints, const double* fx_floats, int64_t* fx_err)",
-             "{"]
+    with the value that error names in ``*fx_err``; its last lines are ``C_END``.  ``heap``: the
+    body of a kernel with heap scratch space (``c_function``), a static function taking the
+    block as ``fx_heap``."""
+    signature = "void* const* fx_ptrs, const int64_t* fx_ints, const double* fx_floats, int64_t* fx_err"
+    lines = [f"static int {name}({signature}, char* fx_heap)" if heap else f"int {name}({signature})", "{"]
     count = dict.fromkeys(_ENTRY_ARRAY.values(), 0)
     for p in params:
         array = _ENTRY_ARRAY[param_kind(p)]
@@ -173,9 +175,7 @@ def c_function(params: list[Param], body: list[str], heap: int = 0) -> tuple[str
     def lines(symbol: str) -> list[str]:
         if not heap:
             return c_head(symbol, params) + body + C_END
-        inner = c_head(f"{symbol}_body", params)
-        inner[0] = "static " + inner[0].replace("int64_t* fx_err)", "int64_t* fx_err, char* fx_heap)")
-        return inner + body + C_END + [
+        return c_head(f"{symbol}_body", params, heap=True) + body + C_END + [
             c_head(symbol, [])[0], "{", f"    char* fx_heap = malloc({heap});",
             f"    if (fx_heap == NULL) {{ *fx_err = {heap}; return {SCRATCH_ERROR}; }}",
             f"    const int rc = {symbol}_body(fx_ptrs, fx_ints, fx_floats, fx_err, fx_heap);",
@@ -219,7 +219,7 @@ class CEmitter(Emitter):
         self.hoisted: list[str] | None = None  # inside a fold's loop: the lines before it (``load``)
         self.loop_defined: set[str] = set()  # inside a fold's loop: the index locals it defines
         self.last_offset: sympy.Expr = sympy.Integer(0)  # the offset of the last load emitted
-        self.column_accs: dict[tuple, dict[str, str]] = {}
+        self.column_accs: dict[tuple, dict[str, Var]] = {}
         self.row_cache: dict[fx.Node, Var | None] = {}  # reduction input -> its row array (None: not yet made)
         self.fold_span: tuple[int, int] | None = None  # a column kernel's fold loop: its lines in body
         self.column_acc_decls: dict[str, tuple[torch.dtype, str]] = {}  # accumulator -> dtype, declaration
@@ -446,10 +446,7 @@ class CEmitter(Emitter):
         return Var(name, v.dtype)
 
     def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
-        ptr = self.tensor_params[(self.buffer(n, index), "out")]
-        shape = shape_of(val)
-        val = self.placed(n, index, val)
-        off = self.offset(val, self.coords_of(shape, dom), len(shape), dom)
+        ptr, off = self.store_target(n, index, val, dom)
         at = self.tiled(ptr, off, val.dtype, stored=True) or f"{ptr}[{self.print_offset(off, dom)}]"
         self.body.append(f"{at} = {self.values(ir.cast(v, val.dtype))};")
 

@@ -36,7 +36,9 @@ from typing import Any
 
 import torch
 
+from ...graph import expr
 from .build import CompileError, CUnit, shared_object, shared_objects
+from .kernel import SCRATCH_ERROR
 from .prelude import PRELUDE
 
 log = logging.getLogger(__name__)
@@ -255,7 +257,7 @@ PyMODINIT_FUNC PyInit_fxforge_c_launcher(void)
 # What a kernel's nonzero return means: the exception raised, its message for the value the
 # kernel left in *fx_err (eager's message for the same error).
 KERNEL_ERRORS = {1: (IndexError, "Target {} is out of bounds."), 2: (IndexError, "index out of range in self"),
-                 3: (MemoryError, "an fxforge C kernel could not allocate its scratch space ({} bytes)")}
+                 SCRATCH_ERROR: (MemoryError, "an fxforge C kernel could not allocate its scratch space ({} bytes)")}
 
 
 def _errors_c() -> str:
@@ -366,7 +368,8 @@ def layout_check(k) -> Any:
     whose device, dtype, shape or strides (where the kernel was compiled for static ones, and
     the dim has more than one element) differ from what the kernel was compiled for
     (``CEmitted.specs``)."""
-    specs = [(i, p, k.specs[p.name]) for i, p in enumerate(k.params) if p.name in k.specs]
+    specs = [(i, p, (dtype, _static(shape), _static(stride)))
+             for i, p in enumerate(k.params) if p.name in k.specs for dtype, shape, stride in [k.specs[p.name]]]
 
     def check(*args: Any) -> None:
         for i, p, (dtype, shape, stride) in specs:
@@ -384,6 +387,11 @@ def layout_check(k) -> Any:
             raise ValueError(f"fxforge C kernel {k.name}: argument {i} ({p.launch}, kernel parameter {p.name}) {why}")
 
     return check
+
+
+def _static(dims: tuple) -> tuple:
+    """Sizes or strides as ints, None where symbolic."""
+    return tuple(int(e) if e.is_Integer else None for e in map(expr, dims))
 
 
 def _spec(dims: tuple) -> str:

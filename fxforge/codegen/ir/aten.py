@@ -252,12 +252,13 @@ def op_key(op: torch._ops.OpOverload) -> str:
     return name if "." in name else name + ".default"
 
 
-def semantics_of(op: Any) -> Semantics | None:
-    return OPS.get(op_key(op)) if isinstance(op, torch._ops.OpOverload) else None
-
-
 _FILLS = ("full.default", "full_like.default", "scalar_tensor.default", "fill.Scalar", "zeros_like.default",
           "ones_like.default")
+
+
+def _fill_value(key: str, b: dict) -> Any:
+    """The value a fill op (``_FILLS``) writes: a constant or a runtime scalar's node."""
+    return {"zeros_like.default": 0, "ones_like.default": 1}.get(key, b.get("fill_value", b.get("value", b.get("s"))))
 
 
 def read_nodes(n: fx.Node) -> list[fx.Node] | None:
@@ -268,7 +269,7 @@ def read_nodes(n: fx.Node) -> list[fx.Node] | None:
     key = op_key(n.target)
     b = schema_bind(n)
     if key in _FILLS:
-        value = b.get("fill_value", b.get("value", b.get("s")))
+        value = _fill_value(key, b)
         return [value] if isinstance(value, fx.Node) else []
     sem = OPS.get(key)
     if sem is None:
@@ -283,7 +284,7 @@ def lower(n: fx.Node, operand: Callable[[fx.Node], Value], scalar: Callable[[fx.
     b = schema_bind(n)
     key = op_key(n.target)
     if key in _FILLS:
-        value = {"zeros_like.default": 0, "ones_like.default": 1}.get(key, b.get("fill_value", b.get("value", b.get("s"))))
+        value = _fill_value(key, b)
         cdt = compute_dtype(n.meta[VAL].dtype)
         if isinstance(value, fx.Node):
             return v.cast(scalar(value), cdt)

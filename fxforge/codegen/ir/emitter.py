@@ -46,15 +46,6 @@ class Param:
 # --------------------------------------------------------------------------- emitter
 
 
-def _static(dims) -> tuple:
-    """Sizes or strides as ints, None where symbolic."""
-    out = []
-    for d in dims:
-        e = expr(d)
-        out.append(int(e) if e.is_Integer else None)
-    return tuple(out)
-
-
 def _is_int(e: sympy.Expr) -> bool:
     return sympy.sympify(e).is_Integer
 
@@ -188,7 +179,7 @@ class Emitter:
         self.reads: list[tuple[sympy.Expr, str]] = []  # (fake expr, launch-time read)
         self.body: list[str] = []
         self.tensor_params: dict[tuple[str, int | None], str] = {}
-        self.specs: dict[str, tuple] = {}  # tensor parameter -> (dtype, sizes, strides); None where symbolic
+        self.specs: dict[str, tuple] = {}  # tensor parameter -> (dtype, sizes, strides) as traced or planned
         self.int64 = False
         self.scalar_params: dict[fx.Node, str] = {}
         self.storages: set[str] = set()
@@ -217,7 +208,7 @@ class Emitter:
                 raise Unsupported(f"dtype {val.dtype}")
             self.params.append(Param(pname, "*" + self.SIG_DTYPE[val.dtype], self.launch_arg(var)))
             self.tensor_params[key] = pname
-            self.specs[pname] = (val.dtype, _static(val.shape), _static(val.stride()))
+            self.specs[pname] = (val.dtype, tuple(val.shape), tuple(val.stride()))
             self.storages.add(var)
             self.readable(var, val)
         return self.tensor_params[key]
@@ -677,6 +668,14 @@ class Emitter:
 
     def all_symbols(self):
         return list(self.sym_names.values()) + list(self.expr_syms.values())
+
+    def store_target(self, n: fx.Node, index: int | None, val: torch.Tensor, dom: str) -> tuple[str, sympy.Expr]:
+        """Where output ``index`` of ``n`` (traced value ``val``) is stored in domain ``dom``: its
+        pointer parameter and the element offset, at the planned layout (a region of a cat/pad's
+        buffer: its container's strides)."""
+        ptr = self.tensor_params[(self.buffer(n, index), "out")]
+        shape = shape_of(val)
+        return ptr, self.offset(self.placed(n, index, val), self.coords_of(shape, dom), len(shape), dom)
 
     # ---------------------------------------------------------------- the language's hooks
 

@@ -92,11 +92,8 @@ class TritonEmitter(Emitter):
         return f"tl.broadcast_to({self.values(v)}, {shape})"
 
     def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
-        ptr = self.tensor_params[(self.buffer(n, index), "out")]
-        shape = shape_of(val)
-        val = self.placed(n, index, val)  # a region of a cat/pad's buffer: its container's strides
-        off = self.print_offset(self.offset(val, self.coords_of(shape, dom), len(shape), dom), dom)
-        self.body.append(f"tl.store({ptr} + ({off}), {self.block(ir.cast(v, val.dtype), dom)}, mask={self.mask(dom)})")
+        ptr, off = self.store_target(n, index, val, dom)
+        self.body.append(f"tl.store({ptr} + ({self.print_offset(off, dom)}), {self.block(ir.cast(v, val.dtype), dom)}, mask={self.mask(dom)})")
 
     # ---------------------------------------------------------------- kernels
 
