@@ -388,7 +388,7 @@ def test_prelude_numerics_match_eager(name):
     cf = torch.compile(lambda a: fn(a) + 0, backend=b, fullgraph=True)  # + 0: the op inside a kernel
     got = torch.cat([cf(chunk) for chunk in chunks])[: len(x)]
     assert len(b.compiled) == 1 and backends(b) == {"c"}, outside_c(b)
-    assert any(h in b.compiled[0].source for h in ("fx_expf", "fx_tanhf", "fx_erff"))
+    assert any(h in b.compiled[0].source for h in ("fx_expf(", "fx_tanhf(", "fx_erff(", " expf(", " tanhf("))
     exp = fn(x)
     # Eager's vectorized CPU gelu (erf) overflows to inf above ~1.7e38 and gives NaN at inf, where
     # its scalar path (a one-element tensor) and float64 give x and inf (as the C kernel does):
@@ -405,6 +405,29 @@ def test_prelude_numerics_match_eager(name):
     if name in ("exp", "tanh", "sigmoid", "silu"):  # and within ~3 ulp (2 subnormal steps near 0)
         torch.testing.assert_close(got, exp, equal_nan=True, rtol=4e-7, atol=3e-45)
     # inf, -inf and nan exactly as eager
+    torch.testing.assert_close(got[-len(SPECIAL):][:3], exp[-len(SPECIAL):][:3], equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", build.VECTOR_MATH[0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_vector_math_numerics_match_eager(name, dtype):
+    """The C library's vector math (build.vector_math): fused into C kernels, called on vectors,
+    as eager computes within float32's and float64's tolerances; inf, -inf and NaN exactly."""
+    if name not in build.vector_math():
+        pytest.skip(f"this machine's C library has no vector {name}")
+    fn = getattr(torch.special if name in ("exp2", "expm1", "log1p", "erfc") else torch, name)
+    x = torch.cat([torch.linspace(-12, 12, 4001), torch.linspace(-1, 1, 2001), SPECIAL]).to(dtype)
+    n = 4096  # chunks within the C backend's size limit for the op (ops.TRANSCENDENTAL_MAX_NUMEL)
+    chunks = torch.cat([x, x[: (-len(x)) % n]]).view(-1, n)
+    torch._dynamo.reset()
+    b = fxforge.backend(C)
+    cf = torch.compile(lambda a: fn(a * 1.5) + 0.25, backend=b, fullgraph=True)  # the op inside a kernel
+    got = torch.cat([cf(chunk) for chunk in chunks])[: len(x)]
+    assert len(b.compiled) == 1 and backends(b) == {"c"}, outside_c(b)
+    call = f"{name}{'f' if dtype == torch.float32 else ''}("
+    assert f" {call}" in b.compiled[0].source or f" fx_{call}" in b.compiled[0].source  # the prelude's erff
+    exp = fn(x * 1.5) + 0.25
+    torch.testing.assert_close(got, exp, equal_nan=True)
     torch.testing.assert_close(got[-len(SPECIAL):][:3], exp[-len(SPECIAL):][:3], equal_nan=True, atol=0, rtol=0)
 
 
@@ -636,9 +659,9 @@ def test_ops_without_a_c_lowering_run_as_torch_kernels_in_the_same_graph():
 
 def _so_files(d) -> list[str]:
     """The kernels' shared objects in cache ``d`` (not the launcher's, which carries the probe
-    kernel ``fx_probe``, nor the probe's: each built once per cache, whichever test comes first)."""
+    kernel ``fx_probe``, nor the probes': each built once per cache, whichever test comes first)."""
     c = os.path.join(d, "c")
-    return sorted(p for p in os.listdir(c) if p.endswith(".so") and "fx_probe(" not in open(os.path.join(c, p[:-3] + ".c")).read())
+    return sorted(p for p in os.listdir(c) if p.endswith(".so") and "probe(" not in open(os.path.join(c, p[:-3] + ".c")).read())
 
 
 _CACHED_SCRIPT = textwrap.dedent("""
@@ -653,7 +676,7 @@ _CACHED_SCRIPT = textwrap.dedent("""
         calls, real = [], build.subprocess.run
         # each compiler run's command and source (the launcher and the probe carry fx_probe)
         build.subprocess.run = lambda cmd, *a, **k: calls.append(
-            (list(cmd), open(cmd[-4]).read() if "-shared" in cmd else "")) or real(cmd, *a, **k)
+            (list(cmd), open(next(a for a in cmd if a.endswith(".c"))).read() if "-shared" in cmd else "")) or real(cmd, *a, **k)
         try:
             torch._dynamo.reset()
             torch.manual_seed(seed)
@@ -663,8 +686,9 @@ _CACHED_SCRIPT = textwrap.dedent("""
             assert "c" in {k.backend for c in b.compiled for k in c.kernels}
         finally:
             build.subprocess.run = real
-        # compiler runs building the kernels' shared object (not the launcher, launcher.refusal)
-        return sum(1 for cmd, source in calls if "-shared" in cmd and "fx_probe(" not in source)
+        # compiler runs building the kernels' shared object (not the launcher, launcher.refusal, nor
+        # build.vector_math's probe)
+        return sum(1 for cmd, source in calls if "-shared" in cmd and "probe(" not in source)
 """)
 
 
@@ -695,7 +719,7 @@ def test_shared_object_cached_in_process_and_compile_errors_name_the_file(monkey
 
     with monkeypatch.context() as m:
         m.setattr(build.subprocess, "run", no_compiler)
-        assert build.shared_object(source) == os.path.join(tmp_path, "c", so)
+        assert build.shared_object(source, libs=build.CUnit.libs()) == os.path.join(tmp_path, "c", so)
         # the same function compiled again: its kernels come from the cache (also with new inputs)
         x = torch.randn(5, 7)
         b, out = run_compiled(lambda a: (a * 3).exp() - 1, x)

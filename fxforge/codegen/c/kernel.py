@@ -33,7 +33,8 @@ from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported, _tra
 from ..ir.aten import REDUCTIONS, Reduction
 from ..ir.values import Value, Var
 from .ops import CTYPE, SIG_DTYPE
-from .printer import VALUES, CPrinter
+from . import build
+from .printer import CPrinter, values
 
 # A column kernel walks down its columns (one cache line per row for each vector of columns), so
 # the data it reduces has to stay in cache: a BERT vocabulary bias gradient (256 x 30,522 floats)
@@ -208,11 +209,11 @@ def launch_source(name: str, args: list[str], params: list[Param], prologue: lis
 
 
 class CEmitter(Emitter):
-    values = VALUES
     SIG_DTYPE = SIG_DTYPE
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.values = values(build.vector_math())  # this machine's vector math (``build.vector_math``)
         self.xvars: list[tuple[str, sympy.Expr]] = []  # the rows' loop variables and their sizes
         self.rvars: list[tuple[str, sympy.Expr]] = []
         self.columns = False  # the rows are columns (the last dim kept): see fold_columns

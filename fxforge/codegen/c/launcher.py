@@ -348,7 +348,7 @@ def link(unit: CUnit) -> dict[str, Any]:
     if not unit.kernels:
         return {}
     units = unit.units()
-    lib_of = {symbol: lib for (_, symbols), path in zip(units, shared_objects([source for source, _ in units]))
+    lib_of = {symbol: lib for (_, symbols), path in zip(units, shared_objects([source for source, _ in units], unit.libs()))
               for lib in [ctypes.CDLL(path)] for symbol in symbols}
     module = launcher()
     out = {}

@@ -1,10 +1,10 @@
 """The C kernels' element types and which ops they take on at which sizes.
 
 What each op computes is written once, in ``codegen/ir/aten.py``; how a value prints as C is
-``printer.py``'s.  Only ops a C compiler turns into vector code, or that the helpers in
-``prelude.py`` compute branch-free (``fx_expf``, ``fx_tanhf``, ``fx_erff``), print as C: an op
-that would run element by element through the C library (``log``, ``sin``...) is left to its
-ATen kernel, which is vectorized.  fp16/bf16 tensors are not read or written (``SIG_DTYPE``
+``printer.py``'s.  Only ops a C compiler turns into vector code print as C: arithmetic, the
+prelude's branch-free helpers (``fx_expf``, ``fx_tanhf``, ``fx_erff``) and the C library's
+vector math where this machine has it (``build.vector_math``); an op that would run element by
+element through the C library is left to its ATen kernel, which is vectorized.  fp16/bf16 tensors are not read or written (``SIG_DTYPE``
 leaves them out).
 """
 
@@ -36,6 +36,10 @@ ONE_THREAD_MAX_NUMEL = 1 << 18
 # than ATen's alone (64 against 54 µs) but twice as fast inside a training step (64 against 118 µs
 # a call in the demo's), up to ``ONE_THREAD_MAX_NUMEL``.
 TRANSCENDENTAL_MAX_NUMEL = {f"{n}.default": 8192 for n in ("exp", "sigmoid", "tanh", "silu", "silu_backward")}
+# the C library's vector math functions (``build.VECTOR_MATH``) are held to exp's limit
+TRANSCENDENTAL_MAX_NUMEL.update({f"{n}.default": 8192 for n in (
+    "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan", "asinh", "acosh",
+    "atanh", "erfc")})
 TRANSCENDENTAL_MAX_NUMEL.update({"erf.default": 65536, "gelu.default": ONE_THREAD_MAX_NUMEL})
 # gelu_backward (exact) has no limit: its C version (fx_gelu_gradf) is faster than eager's on one
 # thread (131k elements: 57 against 107 µs)

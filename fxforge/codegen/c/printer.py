@@ -2,15 +2,21 @@
 
 Indices are ``int64_t`` arithmetic with Python floor semantics (a sign correction where an
 operand may be negative).  Values compute like eager: float32 constants are ``f``-suffixed (the
-nearest float32), ``exp``/``tanh``/``erf`` of float32 call the prelude's vectorizable
-``fx_<name>f`` (the C library's on float64), the exact GELU's derivative of float32 is
-``fx_gelu_gradf`` (one ``exp`` for both terms), integer bitwise results are narrowed back to
-their type.  What C lacks here (``log``, ``sin``, integer division...) is refused: those nodes
-run as ATen's vector kernels.
+nearest float32), integer bitwise results are narrowed back to their type.  Float functions:
+
+* the C library's vector math (``build.vector_math``: ``sinf``, ``logf``... called by their C
+  names, the compiler vectorizes the loops calling them) where this machine has it;
+* else, for ``exp``, ``tanh`` and ``erf``, the prelude's vectorizable ``fx_<name>f`` on float32
+  (the C library's scalar function on float64); ``erf`` always: it is faster than the library's;
+* the exact GELU's derivative of float32 is ``fx_gelu_gradf`` (one ``exp`` for both terms).
+
+What C lacks here (a float function without a vector version, integer division...) is refused:
+those nodes run as ATen's vector kernels.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -54,14 +60,18 @@ _BINARY = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<"
 _BITWISE = {"and": "&", "or": "|", "xor": "^"}
 # float functions: the prelude's vectorizable float32 versions (``fx_expf``...), else the C library's
 _PRELUDE_F32 = ("exp", "tanh", "erf")
-_LIBM = ("sqrt", "floor", "ceil", "trunc", "nearbyint")
+_PRELUDE_FIRST = ("erf",)  # the prelude's even where the library has a vector version: faster
+_LIBM = ("sqrt", "floor", "ceil", "trunc", "nearbyint")  # instructions
 
 
 class CValues(ValuePrinter):
+    """C values; ``vector_math``: the float functions the C library computes on vectors."""
+
     language = "C"
 
-    def __init__(self):
+    def __init__(self, vector_math: frozenset[str] = frozenset()):
         super().__init__(CPrinter())
+        self.vector_math = vector_math
 
     def const(self, c: Const) -> str:
         dt, x = c.dtype, c.value
@@ -103,13 +113,19 @@ class CValues(ValuePrinter):
             return f"{'FX_MAX_NAN' if name == 'max_nan' else 'FX_MIN_NAN'}({a[0]}, {a[1]})"
         if name == "cast":
             return f"({a[0]} != 0)" if dt == torch.bool else f"(({CTYPE[dt]})({a[0]}))"
-        if name in _PRELUDE_F32 and dt.is_floating_point:
-            return f"fx_{name}f({a[0]})" if f32 else f"{name}({a[0]})"
-        if name in _LIBM and dt.is_floating_point:
+        if not dt.is_floating_point:
+            return None
+        if name == "gelu_grad":
+            return f"fx_gelu_gradf({a[0]})" if f32 else None
+        library = name in self.vector_math or name in _LIBM
+        if f32 and name in _PRELUDE_F32 and (name in _PRELUDE_FIRST or not library):
+            return f"fx_{name}f({a[0]})"
+        if library or name in _PRELUDE_F32:
             return f"{name}f({a[0]})" if f32 else f"{name}({a[0]})"
-        if name == "gelu_grad" and f32:
-            return f"fx_gelu_gradf({a[0]})"
         return None
 
 
-VALUES = CValues()
+@functools.lru_cache(maxsize=None)
+def values(vector_math: frozenset[str]) -> CValues:
+    """The printer for a machine whose C library computes ``vector_math`` on vectors."""
+    return CValues(vector_math)
