@@ -1,7 +1,9 @@
 """PassManager: runs passes in order, verifies the graph between them, records what each did.
 
 A pass is any callable taking a GraphModule and returning one of
-* ``fxforge.PassResult(graph_module, modified, stats)`` (``stats`` optional, a dict of ints),
+* ``fxforge.PassResult(graph_module, modified, stats, recompile)`` (``stats`` optional, a dict of
+  ints; ``recompile=False``: the pass changed only metadata, or recompiled the module itself, so
+  the manager need not regenerate its code),
 * torch.fx's ``PassResult(graph_module, modified)``,
 * a GraphModule (modified),
 * a bool (modified, graph changed in place) or None (in place, assumed modified).
@@ -30,6 +32,7 @@ class PassResult(NamedTuple):
     graph_module: fx.GraphModule
     modified: bool
     stats: dict | None = None
+    recompile: bool | None = None  # the module's code must be regenerated (None: if modified)
 
 
 class PassError(RuntimeError):
@@ -78,6 +81,8 @@ def normalize_result(p: Callable, gm: fx.GraphModule, r: Any) -> PassResult:
         return PassResult(gm, r)
     if isinstance(r, fx.GraphModule):
         return PassResult(r, True)
+    if isinstance(r, PassResult):
+        return r
     if isinstance(r, tuple) and len(r) >= 2 and isinstance(r[0], fx.GraphModule):
         stats = r[2] if len(r) > 2 else getattr(r, "stats", None)
         return PassResult(r[0], bool(r[1]), stats)
@@ -118,7 +123,7 @@ class PassManager:
             except Exception as e:
                 raise PassError(name, f"{type(e).__name__}: {e}") from e
             gm = r.graph_module
-            if r.modified:
+            if r.modified if r.recompile is None else r.recompile:
                 gm.recompile()
             records.append(
                 PassRecord(name, time.perf_counter() - t0, before, count_compute_nodes(gm), r.modified, dict(r.stats or {}))

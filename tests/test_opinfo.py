@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import re
 import warnings
 
@@ -320,9 +321,14 @@ def backward(ins, out):
     return [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, leaves)]
 
 
+# The device of the sweeps' samples: ``FXFORGE_OPINFO_DEVICE=cuda`` runs the Triton sweep on a GPU
+# (with ``TRITON_INTERPRET=0``).
+DEVICE = os.environ.get("FXFORGE_OPINFO_DEVICE", "cpu")
+
+
 def samples(op, n: int, dtype=torch.float32, *, grad: bool = False) -> list:
     torch.manual_seed(0)  # OpInfo samples come from the global RNG
-    return list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=grad), n))
+    return list(itertools.islice(op.sample_inputs(DEVICE, dtype, requires_grad=grad), n))
 
 
 def ran_through_fxforge(b) -> bool:

@@ -29,8 +29,12 @@ def aot_check_new(since: int, archs=(80, 90)) -> list:
     return out
 
 
-def run_compiled(fn, *args, dynamic=False, config=None, aot_check=True):
-    """``(backend, result)``: ``fn(*args)`` compiled with codegen="triton" (fullgraph, debug)."""
+def run_compiled(fn, *args, dynamic=False, config=None, aot_check=None):
+    """``(backend, result)``: ``fn(*args)`` compiled with codegen="triton" (fullgraph, debug);
+    every new kernel also compiled ahead of time for sm_80 and sm_90 unless ``aot_check`` is
+    False (default: where the arguments are not on a GPU, which compiles them anyway)."""
+    if aot_check is None:
+        aot_check = not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     torch._dynamo.reset()
     b = fxforge.backend(config or fxforge.Config(codegen="triton", debug=True))
     start = len(GENERATED)

@@ -101,6 +101,12 @@ class CodegenBackend:
     # emit for these nodes (``outputs``: those used outside), or why it cannot emit one.
     # None: the backend runs single-node groups only (the fusion pass leaves its groups alone).
     fusion_cost: Callable[[list[fx.Node], list[fx.Node], Config], "GroupCost | str"] | None = None
+    # ``fusion_facts(node)``: facts of a one-node group (None: ``fusion_cost`` must answer) that
+    # the fusion pass merges as groups merge (``.merge(other, members)``, None where they cannot
+    # say) and asks for the cost (``.cost(stored outputs)``) instead of calling ``fusion_cost``:
+    # ``codegen/ir/facts.py``'s ``pointwise_facts``.  Their answer must be ``fusion_cost``'s (checked
+    # for every merge in debug mode).  None: every merge asks ``fusion_cost``.
+    fusion_facts: Callable[[fx.Node], Any] | None = None
     # What ``Config(decompose="auto")`` means for this backend's graphs: "none" (ATen as traced:
     # each node a kernel eager would run) or "core" (core ATen, softmax and layer norm split into
     # pointwise + reduction nodes: what a fusing code generator wants).

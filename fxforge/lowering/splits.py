@@ -76,5 +76,6 @@ class SplitForFusion:
                 gm.graph.erase_node(u)
             gm.graph.erase_node(n)
             split += 1
-        gm.recompile()
-        return PassResult(gm, split > 0, {"split": split})
+        if split:
+            gm.recompile()  # runnable when called by hand; the PassManager need not again
+        return PassResult(gm, split > 0, {"split": split}, recompile=False)

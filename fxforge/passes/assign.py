@@ -98,4 +98,5 @@ class AssignBackends:
             gid += 1
             fallbacks += backend is None
             externs += backend is not None and backend is not self.backend
-        return PassResult(gm, True, {"groups": gid, "fallback_nodes": fallbacks, "extern_nodes": externs})
+        # metadata only: the module's code stays as it is
+        return PassResult(gm, True, {"groups": gid, "fallback_nodes": fallbacks, "extern_nodes": externs}, recompile=False)

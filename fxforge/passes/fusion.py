@@ -40,12 +40,13 @@ import math
 import operator
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import sympy
 import torch.fx as fx
 
-from ..codegen.api import CodegenBackend, kernel_args_limit
+from ..codegen.api import CodegenBackend, GroupCost, kernel_args_limit
 from ..config import Config
 from ..graph import BACKEND, GROUP, aliased_input, node_kind, output_nodes, storage_root
 from ..iteration import Iteration, iteration_of, joined_iteration, kind_of
@@ -64,6 +65,10 @@ class _Group:
     hi: int  # largest program index of a member: where the group runs
     compute: int  # compute nodes
     it: Iteration  # the loop nest its compute nodes share
+    # its boundary, kept as groups merge (a merge costs its boundary, not its members):
+    reads: set[fx.Node]  # nodes outside it that members read
+    outputs: list[fx.Node]  # compute members used outside it or returned (``plan.group_outputs``)
+    facts: Any = None  # the backend's ``fusion_facts`` for it (None: ``fusion_cost`` answers)
 
 
 def view_input(v: fx.Node) -> fx.Node | None:
@@ -119,12 +124,16 @@ class FusionRun:
                 g = n.meta[GROUP]
                 self.gid[n] = g
                 it = iteration_of([n]) if self.fusible(n) else Iteration(sympy.Integer(1))
-                self.groups[g] = _Group(g, [n], self.index[n], 1, it)
+                self.groups[g] = _Group(g, [n], self.index[n], 1, it, set(n.all_input_nodes) - {n}, [])
+        self.graph_outputs = set(output_nodes(gm))
+        for g in self.groups.values():
+            g.outputs = group_outputs(g.nodes, self.graph_outputs)
+            if backend.fusion_facts is not None and self.fusible(g.nodes[0]):
+                g.facts = backend.fusion_facts(g.nodes[0])
         self.refused: dict[str, int] = {}
         self.refused_list: list[dict] = []
         self.merges = 0
         self.copied_views = 0
-        self.graph_outputs = set(output_nodes(gm))
         self.memory = _PeakModel(gm, nodes, self)
         self.order = _Order(self)
 
@@ -164,7 +173,7 @@ class FusionRun:
             "merges": self.merges,
             "refused_fusions": dict(self.refused),
             "refused": self.refused_list,
-        })
+        }, recompile=False)  # metadata, and view copies (recompiled above)
 
     def producer_through_views(self, a: fx.Node) -> fx.Node | None:
         """The grouped node ``a`` reads from, through views and getitems (None: not grouped)."""
@@ -191,7 +200,7 @@ class FusionRun:
             self.refuse("max_fusion_size", a, b, f"{a.compute + b.compute} > {cfg.max_fusion_size}")
             return False
         members = set(a.nodes) | set(b.nodes)
-        views = self.views_between(members)
+        views = self.views_between(members, a.reads | b.reads)
         later = self.order.must_follow(a, b, views)
         if later is None:
             self.refuse("cycle", a, b)
@@ -203,11 +212,21 @@ class FusionRun:
             if isinstance(it, str):
                 self.refuse("incompatible_iteration", a, b, it)
                 return False
-        outputs = group_outputs(nodes, self.graph_outputs)
-        try:
-            cost = self.backend.fusion_cost(nodes, outputs, cfg)
-        except Exception as e:  # a backend's check must not take the compile down
-            cost = f"{type(e).__name__}: {e}"
+        if views:  # (rare) the boundary anew
+            outputs = group_outputs(nodes, self.graph_outputs)
+        else:  # a member used only inside a or b is used only inside the merged group
+            outputs = sorted((n for n in a.outputs + b.outputs
+                              if n in self.graph_outputs or any(u not in members for u in n.users)), key=self.index.get)
+        facts = a.facts.merge(b.facts, members) if a.facts is not None and b.facts is not None and not views else None
+        if facts is not None:  # the members' facts answer, in O(the groups' reads)
+            cost = facts.cost(len(outputs) or len(nodes))
+            if cfg.debug:
+                self.check_facts(cost, nodes, outputs)
+        else:
+            try:
+                cost = self.backend.fusion_cost(nodes, outputs, cfg)
+            except Exception as e:  # a backend's check must not take the compile down
+                cost = f"{type(e).__name__}: {e}"
         if isinstance(cost, str):
             self.refuse("backend", a, b, cost)
             return False
@@ -217,7 +236,7 @@ class FusionRun:
         if cost.num_args > self.args_limit:
             self.refuse("max_kernel_args", a, b, f"{cost.num_args} > {self.args_limit}")
             return False
-        grown = self.memory.try_merge(a, b, members | {v for v, copy in views if not copy})
+        grown = self.memory.try_merge(a, b, members | {v for v, copy in views if not copy}, not views)
         if grown is not None:
             self.refuse("peak_memory", a, b, grown)
             return False
@@ -228,6 +247,10 @@ class FusionRun:
             members.add(v)
             self.gid[v] = a.id
         a.nodes = sorted(members, key=self.index.get)
+        a.reads = ({x for n in a.nodes for x in n.all_input_nodes} if views else a.reads | b.reads) - members
+        # (a copied view's original stays outside, reading a member: the boundary anew)
+        a.outputs = group_outputs(a.nodes, self.graph_outputs) if views else outputs
+        a.facts = facts
         a.hi = max(a.hi, b.hi)
         a.compute += b.compute
         a.it = it
@@ -238,27 +261,35 @@ class FusionRun:
         self.merges += 1
         return True
 
-    def views_between(self, members: set[fx.Node]) -> list[tuple[fx.Node, bool]]:
+    def check_facts(self, cost: GroupCost, nodes: list[fx.Node], outputs: list[fx.Node]) -> None:
+        """Debug mode: the merged facts' cost is the backend's ``fusion_cost``."""
+        want = self.backend.fusion_cost(nodes, outputs, self.config)
+        if want != cost:
+            raise AssertionError(f"fusion facts of {[n.name for n in nodes]} give {cost}, fusion_cost {want}")
+
+    def views_between(self, members: set[fx.Node], reads: set[fx.Node]) -> list[tuple[fx.Node, bool]]:
         """Views (not in any group) on the way from one member to another, which join the
         group: (view, must be copied first because it also has users outside the group).
-        Getitems of members stay outside (they name the member's output buffers)."""
+        Getitems of members stay outside (they name the member's output buffers).  ``reads``:
+        the nodes the members read."""
         out: dict[fx.Node, bool] = {}
-        for c in members:
-            for a in c.all_input_nodes:
-                chain = []
-                x = a
-                while x is not None and x not in self.gid and node_kind(x) == "view":
-                    chain.append(x)
-                    x = view_input(x)
-                if x is not None and x not in self.gid and node_kind(x) == "getitem":
-                    x = view_input(x)
-                if x is None or x not in members or not chain:
-                    continue
-                inside = members | set(chain)
-                copying = False
-                for v in chain:  # from the consumer up to the producer
-                    copying = copying or any(u not in inside for u in v.users)
-                    out[v] = out.get(v, False) or copying
+        for a in reads:
+            if a in self.gid:
+                continue
+            chain = []
+            x = a
+            while x is not None and x not in self.gid and node_kind(x) == "view":
+                chain.append(x)
+                x = view_input(x)
+            if x is not None and x not in self.gid and node_kind(x) == "getitem":
+                x = view_input(x)
+            if x is None or x not in members or not chain:
+                continue
+            inside = members | set(chain)
+            copying = False
+            for v in chain:  # from the consumer up to the producer
+                copying = copying or any(u not in inside for u in v.users)
+                out[v] = out.get(v, False) or copying
         return list(out.items())
 
     def copy_view_for(self, v: fx.Node, members: set[fx.Node]) -> fx.Node:
@@ -295,7 +326,8 @@ class _Order:
 
     def successors(self, v) -> list:
         """Vertices using a value of ``v`` (its members' getitems are part of ``v``)."""
-        stack = list(self.f.groups[v[1]].nodes) if isinstance(v, tuple) else [v]
+        # a group's values used outside it are its outputs' (and their getitems')
+        stack = list(self.f.groups[v[1]].outputs) if isinstance(v, tuple) else [v]
         out = []
         while stack:
             n = stack.pop()
@@ -368,8 +400,9 @@ class _PeakModel:
         self.escapes = {storage_root(o) for o in output_nodes(gm)}
         self.last = len(nodes) - 1
         self.profile = np.zeros(len(nodes) + 1, dtype=np.int64)
+        self.spans: dict[fx.Node, tuple[int | None, int]] = {}  # each storage's span now
         for r in self.size:
-            s, e = self.span(r, {})
+            s, e = self.spans[r] = self.span(r, {})
             if s is not None:
                 self.profile[s:e + 1] += self.size[r]
         growth = fuser.config.max_fusion_peak_growth
@@ -379,7 +412,9 @@ class _PeakModel:
         if n in moved:
             return moved[n]
         g = self.fuser.gid.get(n)
-        return self.fuser.groups[g].hi - self.back.get(n, 0) if g is not None else self.fuser.index[n]
+        if g is None:
+            return self.fuser.index[n]
+        return self.fuser.groups[g].hi - self.back[n] if n in self.back else self.fuser.groups[g].hi
 
     def group_of(self, n: fx.Node, moved: dict[fx.Node, int]):
         return "merged" if n in moved else self.fuser.gid.get(n)
@@ -394,9 +429,12 @@ class _PeakModel:
         index = self.fuser.index
         return {n: max(index[n], at - (len(ordered) - 1 - i)) for i, n in enumerate(ordered)}
 
-    def commit(self, moved: dict[fx.Node, int], at: int) -> None:
-        for n, p in moved.items():
-            self.back[n] = at - p
+    def commit(self, moved: dict[fx.Node, int], at: int, changes: list) -> None:
+        if not self.fused:  # (one fused kernel: every member at its group's last position)
+            for n, p in moved.items():
+                self.back[n] = at - p
+        for r, _, new in changes:
+            self.spans[r] = new
 
     def span(self, r: fx.Node, moved: dict[fx.Node, int]) -> tuple[int | None, int]:
         """(start, end) of storage ``r``; start None: it never reaches memory (inside a fused group)."""
@@ -412,31 +450,39 @@ class _PeakModel:
         end = max((self.pos(u, moved) for u in users if u.op != "output"), default=start)
         return start, max(start, end)
 
-    def try_merge(self, a: _Group, b: _Group, members: set[fx.Node]) -> str | None:
-        """Apply the merge to the profile; None if within the limit, else undo and say why."""
+    def try_merge(self, a: _Group, b: _Group, members: set[fx.Node], bounded: bool) -> str | None:
+        """Apply the merge to the profile; None if within the limit, else undo and say why.
+        ``bounded``: the groups' ``reads`` and ``outputs`` are their whole boundary (no view
+        joins them)."""
         at = max(a.hi, b.hi)
         moved = self.positions(members, at)
         # a storage's span moves only with the position of its producer or of a reader, or (one
-        # fused kernel) with which group its producer and readers belong to
-        changed = members if self.fused else [n for n in members if self.pos(n, {}) != moved[n]]
-        roots = {storage_root(x) for n in changed
-                 for x in (n, *n.all_input_nodes, *(u for u in n.users if u.target is operator.getitem))}
+        # fused kernel) with which group its producer and readers belong to: in one fused kernel,
+        # only the storages the groups read from outside or store (the rest never reach memory)
+        if self.fused and bounded:
+            roots = {storage_root(x) for x in a.reads | b.reads}
+            roots.update(storage_root(x) for n in a.outputs + b.outputs
+                         for x in (n, *(u for u in n.users if u.target is operator.getitem)))
+        else:
+            changed = members if self.fused else [n for n in members if self.pos(n, {}) != moved[n]]
+            roots = {storage_root(x) for n in changed
+                     for x in (n, *n.all_input_nodes, *(u for u in n.users if u.target is operator.getitem))}
         roots = [r for r in roots if r in self.size]
         changes = []
         for r in roots:
-            old = self.span(r, {})
+            old = self.spans[r]
             new = self.span(r, moved)
             if old != new:
                 changes.append((r, old, new))
         if not changes:
-            self.commit(moved, at)
+            self.commit(moved, at, changes)
             return None
         lo = min(s for _, o, n in changes for s in (o[0], n[0]) if s is not None)
         hi = max(e for _, o, n in changes for e in (o[1], n[1]))
         self.shift(changes, 1)
         peak = int(self.profile[lo:hi + 1].max())
         if peak <= self.limit:
-            self.commit(moved, at)
+            self.commit(moved, at, changes)
             return None
         self.shift(changes, -1)
         return f"{peak} live bytes > {self.limit} allowed"

@@ -85,12 +85,12 @@ def writes_views(node: fx.Node, config: Config) -> bool:
 
 
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
+    cost = pointwise_cost(nodes, outputs)  # from the members' facts, where they decide it (no template's op)
+    if cost is not None:
+        return cost
     computed = [n for n in nodes if node_kind(n) == "compute"]
     if len(computed) > 1 and any(template_of(n) for n in computed):
         return "c: a template kernel (templates.py) runs alone"
-    cost = pointwise_cost(nodes, outputs)  # from the members' facts, where they decide it
-    if cost is not None:
-        return cost
     try:
         return _probe(nodes, outputs)
     except (Unsupported, NotImplementedError) as e:
@@ -104,7 +104,9 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
         k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout)
     else:
         k = CEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, layout=ctx.layout).emit()
-    unit = ctx.units.setdefault("c", CUnit(debug=ctx.config.debug))
-    unit.kernels.append(k)
+    unit = ctx.units.get("c")
+    if unit is None:
+        unit = ctx.units["c"] = CUnit(debug=ctx.config.debug, background=True)
+    unit.add(k)
     return Kernel(name=k.name, source=k.launch_source, args=list(k.args), node_count=k.node_count,
                   unique_io_buffers=k.unique_io_buffers, launch_args=len(k.params), backend="c")

@@ -1,15 +1,16 @@
 """Building a wrapper's C kernels: translation units compiled in parallel, each cached on disk.
 
-The kernels of one wrapper (``CUnit``, filled by ``backend.compile_group``) are built when the
-wrapper is finished (``launcher.link``, which also binds each kernel to the wrapper global
-``<kernel>_c``).  ``units`` splits them into translation units: each distinct kernel once (a
-kernel's C function is named after its text, ``kernel.c_function``: the same kernel twice in a
-wrapper is one function), sorted by that name, a unit ending after each kernel whose name
-hashes to 0 modulo ``UNIT_KERNELS`` (so about that many kernels a unit, and a unit's content
-does not depend on the other units': a wrapper that gained, lost or changed a kernel rebuilds
-the one unit it lands in).  The units are compiled by concurrent C compiler runs (``$CC``,
-else ``cc``), one per available core.  A unit's source is the prelude and its kernels: no
-``Python.h``.
+The kernels of one wrapper (``CUnit``, filled by ``backend.compile_group``) are split into
+translation units as they are emitted: each distinct kernel once (a kernel's C function is
+named after its text, ``kernel.c_function``: the same kernel twice in a wrapper is one
+function), in the order they come, a unit ending after a kernel chosen by its name's hash with a
+chance of its source's size over ``UNIT_BYTES`` (so about that much source a unit, and where a
+unit ends depends on its own kernels alone: a wrapper that gained, lost or changed a kernel
+rebuilds the unit it lands in).  A unit is compiled as soon as it ends, while the wrapper's
+other kernels are still being emitted, by concurrent C compiler runs (``$CC``, else ``cc``), one
+per available core; the wrapper, once finished, waits for them (``launcher.link``, which also
+binds each kernel to the wrapper global ``<kernel>_c``).  A unit's source is the prelude and its
+kernels: no ``Python.h``.
 
 A shared object is named by a hash of the source, the compiler's version, the flags and this
 machine's CPU flags, in ``$FXFORGE_CACHE_DIR/c`` (the same checked private directory as the
@@ -40,7 +41,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
@@ -55,10 +56,10 @@ FLAGS = ("-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march=native"
          "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC") + (
     ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ())
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined", "-g1")
-# About this many kernels a translation unit (``units``): enough that a compiler run's own cost
-# (the prelude's headers) is small next to its kernels', few enough that a large wrapper's units
-# keep every core busy and a change rebuilds little.
-UNIT_KERNELS = 48
+# About this much kernel source a translation unit (``CUnit``): enough that a compiler run's own
+# cost (the prelude's headers) is small next to its kernels', little enough that a large
+# wrapper's units keep every core busy and a change rebuilds little.
+UNIT_BYTES = 64 * 1024
 
 
 def flags() -> tuple[str, ...]:
@@ -157,25 +158,72 @@ def _compile(cc: str, src: str, out: str, include: str | None = None, libs: tupl
                           env=env)
 
 
+def ends_unit(k: CEmitted) -> bool:
+    """Whether a translation unit ends after kernel ``k``: by its name's hash, with a chance of
+    its source's size over ``UNIT_BYTES``."""
+    return int(hashlib.sha256(k.symbol.encode()).hexdigest()[:8], 16) / 2**32 < len(k.c_source) / UNIT_BYTES
+
+
 @dataclass
 class CUnit:
-    """The C kernels of one wrapper, built by ``link`` (``units``, ``shared_objects``)."""
+    """The C kernels of one wrapper (``add``), split into translation units as they come and
+    compiled in the background once a unit ends (module docstring); ``built`` waits for them."""
 
     kernels: list[CEmitted] = field(default_factory=list)
     debug: bool = False  # each kernel checks its tensors' layouts before it runs (``launcher.layout_check``)
+    background: bool = False  # compile each unit as soon as it ends (``add``)
+
+    def __post_init__(self):
+        self._seen: set[str] = set()
+        self._split = 0  # kernels placed in units
+        self._closed: list[list[CEmitted]] = []
+        self._open: list[CEmitted] = []
+        self._builds: list[Future] = []  # of the closed units, in order
+        self._pool: ThreadPoolExecutor | None = None
+
+    def add(self, k: CEmitted) -> None:
+        self.kernels.append(k)
+        self._place()
+        if self.background:
+            while len(self._builds) < len(self._closed):
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(jobs(), thread_name_prefix="fxforge-cc")
+                self._builds.append(self._pool.submit(shared_object, self._source(self._closed[len(self._builds)]),
+                                                      libs=self.libs()))
+
+    def _place(self) -> None:
+        for k in self.kernels[self._split:]:
+            if k.symbol not in self._seen:
+                self._seen.add(k.symbol)
+                self._open.append(k)
+                if ends_unit(k):
+                    self._closed.append(self._open)
+                    self._open = []
+        self._split = len(self.kernels)
+
+    @staticmethod
+    def _source(kernels: list[CEmitted]) -> str:
+        return PRELUDE + vector_math_declarations(vector_math()) + "\n" + "\n".join(k.c_source for k in kernels)
 
     def units(self) -> list[tuple[str, list[str]]]:
-        """The translation units the kernels are compiled in (module docstring): each one's
-        source and the symbols it defines.  Each unit declares the vector math functions
-        (``vector_math``), and is linked with their library (``libs``)."""
-        head = PRELUDE + vector_math_declarations(vector_math())
-        distinct = {k.symbol: k for k in self.kernels}
-        units: list[list[str]] = [[]]
-        for symbol in sorted(distinct):
-            units[-1].append(symbol)
-            if int(hashlib.sha256(symbol.encode()).hexdigest()[:8], 16) % UNIT_KERNELS == 0:
-                units.append([])
-        return [(head + "\n" + "\n".join(distinct[s].c_source for s in u), u) for u in units if u]
+        """The translation units (module docstring): each one's source and the symbols it
+        defines.  Each unit declares the vector math functions (``vector_math``), and is linked
+        with their library (``libs``)."""
+        self._place()
+        return [(self._source(u), [k.symbol for k in u]) for u in self._closed + [self._open] if u]
+
+    def built(self) -> list[tuple[str, list[str]]]:
+        """Each unit's shared object (compiled unless cached) and the symbols it defines: the
+        units compiling in the background waited for, the rest compiled side by side."""
+        units = self.units()
+        try:
+            paths = [f.result() for f in self._builds]
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+        paths += shared_objects([source for source, _ in units[len(paths):]], self.libs())
+        return [(path, symbols) for path, (_, symbols) in zip(paths, units)]
 
     @staticmethod
     def libs() -> tuple[str, ...]:

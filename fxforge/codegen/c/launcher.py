@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ...graph import expr
-from .build import CompileError, CUnit, shared_object, shared_objects
+from .build import CompileError, CUnit, shared_object
 from .kernel import SCRATCH_ERROR
 from .prelude import PRELUDE
 
@@ -347,9 +347,7 @@ def link(unit: CUnit) -> dict[str, Any]:
     launch function's tensors and scalars: a launcher object, else a ``ctypes`` adapter."""
     if not unit.kernels:
         return {}
-    units = unit.units()
-    lib_of = {symbol: lib for (_, symbols), path in zip(units, shared_objects([source for source, _ in units], unit.libs()))
-              for lib in [ctypes.CDLL(path)] for symbol in symbols}
+    lib_of = {symbol: lib for path, symbols in unit.built() for lib in [ctypes.CDLL(path)] for symbol in symbols}
     module = launcher()
     out = {}
     for k in unit.kernels:
