@@ -165,6 +165,7 @@ class FusionRun:
         if self.copied_views:
             gm.recompile()  # the graph gained view copies: its code must say so even when run by hand
         if self.config.debug:
+            self.memory.check()
             problems = verify_groups(gm, self.config, self.backend)
             if problems:
                 raise AssertionError("; ".join(problems))
@@ -440,15 +441,23 @@ class _PeakModel:
         """(start, end) of storage ``r``; start None: it never reaches memory (inside a fused group)."""
         producer = r.args[0] if r.target is operator.getitem else r
         start = self.pos(producer, moved)
-        users = self.touch.get(r, [])
         if r in self.escapes:
             return start, self.last
-        if self.fused:
-            home = self.group_of(producer, moved)
-            if home is not None and all(self.group_of(u, moved) == home for u in users if u.op != "output"):
-                return None, start  # every reader is in the same fused kernel
-        end = max((self.pos(u, moved) for u in users if u.op != "output"), default=start)
-        return start, max(start, end)
+        home = self.group_of(producer, moved)
+        inside = self.fused and home is not None  # so far every reader is in its fused kernel
+        end = start
+        gid, groups, index, back = self.fuser.gid, self.fuser.groups, self.fuser.index, self.back
+        for u in self.touch.get(r, ()):  # (pos and group_of, inline: the fusion pass's hottest loop)
+            if u.op == "output":
+                continue
+            if u in moved:
+                g, p = "merged", moved[u]
+            else:
+                g = gid.get(u)
+                p = index[u] if g is None else groups[g].hi - back.get(u, 0)
+            inside = inside and g == home
+            end = max(end, p)
+        return (None, start) if inside else (start, end)
 
     def try_merge(self, a: _Group, b: _Group, members: set[fx.Node], bounded: bool) -> str | None:
         """Apply the merge to the profile; None if within the limit, else undo and say why.
@@ -487,12 +496,34 @@ class _PeakModel:
         self.shift(changes, -1)
         return f"{peak} live bytes > {self.limit} allowed"
 
+    def check(self) -> None:
+        """Debug mode: the profile kept merge by merge is the one the final groups give."""
+        fresh = np.zeros_like(self.profile)
+        for r in self.size:
+            span = self.span(r, {})
+            if span != self.spans[r] and (span[0], self.spans[r][0]) != (None, None):  # (inside a kernel: no span)
+                raise AssertionError(f"fusion's peak model: storage {r.name} spans {self.spans[r]}, recomputed {span}")
+            if span[0] is not None:
+                fresh[span[0]:span[1] + 1] += self.size[r]
+        if not np.array_equal(fresh, self.profile):
+            raise AssertionError("fusion's peak model: the live-bytes profile differs from its recomputation")
+
     def shift(self, changes: list, sign: int) -> None:
-        """Move each changed storage from its old span to its new one (sign -1: back)."""
-        for r, old, new in changes:
-            for (s, e), k in ((old, -sign), (new, sign)):
-                if s is not None:
-                    self.profile[s:e + 1] += k * self.size[r]
+        """Move each changed storage from its old span to its new one (sign -1: back): where
+        the spans overlap, only the positions one of them covers change."""
+        profile = self.profile
+        for r, (s1, e1), (s2, e2) in changes:
+            k = sign * self.size[r]
+            if s1 is None or s2 is None or e1 < s2 or e2 < s1:
+                if s1 is not None:
+                    profile[s1:e1 + 1] -= k
+                if s2 is not None:
+                    profile[s2:e2 + 1] += k
+                continue
+            if s1 != s2:  # the start moved: positions between the two starts
+                profile[min(s1, s2):max(s1, s2)] += k if s2 < s1 else -k
+            if e1 != e2:  # the end moved
+                profile[min(e1, e2) + 1:max(e1, e2) + 1] += k if e2 > e1 else -k
 
 
 # --------------------------------------------------------------------------- verification
