@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from dataclasses import dataclass, field
 
 import sympy
@@ -223,7 +222,10 @@ class CEmitter(Emitter):
         self.column_accs: dict[tuple, dict[str, Var]] = {}
         self.row_cache: dict[fx.Node, Var | None] = {}  # reduction input -> its row array (None: not yet made)
         self.fold_span: tuple[int, int] | None = None  # a column kernel's fold loop: its lines in body
-        self.column_acc_decls: dict[str, tuple[torch.dtype, str]] = {}  # accumulator -> dtype, declaration
+        # a column kernel walking its rows in order (``columns_by_rows``): accumulator array -> its
+        # dtype and the line setting its element to the identity
+        self.by_rows: dict[str, tuple[torch.dtype, str]] | None = None
+        self.stores: set[int] = set()  # the lines of body storing a value
         self.tile_axes: tuple[str, int, str, int] | None = None  # the rows' loop and size, the elements' (TILE_ROWS)
         self.tiles: dict[tuple, str] = {}  # (pointer, offset of the block's first row, stride, stored) -> tile
         self.value_names: list[tuple[str, str]] = []  # (local, the node whose value it holds)
@@ -449,6 +451,7 @@ class CEmitter(Emitter):
     def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
         ptr, off = self.store_target(n, index, val, dom)
         at = self.tiled(ptr, off, val.dtype, stored=True) or f"{ptr}[{self.print_offset(off, dom)}]"
+        self.stores.add(len(self.body))
         self.body.append(f"{at} = {self.values(ir.cast(v, val.dtype))};")
 
     # ---------------------------------------------------------------- reductions
@@ -494,19 +497,28 @@ class CEmitter(Emitter):
         (``launch``), each lane folding its own column (max/min with ``FX_MAX_NAN``: no reduction
         clause to satisfy).  Values derived from a fold's result cannot be full outputs here:
         that raises ``Unsupported`` (read before its reduction ran)."""
-        folds = []
+        kinds = {}
         for n in self.reductions:
             r = reduction_of(n)
             low = REDUCTIONS[r.kind]
             if low.strategy != "combine":
                 raise Unsupported(f"{r.kind} over leading dims runs as an ATen kernel")
-            key = (r.inp, r.kind, tuple(r.dims))
-            if key not in self.column_accs:
-                acc_dt = self.accumulator(low, r.inp.meta[VAL].dtype, n.meta[VAL].dtype)
+            kinds.setdefault((r.inp, r.kind, tuple(r.dims)), (r, low, self.accumulator(low, r.inp.meta[VAL].dtype,
+                                                                                        n.meta[VAL].dtype)))
+        columns = sympy.sympify(self.frame.xnumel)
+        if (columns.is_Integer and int(columns) >= COLUMNS_BY_ROWS_MIN
+                and int(columns) * sum(dt.itemsize for _, _, dt in kinds.values()) <= COLUMNS_BY_ROWS_MAX_BYTES):
+            self.by_rows = {}  # the accumulators are arrays: acc[xindex]
+        folds = []
+        for key, (r, low, acc_dt) in kinds.items():
+            if self.by_rows is None:
                 acc, _ = self.open_fold(low, acc_dt, track_nan=False)
                 self.column_accs[key] = {"acc": Var(acc, acc_dt)}
-                self.column_acc_decls[acc] = (acc_dt, self.body[-1])  # open_fold's declaration
-                folds.append((r, low, acc_dt, acc))
+            else:
+                acc = self.fresh("acc")
+                self.by_rows[acc] = (acc_dt, f"{acc}[{XINDEX}] = {self.values(ir_aten.identity(low, acc_dt))};")
+                self.column_accs[key] = {"acc": Var(f"{acc}[{XINDEX}]", acc_dt)}
+            folds.append((r, low, acc_dt, self.column_accs[key]["acc"].name))
         full = self.full_outputs()
 
         def one_pass():
@@ -568,35 +580,24 @@ class CEmitter(Emitter):
         row the columns (the vectorized loop) with their definitions and the fold loop's body,
         then per column its definitions and what follows.  Each column still folds its rows in
         order: the same sums."""
-        columns = sympy.sympify(self.frame.xnumel)
-        if self.fold_span is None or not columns.is_Integer or int(columns) < COLUMNS_BY_ROWS_MIN:
+        if not self.by_rows or self.fold_span is None:  # (decided by fold_columns: COLUMNS_BY_ROWS_MIN...)
             return None
         start, end = self.fold_span
         pre, fold, post = self.body[:start], self.body[start:end], self.body[end:]
-        accs = self.column_acc_decls
-        if not accs:
-            return None
-        itemsize = sum(dt.itemsize for dt, _ in accs.values())
-        if int(columns) * itemsize > COLUMNS_BY_ROWS_MAX_BYTES:
-            return None
-        decls = {decl for _, decl in accs.values()}
         # what the columns' loops before the fold define (coordinates, hoisted reads), without the
-        # stores of row values (out_ptr params): those are made once, after the fold
-        defs = [l for l in pre if l not in decls and not l.startswith("out_ptr")]
-        per_column = re.compile(rf"\b({'|'.join(map(re.escape, accs))})\b")
-
-        def indexed(lines: list[str]) -> list[str]:
-            return [per_column.sub(rf"\1[{XINDEX}]", l) for l in lines]
+        # stores of row values: those are made once, after the fold
+        defs = [l for i, l in enumerate(pre) if i not in self.stores]
 
         def nest(lines: list[str]) -> list[str]:
             return head + ["    " + l for l in lines] + ["}"]
 
+        columns = int(self.frame.xnumel)
         opened = fold.index("{") + 1  # the fold loop: its for lines and brace, its body, its brace
-        out = [self.scratch.array(CTYPE[dt], a, (int(columns),), dt.itemsize) for a, (dt, _) in accs.items()]
-        out += nest([indexed([decl.split(" ", 1)[1]])[0] for _, decl in accs.values()])  # acc[x] = identity;
+        out = [self.scratch.array(CTYPE[dt], a, (columns,), dt.itemsize) for a, (dt, _) in self.by_rows.items()]
+        out += nest([init for _, init in self.by_rows.values()])  # acc[xindex] = identity;
         body = [l[4:] if l.startswith("    ") else l for l in fold[opened:-1]]
-        out += fold[:opened] + ["    " + l for l in nest(defs + indexed(body))] + ["}"]
-        out += nest([l for l in pre if l not in decls] + indexed(post))
+        out += fold[:opened] + ["    " + l for l in nest(defs + body)] + ["}"]
+        out += nest(pre + post)
         return out
 
     # ---------------------------------------------------------------- the function

@@ -10,7 +10,6 @@ returns the launch function as the group's ``Kernel``.
 from __future__ import annotations
 
 import collections
-import os
 
 import torch
 import torch.fx as fx
@@ -26,14 +25,10 @@ from .autotune import Tuner
 from .kernel import TritonEmitter, Unsupported, node_refusal
 from .launch import KERNEL_NAME, Emitted
 from .ops import SIG_DTYPE
-from .prelude import helper_names, interp_missing, module_text
+from .prelude import helper_names, interpreting, module_text
 
 # Every kernel emitted in this process (newest last): what tests and `aot.check_kernel` sweep.
 GENERATED: collections.deque[Emitted] = collections.deque(maxlen=4096)
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def unavailable(device_types: frozenset[str]) -> str | None:
@@ -48,16 +43,15 @@ def unavailable(device_types: frozenset[str]) -> str | None:
     return None
 
 
-def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None) -> tuple[GroupCost, str | None]:
-    """The kernel's launch arguments and storages, and what in it the interpreter lacks (where it
-    runs): the emitter run on the group (raises where it refuses), memoized by the group's
-    structure (``probes.py``)."""
-    def run() -> tuple[GroupCost, str | None]:
+def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None) -> GroupCost:
+    """The kernel's launch arguments and storages: the emitter run on the group (raises where it
+    refuses, what the interpreter's module lacks included), memoized by the group's structure
+    (``probes.py``; the interpreter's refusals with the tag)."""
+    def run() -> GroupCost:
         em = TritonEmitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
-        cost = GroupCost(num_args=len(em.params), unique_io_buffers=em.unique_io_buffers)
-        return cost, interp_missing(em.kernel_source) if interpreting() else None
+        return GroupCost(num_args=len(em.params), unique_io_buffers=em.unique_io_buffers)
 
-    return memoized("triton", nodes, outputs, run)
+    return memoized("triton-interp" if interpreting() else "triton", nodes, outputs, run)
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
@@ -70,13 +64,11 @@ def accepts(node: fx.Node, config: Config) -> str | None:
         if t.device.type not in ("cuda", "cpu"):
             return f"device {t.device.type}"
     try:
-        cost, missing = _probe([node])
+        cost = _probe([node])
     except (Unsupported, NotImplementedError) as e:
         return f"triton: {e}"
     if cost.num_args > config.max_kernel_args:
         return f"triton: {cost.num_args} kernel arguments > Config.max_kernel_args={config.max_kernel_args}"
-    if missing:
-        return f"triton: {missing} has no TRITON_INTERPRET implementation"
     return None
 
 
@@ -92,12 +84,9 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
     if cost is not None:
         return cost
     try:
-        cost, missing = _probe(nodes, outputs)
+        return _probe(nodes, outputs)
     except (Unsupported, NotImplementedError) as e:
         return f"triton: {e}"
-    if missing:
-        return f"triton: {missing} has no TRITON_INTERPRET implementation"
-    return cost
 
 
 def load_kernel(em: Emitted, mode: str | None = None):

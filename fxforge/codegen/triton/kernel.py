@@ -32,17 +32,18 @@ from ..pyexpr import PyExprPrinter
 from . import launch
 from .launch import Emitted
 from .ops import COMBINE_FN, SIG_DTYPE, TL_DTYPE
-from .printer import VALUES, TritonPrinter
+from .prelude import available_helpers
+from .printer import TritonPrinter, values
 
 
 class TritonEmitter(Emitter):
     """``ir.emitter.Emitter`` writing Triton: blocks of rows, masked loads and stores."""
 
-    values = VALUES
     SIG_DTYPE = SIG_DTYPE
 
     def __init__(self, *args, autotune: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
+        self.values = values(available_helpers())  # what this process's kernel modules define
         self.autotune = autotune  # the launch asks ``<name>_tuner`` for its configuration
         self.local_lines: dict[str, int] = {}  # index local -> the body line defining it
         self.offset_symbols: set[sympy.Symbol] = set()  # what the printed offsets read

@@ -5,12 +5,12 @@ the combine functions of reductions).  Math functions outside core ``tl`` (``_ld
 ``_ld_pow``...) come from libdevice on a GPU (``LIBDEVICE_GPU``); the interpreter has no
 libdevice, so under ``TRITON_INTERPRET=1`` the same names are defined from core ``tl``
 functions (``LIBDEVICE_INTERP``, accurate to a few ulp).  An op whose lowering calls a helper
-the interpreter module lacks is refused there (``interp_missing``).
+the interpreter module lacks is refused there (``available_helpers``, ``printer.values``).
 """
 
 from __future__ import annotations
 
-import re
+import os
 
 PRELUDE = '''import triton
 import triton.language as tl
@@ -70,7 +70,7 @@ def _argmin_combine(v1, i1, v2, i2):
 
 # Math functions outside core `tl`: libdevice on GPU; the interpreter has no libdevice, so
 # under TRITON_INTERPRET=1 the same names are defined from core `tl` functions (accurate to a
-# few ulp; ops with no formula here are refused under the interpreter: interp_missing).
+# few ulp; ops with no formula here are refused under the interpreter: available_helpers).
 LIBDEVICE_GPU = "\n\n".join(
     f"def _ld_{n}({', '.join(a)}):\n    return libdevice.{n}({', '.join(a)})"
     for n, a in [("tanh", "x"), ("pow", "ab"), ("trunc", "x"), ("expm1", "x"), ("log1p", "x"), ("log10", "x"),
@@ -174,10 +174,12 @@ def module_text(kernel_source: str, mode: str) -> str:
     return PRELUDE + "\n\n" + (LIBDEVICE_GPU if mode == "gpu" else LIBDEVICE_INTERP) + "\n\n" + kernel_source
 
 
-def interp_missing(expr_source: str) -> str | None:
-    """The first helper ``expr_source`` calls that the interpreter prelude does not define."""
-    have = set(helper_names("interp"))
-    for name in re.findall(r"\b(_ld_\w+)\(", expr_source):
-        if name not in have:
-            return name
-    return None
+def interpreting() -> bool:
+    """Triton runs under its interpreter (``TRITON_INTERPRET=1``): kernel modules get the
+    interpreter's helpers."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def available_helpers() -> frozenset[str] | None:
+    """The helpers a kernel may call in this process (None: all, on a GPU)."""
+    return frozenset(helper_names("interp")) if interpreting() else None

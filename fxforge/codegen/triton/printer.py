@@ -9,6 +9,7 @@ functions outside core ``tl`` come from libdevice (``prelude.py``).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import sympy
@@ -68,10 +69,21 @@ _LIBDEVICE = ("expm1", "log10", "log1p", "tan", "asin", "acos", "atan", "sinh", 
 
 
 class TritonValues(ValuePrinter):
+    """Triton values; ``helpers``: the prelude helpers the kernel's module defines (None: all),
+    a value calling another is refused (the interpreter's module lacks some libdevice functions)."""
+
     language = "Triton"
 
-    def __init__(self):
+    def __init__(self, helpers: frozenset[str] | None = None):
         super().__init__(TritonPrinter())
+        self.helpers = helpers
+        if helpers is not None:
+            self.language = "Triton interpreter (TRITON_INTERPRET=1)"
+
+    def call(self, fn: str, a: list[str]) -> str | None:
+        if fn.startswith("_ld_") and self.helpers is not None and fn not in self.helpers:
+            return None
+        return f"{fn}({', '.join(a)})"
 
     def literal(self, c: Const) -> str:
         """The constant as a Python literal (Triton types it as fp32, int32/int64 or i1)."""
@@ -93,9 +105,9 @@ class TritonValues(ValuePrinter):
         if name in _BINARY:
             return f"({a[0]} {_BINARY[name]} {a[1]})"
         if name in _CALLS:
-            return f"{_CALLS[name]}({', '.join(a)})"
+            return self.call(_CALLS[name], a)
         if name in _LIBDEVICE:
-            return f"_ld_{name}({a[0]})"
+            return self.call(f"_ld_{name}", a)
         if name == "neg":
             return f"(-{a[0]})"
         if name == "invert":
@@ -105,7 +117,7 @@ class TritonValues(ValuePrinter):
         if name == "truediv":
             return f"tl.div_rn({a[0]}, {a[1]})" if x.dtype == torch.float32 else f"({a[0]} / {a[1]})"
         if name == "sqrt":
-            return f"tl.sqrt_rn({a[0]})" if x.dtype == torch.float32 else f"_ld_sqrt({a[0]})"
+            return f"tl.sqrt_rn({a[0]})" if x.dtype == torch.float32 else self.call("_ld_sqrt", a)
         if name == "floordiv":
             return f"_div_floor_f({a[0]}, {a[1]})" if x.dtype.is_floating_point else floor_div(a[0], a[1])
         if name == "cast":
@@ -118,4 +130,7 @@ class TritonValues(ValuePrinter):
         return None
 
 
-VALUES = TritonValues()
+@functools.lru_cache(maxsize=None)
+def values(helpers: frozenset[str] | None) -> TritonValues:
+    """The printer for kernel modules defining ``helpers`` (None: every helper)."""
+    return TritonValues(helpers)
