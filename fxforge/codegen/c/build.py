@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..diskcache import atomic_write, cache_dir
-from .prelude import HELPERS, PRELUDE
+from .prelude import PRELUDE
 
 if TYPE_CHECKING:
     from .kernel import CEmitted
@@ -145,13 +145,6 @@ def _vector_math(cc: str, flags: tuple[str, ...]) -> frozenset[str]:
         except (CompileError, OSError, subprocess.SubprocessError):
             continue
     return frozenset()
-
-
-def helper_library() -> str:
-    """The helper library's shared object (``prelude.HELPERS``: the element helpers kernels call
-    on vectors, ``fx_expf``...), built unless cached.  Kernels leave those symbols to be found
-    when loaded: the library is loaded first, its symbols global (``launcher.link``)."""
-    return shared_object(HELPERS)
 
 
 def _compile(cc: str, src: str, out: str, include: str | None = None, libs: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ...graph import expr
-from .build import CompileError, CUnit, helper_library, shared_object
+from .build import CompileError, CUnit, shared_object
 from .kernel import SCRATCH_ERROR
 from .prelude import PRELUDE
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 LAUNCHER_MODULE = "fxforge_c_launcher"
 
 # a kernel using the prelude's helpers: built with fxforge's flags, it shows the compiler takes them
-_PROBE = PRELUDE + "\nvoid fx_probe(float* out, const float* in) { out[0] = fx_expf_neg(in[0]); }\n"
+_PROBE = PRELUDE + "\nvoid fx_probe(float* out, const float* in) { out[0] = fx_expf(in[0]); }\n"
 
 _LAUNCHER = r"""
 /* fxforge's C kernel launcher: a Kernel object calls one kernel of a compiled unit with the
@@ -347,7 +347,6 @@ def link(unit: CUnit) -> dict[str, Any]:
     launch function's tensors and scalars: a launcher object, else a ``ctypes`` adapter."""
     if not unit.kernels:
         return {}
-    ctypes.CDLL(helper_library(), mode=ctypes.RTLD_GLOBAL)  # what the kernels call (build.helper_library)
     lib_of = {symbol: lib for path, symbols in unit.built() for lib in [ctypes.CDLL(path)] for symbol in symbols}
     module = launcher()
     out = {}

@@ -34,8 +34,8 @@ PRELUDE = r"""
 #include <string.h>
 #include <math.h>
 
-/* the inline pieces are inlined, whatever the size of the unit they are compiled in (past gcc's unit
-   growth limit a large unit would call them, and the loop calling them would not be vectorized) */
+/* the element helpers are inlined, whatever the size of the unit it is compiled in (past gcc's unit growth
+   limit a large unit would call it, and the loop calling it would not be vectorized) */
 #define FX_INLINE static inline __attribute__((always_inline))
 
 #define FX_MAX_NAN(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
@@ -68,6 +68,28 @@ FX_INLINE float fx_pow2_bits(uint32_t t_bits, uint32_t bias) {
     return f;
 }
 
+FX_INLINE float fx_expf(float x) {
+    /* clamped to [-105, 88.8], where 2**n spans [2**-151, 2**128]: scaled in two steps, by 2**(n -+ 64)
+       and 2**(+-64), so results overflow to inf, round into the subnormals and below them to 0 as
+       one multiply would; NaN passes the clamp and every product */
+    const float xc = x < -105.0f ? -105.0f : (x > 88.8f ? 88.8f : x);
+    uint32_t t;
+    const float p = fx_exp_split(xc, &t);
+    const bool neg = xc < 0.0f;
+    return p * fx_pow2_bits(t, neg ? 127u + 64u : 127u - 64u) * (neg ? 5.42101086242752217e-20f : 1.8446744073709552e19f);
+}
+
+FX_INLINE float fx_tanhf(float x) {
+    float a = fabsf(x);
+    float z = x * x;
+    float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
+                    + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+    float big = 1.0f - 2.0f / (fx_expf(2.0f * a) + 1.0f);
+    big = x < 0.0f ? -big : big;
+    float y = a < 0.625f ? small : big;
+    return x != x ? x : y;
+}
+
 /* -ln(FLT_MIN): exp of anything below -FX_EXPF_MIN_ARG is below float32's normal range */
 #define FX_EXPF_MIN_ARG 87.33654f
 
@@ -87,17 +109,19 @@ FX_INLINE float fx_erf_p(float a) {
                 0.254829592f) * t;
 }
 
-/* the element helpers kernels call on vectors: defined once, out of line, in the helper library
-   (HELPERS, helpers.py), each with its vector versions (declare simd); a kernel does not carry
-   their code (less to compile), its loops calling them are vectorized all the same */
-#pragma omp declare simd
-float fx_expf(float x);
-#pragma omp declare simd
-float fx_tanhf(float x);
-#pragma omp declare simd
-float fx_erff(float x);
-#pragma omp declare simd
-float fx_gelu_gradf(float x);
+FX_INLINE float fx_erff(float x) {
+    const float a = fabsf(x);
+    return copysignf(fmaf(-fx_erf_p(a), fx_expf_neg(-a * a), 1.0f), x);  /* NaN stays NaN, erf(+-inf) = +-1 */
+}
+
+/* d gelu(x)/dx = Phi(x) + x phi(x) (exact GELU): erf(x / sqrt2) as fx_erff computes it, and
+   phi(x) = exp(-x*x/2) / sqrt(2 pi) from that same exp(-a*a), a = |x / sqrt2| (one exp, not two);
+   0 below float32's normal range, so inf * phi(inf) is NaN, as eager's */
+FX_INLINE float fx_gelu_gradf(float x) {
+    const float a = fabsf(x * 0.7071067811865476f);
+    const float e = a * a > FX_EXPF_MIN_ARG ? 0.0f : fx_expf_neg(-a * a);
+    return 0.5f * (1.0f + copysignf(fmaf(-fx_erf_p(a), e, 1.0f), x)) + x * (e * 0.3989422804014327f);
+}
 
 /* Tiles of 8 rows: row x of the tile (x < nb <= 8) holds elements j < n of a tensor's row x,
    which lie at x + s*j from the tile's first element (rows one element apart, a transposed
@@ -170,53 +194,5 @@ static inline void fx_tile_out8(float* dst, int64_t s, const float* tile, int64_
 #endif
     for (int64_t x = 0; x < nb; x++)
         for (int64_t k = v; k < n; k++) dst[x + s * k] = tile[x * ld + k];
-}
-"""
-
-
-# The helper library's source: the prelude (its inline pieces) and the out-of-line helpers, each
-# with its vector versions (``#pragma omp declare simd``: one per instruction set, masked and not).
-HELPERS = PRELUDE + r"""
-#pragma omp declare simd
-float fx_expf(float x) {
-    /* clamped to [-105, 88.8], where 2**n spans [2**-151, 2**128]: scaled in two steps, by 2**(n -+ 64)
-       and 2**(+-64), so results overflow to inf, round into the subnormals and below them to 0 as
-       one multiply would; NaN passes the clamp and every product */
-    const float xc = x < -105.0f ? -105.0f : (x > 88.8f ? 88.8f : x);
-    uint32_t t;
-    const float p = fx_exp_split(xc, &t);
-    const bool neg = xc < 0.0f;
-    return p * fx_pow2_bits(t, neg ? 127u + 64u : 127u - 64u) * (neg ? 5.42101086242752217e-20f : 1.8446744073709552e19f);
-}
-
-
-#pragma omp declare simd
-float fx_tanhf(float x) {
-    float a = fabsf(x);
-    float z = x * x;
-    float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
-                    + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
-    float big = 1.0f - 2.0f / (fx_expf(2.0f * a) + 1.0f);
-    big = x < 0.0f ? -big : big;
-    float y = a < 0.625f ? small : big;
-    return x != x ? x : y;
-}
-
-
-#pragma omp declare simd
-float fx_erff(float x) {
-    const float a = fabsf(x);
-    return copysignf(fmaf(-fx_erf_p(a), fx_expf_neg(-a * a), 1.0f), x);  /* NaN stays NaN, erf(+-inf) = +-1 */
-}
-
-
-/* d gelu(x)/dx = Phi(x) + x phi(x) (exact GELU): erf(x / sqrt2) as fx_erff computes it, and
-   phi(x) = exp(-x*x/2) / sqrt(2 pi) from that same exp(-a*a), a = |x / sqrt2| (one exp, not two);
-   0 below float32's normal range, so inf * phi(inf) is NaN, as eager's */
-#pragma omp declare simd
-float fx_gelu_gradf(float x) {
-    const float a = fabsf(x * 0.7071067811865476f);
-    const float e = a * a > FX_EXPF_MIN_ARG ? 0.0f : fx_expf_neg(-a * a);
-    return 0.5f * (1.0f + copysignf(fmaf(-fx_erf_p(a), e, 1.0f), x)) + x * (e * 0.3989422804014327f);
 }
 """
