@@ -27,8 +27,8 @@ def _value_key(v: Any) -> Any:
     """A traced value as a hashable key: a tensor's layout, dtype and device; sizes as sympy."""
     if isinstance(v, torch.Tensor):
         strided = v.layout == torch.strided
-        return ("T", tuple(expr(s) for s in v.shape), tuple(expr(s) for s in v.stride()) if strided else None,
-                expr(v.storage_offset()) if strided else None, v.dtype, v.device, v.layout)
+        return ("T", _sizes(v.shape), _sizes(v.stride()) if strided else None,
+                _sizes((v.storage_offset(),)) if strided else None, v.dtype, v.device, v.layout)
     if isinstance(v, (list, tuple)):
         return (type(v).__name__, tuple(_value_key(x) for x in v))
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -36,6 +36,11 @@ def _value_key(v: Any) -> Any:
     if isinstance(v, float):
         return ("float", repr(v))  # -0.0 == 0.0, and nan != nan
     return (type(v).__name__, v) if v is None or isinstance(v, (bool, int, str)) else ("?", repr(v))
+
+
+def _sizes(sizes) -> tuple:
+    """Sizes as a key: ints as they are (equal to and hashing as their sympy forms), symbols as sympy."""
+    return tuple(x if type(x) is int else expr(x) for x in sizes)
 
 
 def structure(nodes: list[fx.Node], outputs: list[fx.Node] | None) -> tuple:
