@@ -14,6 +14,7 @@ import torch
 from fxforge.codegen.api import CodegenBackend, GroupCost, Kernel
 from fxforge.codegen.ir import aten as ir_aten, values as ir
 from fxforge.codegen.ir.emitter import Emitter, Unsupported, node_refusal
+from fxforge.codegen.ir.facts import pointwise_facts
 from fxforge.codegen.ir.printer import IndexPrinter, ValuePrinter
 
 NP = {torch.float32: "np.float32", torch.float64: "np.float64", torch.int64: "np.int64", torch.int32: "np.int32",
@@ -142,5 +143,5 @@ def compile_group(group, ctx):
 
 
 BACKEND = CodegenBackend("numpy", ("cpu",), accepts, compile_group, fuses=True, fusion_cost=fusion_cost,
-                         decompose="core", reads_planned=True, extern="torch",
+                         fusion_facts=pointwise_facts, decompose="core", reads_planned=True, extern="torch",
                          description="NumPy source printed from fxforge's kernel IR (a test backend)")

@@ -32,12 +32,13 @@ import operator
 import os
 import subprocess
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from ...graph import expr
-from .build import CompileError, CUnit, shared_object
+from .build import CompileError, CUnit, shared_object, vector_math
 from .kernel import SCRATCH_ERROR
 from .prelude import PRELUDE
 
@@ -302,18 +303,21 @@ def refusal(cc: str) -> str | None:
     by building the launcher (which carries a kernel), else, where that fails or cannot be
     built here, a one-line kernel alone; both are cached like kernels, so a later process with
     the same compiler builds nothing."""
-    include = python_include() if _data_ptr_entry() is not None else None
-    sources = ([(launcher_source(), include)] if include else []) + [(_PROBE, None)]
-    why = None
-    for source, inc in sources:
-        try:
-            shared_object(source, inc, cc)
-            return None
-        except (OSError, subprocess.SubprocessError) as e:
-            return f"the C compiler {cc} cannot run: {e}"
-        except CompileError as e:  # the launcher's Python.h may be what fails: try the kernel alone
-            why = f"the C compiler {cc} cannot build fxforge's kernels: {str(e)[:500]}"
-    return why
+    # the machine's vector math (build.vector_math, a build of its own) found meanwhile
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(vector_math)
+        include = python_include() if _data_ptr_entry() is not None else None
+        sources = ([(launcher_source(), include)] if include else []) + [(_PROBE, None)]
+        why = None
+        for source, inc in sources:
+            try:
+                shared_object(source, inc, cc)
+                return None
+            except (OSError, subprocess.SubprocessError) as e:
+                return f"the C compiler {cc} cannot run: {e}"
+            except CompileError as e:  # the launcher's Python.h may be what fails: try the kernel alone
+                why = f"the C compiler {cc} cannot build fxforge's kernels: {str(e)[:500]}"
+        return why
 
 
 @functools.lru_cache(maxsize=None)
