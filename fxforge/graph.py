@@ -53,8 +53,8 @@ META_KEYS = {
 }
 # the one key fxforge writes in a GraphModule's own meta
 GRAPH_META_KEYS = {
-    PROBES: "dict: backends' emitter probe summaries by group structure, kept while a PassManager runs "
-            "(codegen/probes.py)",
+    PROBES: "dict: backends' emitter probe summaries by group structure and nodes' fusion facts, kept "
+            "while a PassManager runs (codegen/probes.py, codegen/ir/facts.py)",
 }
 
 FALLBACK_BACKEND = "fallback"

@@ -108,6 +108,7 @@ class PassManager:
 
     def _run(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
         records = []
+        gm.meta[PROBES] = {}  # backends' memo while the passes run (codegen/probes.py, ir/facts.py)
         if self.debug:
             _verify_or_raise("<input>", gm)
         if self.observer is not None:

@@ -102,7 +102,7 @@ def test_fusion_keeps_its_group_order_topological(example):
 
 def test_chain_fuses_into_one_group_and_matches_eager():
     gm = chain3_gm()
-    cfg = fxforge.Config(debug=True, codegen="torch")  # the torch backend's groups (sin has no C lowering)
+    cfg = fxforge.Config(debug=True, codegen="torch")  # the torch backend's groups
     c = compile_graph(gm, cfg)
     assert [k.node_count for k in c.kernels] == [4]
     assert c.stats["fused_nodes"] == 4 and c.stats["kernels"] == 1

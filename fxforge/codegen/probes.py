@@ -4,8 +4,8 @@ A backend answers ``accepts`` and ``fusion_cost`` by running its emitter on the 
 candidate group (the check and the emitter cannot disagree).  The fusion pass asks once per
 candidate merge, so a graph of repeated blocks (a model's layers, a chain of the same few ops)
 runs the emitter on the same group, up to names, many times.  ``memoized`` keeps each successful
-probe's summary in the graph module's meta (``PROBES``, dropped when the ``PassManager`` run
-ends), keyed by ``structure``: every member's op, arguments and traced value, the traced values
+probe's summary in the graph module's meta (``PROBES``, made when a ``PassManager`` run starts
+and dropped when it ends; outside a run nothing is kept), keyed by ``structure``: every member's op, arguments and traced value, the traced values
 of the tensors it reads from outside, which of those are one multi-output member's outputs, and
 the outputs.
 That is everything an emitter reads of a group but names, which only appear in the kernel's
@@ -73,9 +73,9 @@ def memoized(tag: str, nodes: list[fx.Node], outputs: list[fx.Node] | None, prob
     """``probe()`` (a backend's emitter run on ``nodes``, summarized), or its summary from an
     earlier probe of a group of the same structure in this graph; ``tag`` names the backend."""
     gm = nodes[0].graph.owning_module if nodes else None
-    if gm is None:
+    memo = gm.meta.get(PROBES) if gm is not None else None
+    if memo is None:  # not while a PassManager runs: nothing to keep it in
         return probe()
-    memo = gm.meta.setdefault(PROBES, {})
     key = (tag, structure(nodes, outputs))
     if key not in memo:
         memo[key] = probe()  # raises (not kept) when the emitter refuses

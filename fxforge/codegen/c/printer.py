@@ -7,7 +7,7 @@ nearest float32), integer bitwise results are narrowed back to their type.  Floa
 * the C library's vector math (``build.vector_math``: ``sinf``, ``logf``... called by their C
   names, the compiler vectorizes the loops calling them) where this machine has it;
 * else, for ``exp``, ``tanh`` and ``erf``, the prelude's vectorizable ``fx_<name>f`` on float32
-  (the C library's scalar function on float64); ``erf`` always (``_PRELUDE_FIRST``);
+  (the C library's scalar function on float64); ``exp`` and ``erf`` always (``_PRELUDE_FIRST``);
 * the exact GELU's derivative of float32 is ``fx_gelu_gradf`` (one ``exp`` for both terms).
 
 What C lacks here (a float function without a vector version, integer division...) is refused:
@@ -60,10 +60,10 @@ _BINARY = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<"
 _BITWISE = {"and": "&", "or": "|", "xor": "^"}
 # float functions: the prelude's vectorizable float32 versions (``fx_expf``...), else the C library's
 _PRELUDE_F32 = ("exp", "tanh", "erf")
-# the prelude's even where the library has a vector version: faster.  (``exp``: the prelude's is
-# within 1 ulp of eager's, the library's 2, as fast, but inlined at every call it made a wrapper
-# of 2,000 exps take 2.5 s longer to compile)
-_PRELUDE_FIRST = ("erf",)
+# the prelude's even where the library has a vector version: ``exp`` within 1 ulp of eager's (the
+# library's: within 3, 6% of results more than 1 ulp off, which chains of ops through a matmul
+# amplify past float32's tolerances), ``erf`` faster
+_PRELUDE_FIRST = ("exp", "erf")
 _LIBM = ("sqrt", "floor", "ceil", "trunc", "nearbyint")  # instructions
 
 

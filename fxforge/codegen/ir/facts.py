@@ -39,7 +39,9 @@ def node_facts(n: fx.Node) -> tuple[int, tuple[fx.Node, ...], tuple[fx.Node, ...
     """A static pointwise node's element count, the tensors and the scalars its semantics read;
     None for any other node.  Memoized per graph (module docstring)."""
     gm = n.graph.owning_module
-    memo = gm.meta.setdefault(PROBES, {}) if gm is not None else {}
+    memo = gm.meta.get(PROBES) if gm is not None else None
+    if memo is None:  # not while a PassManager runs
+        return _facts(n)
     key = ("facts", n)
     if key not in memo:
         memo[key] = _facts(n)
