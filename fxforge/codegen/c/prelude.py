@@ -68,7 +68,7 @@ FX_INLINE float fx_pow2_bits(uint32_t t_bits, uint32_t bias) {
     return f;
 }
 
-FX_INLINE float fx_expf(float x) {
+FX_INLINE float fx_expf_inline(float x) {
     /* clamped to [-105, 88.8], where 2**n spans [2**-151, 2**128]: scaled in two steps, by 2**(n -+ 64)
        and 2**(+-64), so results overflow to inf, round into the subnormals and below them to 0 as
        one multiply would; NaN passes the clamp and every product */
@@ -79,12 +79,20 @@ FX_INLINE float fx_expf(float x) {
     return p * fx_pow2_bits(t, neg ? 127u + 64u : 127u - 64u) * (neg ? 5.42101086242752217e-20f : 1.8446744073709552e19f);
 }
 
+/* exp as kernels call it: once a translation unit, out of line, with its vector version (declare
+   simd): the loops calling it are vectorized as with the inline one, and a unit of many kernels
+   does not compile its body at every call */
+#pragma omp declare simd notinbranch
+__attribute__((noinline)) static float fx_expf(float x) {
+    return fx_expf_inline(x);
+}
+
 FX_INLINE float fx_tanhf(float x) {
     float a = fabsf(x);
     float z = x * x;
     float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
                     + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
-    float big = 1.0f - 2.0f / (fx_expf(2.0f * a) + 1.0f);
+    float big = 1.0f - 2.0f / (fx_expf_inline(2.0f * a) + 1.0f);
     big = x < 0.0f ? -big : big;
     float y = a < 0.625f ? small : big;
     return x != x ? x : y;
