@@ -30,6 +30,7 @@ import torch
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from hypothesis import given, settings
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
 from fxforge.codegen.c import backend as c_backend, build, kernel as kernel_module, launcher
@@ -574,6 +575,18 @@ def test_a_column_kernel_with_many_columns_walks_its_rows_in_order():
     assert re.search(r"for \(int64_t ri = 0; ri < 48; ri\+\+\)\n#\s+\{\n#\s+#pragma omp simd\n", src), src
     # larger inputs than one call: the same as eager
     check(fn, torch.randn(300, 40), torch.randn(40))
+    # a per-column value stored before the fold and several full values stored inside its loop
+    # (the walk keeps the per-column definitions and moves only the stores after the fold)
+    fn2 = lambda x, b: (lambda c, h: (c, h * 3, (h - c).exp(), h - 1, (h * c).sum(0), h.amax(0)))(  # noqa: E731
+        b * 2 + 1, (x + b) * b)
+    src = check(fn2, a, bias).compiled[0].source
+    assert re.search(r"double acc\d+\[64\];", src), src
+    # the emitter knows its stores by line: each one it keeps names a store of the kernel's body
+    gm = make_fx(fn2, tracing_mode="fake")(a, bias)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    em = kernel_module.CEmitter("k", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, None)
+    em.emit()
+    assert em.by_rows and em.stores and all(em.body[i].startswith("out_ptr") for i in em.stores), em.body
 
 
 @pytest.mark.parametrize("transposed", [True, False])

@@ -225,7 +225,7 @@ class CEmitter(Emitter):
         # a column kernel walking its rows in order (``columns_by_rows``): accumulator array -> its
         # dtype and the line setting its element to the identity
         self.by_rows: dict[str, tuple[torch.dtype, str]] | None = None
-        self.stores: set[int] = set()  # the lines of body storing a value
+        self.stores: set[int] = set()  # the lines of body storing a value (outside the folds' loops)
         self.tile_axes: tuple[str, int, str, int] | None = None  # the rows' loop and size, the elements' (TILE_ROWS)
         self.tiles: dict[tuple, str] = {}  # (pointer, offset of the block's first row, stride, stored) -> tile
         self.value_names: list[tuple[str, str]] = []  # (local, the node whose value it holds)
@@ -451,7 +451,8 @@ class CEmitter(Emitter):
     def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
         ptr, off = self.store_target(n, index, val, dom)
         at = self.tiled(ptr, off, val.dtype, stored=True) or f"{ptr}[{self.print_offset(off, dom)}]"
-        self.stores.add(len(self.body))
+        if self.hoisted is None:  # (in a fold's loop, body is the loop's own list)
+            self.stores.add(len(self.body))
         self.body.append(f"{at} = {self.values(ir.cast(v, val.dtype))};")
 
     # ---------------------------------------------------------------- reductions
