@@ -413,9 +413,7 @@ class _PeakModel:
         if n in moved:
             return moved[n]
         g = self.fuser.gid.get(n)
-        if g is None:
-            return self.fuser.index[n]
-        return self.fuser.groups[g].hi - self.back[n] if n in self.back else self.fuser.groups[g].hi
+        return self.fuser.groups[g].hi - self.back.get(n, 0) if g is not None else self.fuser.index[n]
 
     def group_of(self, n: fx.Node, moved: dict[fx.Node, int]):
         return "merged" if n in moved else self.fuser.gid.get(n)

@@ -16,7 +16,7 @@ Groups with reductions, views or symbolic sizes are the emitter's to answer (Non
 mode the wrapper checks every fused group's answer against the kernel emitted for it
 (``Wrapper.check_cost``).
 
-Each node's facts are found once per graph (``node_facts``, kept with the probes' summaries in
+Each node's facts are found once per graph (``pointwise_facts``, kept with the probes' summaries in
 the graph module's meta while a ``PassManager`` runs).  A backend offering ``pointwise_facts`` as
 its ``fusion_facts`` lets the fusion pass keep each group's facts (``PointwiseFacts``) and merge
 them with the groups: a merge then costs its groups' reads, not their members.
@@ -33,30 +33,6 @@ from ...graph import PROBES, VAL, free_symbols, node_kind
 from ...iteration import kind_of
 from ..api import GroupCost
 from .aten import read_nodes
-
-
-def node_facts(n: fx.Node) -> tuple[int, tuple[fx.Node, ...], tuple[fx.Node, ...]] | None:
-    """A static pointwise node's element count, the tensors and the scalars its semantics read;
-    None for any other node.  Memoized per graph (module docstring)."""
-    gm = n.graph.owning_module
-    memo = gm.meta.get(PROBES) if gm is not None else None
-    if memo is None:  # not while a PassManager runs
-        return _facts(n)
-    key = ("facts", n)
-    if key not in memo:
-        memo[key] = _facts(n)
-    return memo[key]
-
-
-def _facts(n: fx.Node):
-    v = n.meta.get(VAL)
-    if node_kind(n) != "compute" or not isinstance(v, torch.Tensor) or kind_of(n) != "pointwise" or free_symbols(v):
-        return None
-    read = read_nodes(n)
-    if read is None:
-        return None
-    tensors = tuple(a for a in read if isinstance(a.meta.get(VAL), torch.Tensor))
-    return v.numel(), tensors, tuple(a for a in read if not isinstance(a.meta.get(VAL), torch.Tensor))
 
 
 @dataclass(frozen=True)
@@ -85,11 +61,27 @@ class PointwiseFacts:
 
 def pointwise_facts(n: fx.Node) -> PointwiseFacts | None:
     """The facts of ``n`` alone, or None: not a static pointwise node (a backend's
-    ``fusion_facts``)."""
-    facts = node_facts(n)
-    if facts is None:
+    ``fusion_facts``).  Memoized per graph (module docstring)."""
+    gm = n.graph.owning_module
+    memo = gm.meta.get(PROBES) if gm is not None else None
+    if memo is None:  # not while a PassManager runs
+        return _facts(n)
+    key = ("facts", n)
+    if key not in memo:
+        memo[key] = _facts(n)
+    return memo[key]
+
+
+def _facts(n: fx.Node) -> PointwiseFacts | None:
+    v = n.meta.get(VAL)
+    if node_kind(n) != "compute" or not isinstance(v, torch.Tensor) or kind_of(n) != "pointwise" or free_symbols(v):
         return None
-    return PointwiseFacts(facts[0], frozenset(facts[1]) - {n}, frozenset(facts[2]) - {n})
+    read = read_nodes(n)
+    if read is None:
+        return None
+    read = [a for a in read if a is not n]
+    tensors = frozenset(a for a in read if isinstance(a.meta.get(VAL), torch.Tensor))
+    return PointwiseFacts(v.numel(), tensors, frozenset(read) - tensors)
 
 
 def pointwise_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None) -> GroupCost | None:
@@ -99,7 +91,9 @@ def pointwise_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None) -> Group
     group = None
     for n in nodes:
         facts = pointwise_facts(n)
-        group = facts if group is None or facts is None else group.merge(facts, members)
+        if facts is None:
+            return None
+        group = facts if group is None else group.merge(facts, members)
         if group is None:
             return None
     stored = [n for n in outputs if n in members] if outputs else nodes
