@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import logging
 import os
@@ -118,7 +120,28 @@ def compile_graph(
     passes: Sequence | None = None,
 ) -> Compiled:
     """Compile an ATen-level GraphModule whose nodes carry ``meta["val"]``."""
-    registry = registry or DEFAULT_REGISTRY
+    with _older_objects_frozen():
+        return _compile_graph(gm, config, kind, registry or DEFAULT_REGISTRY, passes)
+
+
+@contextlib.contextmanager
+def _older_objects_frozen():
+    """Python's cyclic garbage collector leaves the objects that existed before the compile alone
+    while it runs (``gc.freeze``), and takes them back after.  A compile makes many objects that
+    live until it ends; as they age, the collector's full passes would walk the whole heap
+    (torch's own objects included) again and again.  A freeze the caller made is left as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None
+                   ) -> Compiled:
     t0 = time.perf_counter()
     nodes_in = count_compute_nodes(gm)
     eager_peak = peak_bytes(gm, program_order(gm))

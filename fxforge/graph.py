@@ -131,6 +131,8 @@ def hint(e: sympy.Expr | int, shape_env=None) -> int:
     """An expression evaluated at the sizes the graph was traced with."""
     if isinstance(e, int):
         return e
+    if isinstance(e, sympy.Integer):
+        return int(e)
     e = sympy.sympify(e)
     if not e.free_symbols:
         return int(e)
@@ -175,7 +177,13 @@ def _flatten(xs: Iterable[Any]) -> list[Any]:
 
 def storage_nbytes(t: torch.Tensor) -> sympy.Expr:
     """Bytes of the smallest storage that holds ``t`` (from its offset, sizes and strides)."""
-    sizes = [expr(s) for s in t.shape]
+    shape, stride, offset = t.shape, t.stride(), t.storage_offset()
+    if type(offset) is int and all(type(s) is int for s in shape) and all(type(s) is int for s in stride):
+        # static (most tensors): integer arithmetic, one sympy number at the end
+        if 0 in shape:
+            return sympy.Integer(0)
+        return sympy.Integer((offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))) * t.element_size())
+    sizes = [expr(s) for s in shape]
     if any(s == 0 for s in sizes):
         return sympy.Integer(0)
     span = expr(t.storage_offset()) + 1
