@@ -86,6 +86,19 @@ def _nest_lines(loops: tuple[tuple[str, sympy.Expr], ...], index: str) -> tuple[
     return (*lines, "{", f"    const int64_t {index} = {p(flat)};")
 
 
+def simd_innermost(lines: list[str], clauses: str = "") -> list[str]:
+    """Loop lines (``for`` lines and what follows them) with an ``omp simd`` pragma before the
+    innermost ``for``: its iterations are independent but for the reductions in ``clauses``.
+    The compiler then vectorizes it without checking at run time that the kernel's pointers do
+    not overlap: past ten such checks it leaves a loop scalar, and a fused kernel of a dozen
+    tensors needs more."""
+    at = max((i for i, l in enumerate(lines) if l.lstrip().startswith("for ")), default=None)
+    if at is None:  # no loop: one element
+        return lines
+    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+    return lines[:at] + [f"{indent}#pragma omp simd {clauses}".rstrip()] + lines[at:]
+
+
 @dataclass
 class CEmitted:
     """A generated C kernel: the C function (named ``symbol``, ``c_function``), the Python launch
@@ -321,8 +334,11 @@ class CEmitter(Emitter):
                 after.append(f"fx_tile_out8({at_first}, {step}, &{tile}[0][0], {n}, {n}, nb);")
             else:
                 block.append(f"fx_tile_in8(&{tile}[0][0], {n}, {at_first}, {step}, {n}, nb);")
+        loops = [f"for (int64_t {a} = xb; {a} < xb + nb; {a}++)"] + fors[at + 1:]
+        if not self.frame.reduction:
+            loops = simd_innermost(loops)
         opened = fors[:at] + [f"for (int64_t xb = 0; xb < {rows}; xb += {TILE_ROWS})", "{"] + [
-            "    " + l for l in block + [f"for (int64_t {a} = xb; {a} < xb + nb; {a}++)"] + fors[at + 1:] + inner]
+            "    " + l for l in block + loops + inner]
         return opened, ["    " + l for l in after] + ["}"]
 
     def nest(self, shape: list[sympy.Expr], index: sympy.Symbol, prefix: str) -> list[tuple[str, sympy.Expr]]:
@@ -348,13 +364,14 @@ class CEmitter(Emitter):
     def check_int64(self, vals) -> None:
         pass  # every C index is int64_t: no narrower choice to rule out
 
-    def loop(self, body, simd: str = "") -> int:
+    def loop(self, body, independent: bool = False, simd: str = "") -> int:
         """Emit ``body()`` inside the loops over a row's reduced dims, in its own scope.
         ``simd``: the clauses of an ``omp simd`` pragma on the innermost loop (a fold's
-        accumulators: the compiler may then sum in vector lanes, as eager's kernels do)."""
+        accumulators: the compiler may then sum in vector lanes, as eager's kernels do);
+        ``independent`` loops get the pragma without clauses (``simd_innermost``)."""
         head = self.open_nest(self.rvars, RINDEX)
-        if simd and self.rvars:
-            head.insert(len(self.rvars) - 1, f"#pragma omp simd {simd}")
+        if (simd or independent) and self.rvars:
+            head = simd_innermost(head, simd)
         self.hoisted, self.body = self.body, [head[-1].strip()]  # loads of row values go before the loop
         self.loop_defined = set()
         self.scopes.append({})
@@ -551,16 +568,17 @@ class CEmitter(Emitter):
             acc, nan = self.open_fold(low, acc_dt)
             if nan is not None:
                 op = "max" if low.combine == "max_nan" else "min"
-                self.loop(lambda: self.combine(low, acc_dt, acc, nan, element()), f"reduction({op}:{acc}) reduction(|:{nan})")
+                self.loop(lambda: self.combine(low, acc_dt, acc, nan, element()),
+                          simd=f"reduction({op}:{acc}) reduction(|:{nan})")
             else:
                 red = "+" if low.combine == "add" else "*"
-                self.loop(lambda: self.combine(low, acc_dt, acc, None, element()), f"reduction({red}:{acc})")
+                self.loop(lambda: self.combine(low, acc_dt, acc, None, element()), simd=f"reduction({red}:{acc})")
             self.close_fold(acc, nan, acc_dt)
             return {"acc": Var(acc, acc_dt)}
         total, mean, m2 = self.fresh("sum"), self.fresh("mean"), self.fresh("m2")
         self.body.append(f"{ct} {total} = 0;")
         self.loop(lambda: self.body.append(f"{total} = {self.values(ir.add(Var(total, acc_dt), element()))};"),
-                  f"reduction(+:{total})")
+                  simd=f"reduction(+:{total})")
         self.body.append(f"const {ct} {mean} = "
                          f"{self.values(ir.truediv(Var(total, acc_dt), ir_aten.count(self.frame.rnumel, acc_dt)))};")
         self.body.append(f"{ct} {m2} = 0;")
@@ -569,7 +587,7 @@ class CEmitter(Emitter):
             d = self.emit_assign(self.fresh("d"), ir.sub(element(), Var(mean, acc_dt)))
             self.body.append(f"{m2} = {m2} + {d.name} * {d.name};")
 
-        self.loop(deviation, f"reduction(+:{m2})")
+        self.loop(deviation, simd=f"reduction(+:{m2})")
         return {"mean": Var(mean, acc_dt), "m2": Var(m2, acc_dt)}
 
     def columns_by_rows(self, head: list[str]) -> list[str] | None:
@@ -605,8 +623,10 @@ class CEmitter(Emitter):
 
     def launch(self) -> CEmitted:
         head = self.open_nest(self.xvars, XINDEX)
-        if self.columns:  # each lane of the vectorized kept loop folds a column
-            head.insert(len(self.xvars) - 1, "#pragma omp simd")
+        # each lane of the vectorized kept loop folds a column; a pointwise kernel's elements are
+        # independent (a tiled nest marks its own innermost loop, ``tiled_nest``)
+        if self.columns or (not self.frame.reduction and not self.tiles):
+            head = simd_innermost(head)
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
             head.append("    const int64_t rindex = 0;")
         by_rows = self.columns_by_rows(head)

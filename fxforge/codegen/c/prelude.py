@@ -38,8 +38,10 @@ PRELUDE = r"""
    limit a large unit would call it, and the loop calling it would not be vectorized) */
 #define FX_INLINE static inline __attribute__((always_inline))
 
-#define FX_MAX_NAN(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
-#define FX_MIN_NAN(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
+/* NaN when either is (a + b), as torch.maximum/minimum; selects only (a test of a's NaN-ness or'ed with
+   the comparison kept gcc from vectorizing loops where a came from another select, as after a relu) */
+#define FX_MAX_NAN(a, b) (((a) > (b)) ? (a) : (((b) >= (a)) ? (b) : (a) + (b)))
+#define FX_MIN_NAN(a, b) (((a) < (b)) ? (a) : (((b) <= (a)) ? (b) : (a) + (b)))
 
 /* exp(x) = 2**n * p: t = x / ln2 + 1.5 * 2**23 rounds to an integer whose low mantissa bits hold
    n (returned as t's bits), p = exp(r) for r = x - n ln2 (Cody-Waite, two constants), a degree-7

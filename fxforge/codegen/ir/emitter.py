@@ -594,7 +594,7 @@ class Emitter:
         def store():
             for n in full:
                 self.store(n, None, n.meta[VAL], self.value(n), "xr")
-        store() if persistent else self.loop(store)
+        store() if persistent else self.loop(store, independent=True)
 
     def frame_of(self) -> "Frame":
         if not self.reductions:
@@ -710,8 +710,10 @@ class Emitter:
         """What a persistent reduction's body starts with."""
         raise NotImplementedError
 
-    def loop(self, body) -> None:
-        """Emit ``body()`` inside a loop over a row's reduced elements, in its own scope."""
+    def loop(self, body, independent: bool = False) -> None:
+        """Emit ``body()`` inside a loop over a row's reduced elements, in its own scope.
+        ``independent``: no iteration reads what another one writes (each element stored on
+        its own), so a printer may run iterations side by side in vector lanes."""
         raise NotImplementedError
 
     def fold(self, r, low: Reduction, acc_dt: torch.dtype, persistent: bool) -> dict[str, Var]:

@@ -102,8 +102,9 @@ class TritonEmitter(Emitter):
         """A reduction whose rows fit one block (no loop over them)."""
         return launch.is_persistent(self.frame.reduction, self.frame.rnumel)
 
-    def loop(self, body) -> None:
-        """Emit ``body()`` inside ``for roffset in range(0, rnumel, RBLOCK)``, in its own scope."""
+    def loop(self, body, independent: bool = False) -> None:
+        """Emit ``body()`` inside ``for roffset in range(0, rnumel, RBLOCK)``, in its own scope
+        (each iteration is a block of lanes already, ``independent`` or not)."""
         rn = TritonPrinter()(self.frame.rnumel)
         self.body.append(f"for roffset in range(0, {rn}, RBLOCK):")
         start = len(self.body)
