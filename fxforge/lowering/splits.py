@@ -8,18 +8,21 @@ here, on the graph being compiled, not when AOTAutograd traces: the backward gra
 decomposed ops' gradients (many nodes and reductions over leading dims).
 
 Each split writes the op's value with nodes of the same graph (their fake values computed in the
-graph's fake mode, symbolic sizes kept), and the op's ``getitem`` users read them.
+graph's fake mode, symbolic sizes kept), and the op's users (its ``getitem`` users, for an op of
+several outputs) read them.  Log-softmax and the two softmax gradients split into row
+reductions and pointwise nodes, which a fusing backend runs as one row kernel.
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Callable
 
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, fake_call, fake_mode_of
+from ..graph import VAL, expr, fake_call, fake_mode_of
 from ..pipeline import PassResult
 
 aten = torch.ops.aten
@@ -29,8 +32,8 @@ def _layer_norm(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
     """``native_layer_norm(x, shape, w, b, eps)`` -> ``(out, mean, rstd)``: var_mean over the
     normalized (last) dims, rsqrt(var + eps), (x - mean) * rstd, then the affine terms."""
     x, shape, w, b, eps = n.args
-    if x.meta[VAL].dtype not in (torch.float32, torch.float64):
-        return None  # low precision: eager computes in float32 and rounds once; left to ATen
+    if not _float_rows(x):
+        return None
     dims = list(range(x.meta[VAL].dim() - len(shape), x.meta[VAL].dim()))
     var_mean = fake_call(gm, mode, aten.var_mean.correction, (x, dims), {"correction": 0, "keepdim": True})
     var = fake_call(gm, mode, operator.getitem, (var_mean, 0))
@@ -44,8 +47,59 @@ def _layer_norm(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
     return [out, mean, rstd]
 
 
+def _at_strides(gm: fx.GraphModule, mode, v: fx.Node, want) -> fx.Node:
+    """``v``, copied to the strides of ``want`` (the op's value) where its own differ: the op's
+    users and their traced values expect the op's layout (a split's elementwise nodes follow
+    their input's: a transposed one)."""
+    have = v.meta[VAL]
+    if [expr(x) for x in have.stride()] == [expr(x) for x in want.stride()]:
+        return v
+    return fake_call(gm, mode, torch.ops.prims.copy_strided.default, (v, list(want.stride())))
+
+
+def _float_rows(x: fx.Node) -> bool:
+    """Rows a split computes as eager does: float32 or float64 (eager computes low precision in
+    float32 and rounds once: left to ATen)."""
+    return x.meta[VAL].dtype in (torch.float32, torch.float64)
+
+
+def _log_softmax(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
+    """``_log_softmax(x, dim, half_to_float)`` -> ``(x - m) - log(sum(exp(x - m)))``, ``m`` the
+    row's max (``amax``: a row of NaN or of -inf only is NaN, as eager's)."""
+    x, dim, half_to_float = n.args
+    if half_to_float or not _float_rows(x):
+        return None
+    call = functools.partial(fake_call, gm, mode)
+    shifted = call(aten.sub.Tensor, (x, call(aten.amax.default, (x, [dim], True))))
+    total = call(aten.sum.dim_IntList, (call(aten.exp.default, (shifted,)), [dim], True))
+    return [call(aten.sub.Tensor, (shifted, call(aten.log.default, (total,))))]
+
+
+def _log_softmax_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
+    """``_log_softmax_backward_data(g, y, dim, dtype)`` -> ``g - exp(y) * sum(g)``."""
+    g, y, dim, dtype = n.args
+    if dtype != g.meta[VAL].dtype or not _float_rows(g):
+        return None
+    call = functools.partial(fake_call, gm, mode)
+    total = call(aten.sum.dim_IntList, (g, [dim], True))
+    return [call(aten.sub.Tensor, (g, call(aten.mul.Tensor, (call(aten.exp.default, (y,)), total))))]
+
+
+def _softmax_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
+    """``_softmax_backward_data(g, y, dim, dtype)`` -> ``y * (g - sum(g * y))``."""
+    g, y, dim, dtype = n.args
+    if dtype != g.meta[VAL].dtype or not _float_rows(g):
+        return None
+    call = functools.partial(fake_call, gm, mode)
+    total = call(aten.sum.dim_IntList, (call(aten.mul.Tensor, (g, y)), [dim], True))
+    return [call(aten.mul.Tensor, (y, call(aten.sub.Tensor, (g, total))))]
+
+
 SPLITTERS: dict[str, Callable[[fx.GraphModule, object, fx.Node], list[fx.Node] | None]] = {
     "aten.native_layer_norm.default": _layer_norm,
+    "aten._log_softmax.default": _log_softmax,
+    "aten._log_softmax_backward_data.default": _log_softmax_backward,
+    "aten._softmax_backward_data.default": _softmax_backward,
 }
 
 
@@ -65,15 +119,22 @@ class SplitForFusion:
         split = 0
         for n in list(gm.graph.nodes):
             fn = self.splits.get(n.target) if n.op == "call_function" else None
-            if fn is None or mode is None or any(u.target is not operator.getitem for u in n.users):
+            several = isinstance(n.meta.get(VAL), (list, tuple))  # its users pick outputs (getitem)
+            if fn is None or mode is None or several and any(u.target is not operator.getitem for u in n.users):
                 continue
             with gm.graph.inserting_before(n):
                 values = fn(gm, mode, n)
+                if values is not None:
+                    wanted = n.meta[VAL] if several else [n.meta[VAL]]
+                    values = [_at_strides(gm, mode, v, w) for v, w in zip(values, wanted)]
             if values is None:
                 continue
-            for u in list(n.users):
-                u.replace_all_uses_with(values[u.args[1]])
-                gm.graph.erase_node(u)
+            if several:
+                for u in list(n.users):
+                    u.replace_all_uses_with(values[u.args[1]])
+                    gm.graph.erase_node(u)
+            else:
+                n.replace_all_uses_with(values[0])
             gm.graph.erase_node(n)
             split += 1
         if split:

@@ -1,14 +1,15 @@
 """The ``c`` codegen backend: fused C kernels for CPU graphs (the registry's ``c`` entry).
 
-The graph keeps ATen's composite kernels (``decompose="none"``: softmax and most composite
-backward kernels run as ATen's vector kernels) but for layer norm, split on the compiled graph
-(``splits``, ``lowering/splits.py``); the pointwise chains around them (bias adds, residuals,
-scaling, masking, GELU and the pointwise backward kernels) and row and column reductions become
-one C function per group, compiled for this CPU with the wrapper's other C kernels
-(``build.py``).  Matmuls, convolutions, arg reductions, ops without a C lowering and
-transcendental ops on large tensors (``ops.TRANSCENDENTAL_MAX_NUMEL``) run as the ``torch``
-backend's ATen calls into the same planned buffers (``extern``).  Layer norm's gradient and a
-classification head's log-softmax and NLL loss (and their gradients) run as hand-written C
+The graph keeps ATen's composite kernels (``decompose="none"``: most composite backward kernels
+run as ATen's vector kernels) but for layer norm, log-softmax and the softmax gradients, split on
+the compiled graph (``splits``, ``lowering/splits.py``); the pointwise chains around them (bias
+adds, residuals, scaling, masking, GELU and the pointwise backward kernels) and row and column
+reductions become one C function per group, compiled for this CPU with the wrapper's other C
+kernels (``build.py``), its loops split across torch's threads (``kernel.parallel_outer``).
+Matmuls, convolutions, arg reductions, ops without a C lowering and the few elementwise ops
+ATen computes faster on large tensors (``ops.TRANSCENDENTAL_MAX_NUMEL``) run as the ``torch``
+backend's ATen calls into the same planned buffers (``extern``).  Layer norm's gradient, softmax,
+a classification head's NLL loss (and its gradient) and embeddings run as hand-written C
 kernels (``templates.py``).
 ``accepts`` runs the emitter on the node itself, as the Triton backend does: the check and the
 emitter cannot disagree (memoized by group structure, ``codegen/probes.py``).

@@ -27,8 +27,8 @@ the kernels run as fast as at ``-O3``, which took 4.7x as long to compile a 128-
 ``+ c`` separately), ``-fno-math-errno`` (``sqrtf`` is an instruction), ``-mprefer-vector-width=512``
 on x86 (AVX-512 where this CPU has it: the ``fx_expf`` loops run 1.5x faster than at gcc's
 default 256 bits), ``-fopenmp-simd`` (the ``omp simd`` reductions of row folds: their sums may be
-taken in vector lanes, as eager's reductions are; no OpenMP runtime); nothing else reorders
-floating-point arithmetic.  ``-fwrapv``: integer arithmetic wraps as eager's does (``abs`` of the
+taken in vector lanes, as eager's reductions are), or ``-fopenmp`` where kernels run on torch's
+OpenMP threads too (``openmp``); nothing else reorders floating-point arithmetic.  ``-fwrapv``: integer arithmetic wraps as eager's does (``abs`` of the
 most negative int64 is itself; without it the compiler may assume it is not negative).
 """
 
@@ -62,11 +62,12 @@ SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-f
 UNIT_BYTES = 64 * 1024
 
 
-def flags() -> tuple[str, ...]:
+def flags(parallel: bool = False) -> tuple[str, ...]:
     """The compiler flags of every build (``FLAGS``; with ``SANITIZE_FLAGS`` under
-    ``FXFORGE_C_SANITIZE=1``)."""
+    ``FXFORGE_C_SANITIZE=1``); ``parallel``: ``-fopenmp`` for ``-fopenmp-simd`` (``openmp``)."""
     sanitize = os.environ.get("FXFORGE_C_SANITIZE", "").strip().lower() in ("1", "true", "yes", "on")
-    return FLAGS + SANITIZE_FLAGS if sanitize else FLAGS
+    out = FLAGS + SANITIZE_FLAGS if sanitize else FLAGS
+    return tuple("-fopenmp" if f == "-fopenmp-simd" else f for f in out) if parallel else out
 
 
 def jobs() -> int:
@@ -147,14 +148,61 @@ def _vector_math(cc: str, flags: tuple[str, ...]) -> frozenset[str]:
     return frozenset()
 
 
-def _compile(cc: str, src: str, out: str, include: str | None = None, libs: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def openmp() -> bool:
+    """Whether kernels are built with ``-fopenmp``: their ``omp parallel`` loops then run on the
+    OpenMP runtime torch itself runs on (GNU libgomp, loaded with torch: one thread pool, the
+    thread count ``torch.set_num_threads`` sets, nested calls serial), found by building and
+    running a parallel loop once per compiler (cached like kernels).  Otherwise, or under
+    ``FXFORGE_C_THREADS=1``, the kernels run on the calling thread."""
+    cc = compiler()
+    if cc is None or os.environ.get("FXFORGE_C_THREADS", "").strip() == "1":
+        return False
+    return _openmp(cc, flags())
+
+
+_OPENMP_PROBE = """#include <stdint.h>
+int64_t fx_openmp_probe(int64_t n)
+{
+    int64_t s = 0;
+    #pragma omp parallel for reduction(+:s)
+    for (int64_t i = 0; i < n; i++) s += i;
+    return s;
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _openmp(cc: str, flags: tuple[str, ...]) -> bool:
+    import ctypes
+
+    import torch
+
+    if not torch._C.has_openmp or "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return False  # torch runs its own thread pool: a second one would oversubscribe the cores
+    try:
+        with open("/proc/self/maps") as f:
+            if "libgomp" not in f.read():
+                return False  # (not Linux, or torch on another OpenMP runtime)
+        path = shared_object(_OPENMP_PROBE, cc=cc, parallel=True)
+        with open(path, "rb") as f:
+            if b"libgomp.so.1\0" not in f.read():
+                return False  # the compiler's runtime is not torch's (clang's libomp...)
+        probe = ctypes.CDLL(path).fx_openmp_probe
+        probe.restype, probe.argtypes = ctypes.c_int64, [ctypes.c_int64]
+        return probe(1000) == 499500
+    except (CompileError, OSError, subprocess.SubprocessError):
+        return False
+
+
+def _compile(cc: str, src: str, out: str, include: str | None = None, libs: tuple[str, ...] = (),
+             parallel: bool = False) -> subprocess.CompletedProcess:
     # an extension module leaves the interpreter's symbols to be found when it is loaded: the
     # default on Linux, asked for on macOS
     inc = [f"-I{include}"] + (["-undefined", "dynamic_lookup"] if platform.system() == "Darwin" else []) \
         if include else []
     # the compiler is not to run under a sanitizer runtime this process preloads (make test-sanitize)
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
-    return subprocess.run([cc, *flags(), *inc, src, "-o", out, *libs, "-lm"], capture_output=True, text=True, timeout=600,
+    return subprocess.run([cc, *flags(parallel), *inc, src, "-o", out, *libs, "-lm"], capture_output=True, text=True, timeout=600,
                           env=env)
 
 
@@ -189,7 +237,7 @@ class CUnit:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(jobs(), thread_name_prefix="fxforge-cc")
                 self._builds.append(self._pool.submit(shared_object, self._source(self._closed[len(self._builds)]),
-                                                      libs=self.libs()))
+                                                      libs=self.libs(), parallel=openmp()))
 
     def _place(self) -> None:
         for k in self.kernels[self._split:]:
@@ -222,7 +270,7 @@ class CUnit:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
-        paths += shared_objects([source for source, _ in units[len(paths):]], self.libs())
+        paths += shared_objects([source for source, _ in units[len(paths):]], self.libs(), openmp())
         return [(path, symbols) for path, (_, symbols) in zip(paths, units)]
 
     @staticmethod
@@ -231,22 +279,23 @@ class CUnit:
         return VECTOR_MATH_LIBS if vector_math() else ()
 
 
-def shared_objects(sources: list[str], libs: tuple[str, ...] = ()) -> list[str]:
+def shared_objects(sources: list[str], libs: tuple[str, ...] = (), parallel: bool = False) -> list[str]:
     """``shared_object`` of each source, linked with ``libs``, the compiler runs side by side (``jobs``)."""
     if len(sources) <= 1 or jobs() == 1:
-        return [shared_object(s, libs=libs) for s in sources]
+        return [shared_object(s, libs=libs, parallel=parallel) for s in sources]
     with ThreadPoolExecutor(min(jobs(), len(sources))) as pool:
-        return list(pool.map(lambda s: shared_object(s, libs=libs), sources))
+        return list(pool.map(lambda s: shared_object(s, libs=libs, parallel=parallel), sources))
 
 
-def shared_object(source: str, include: str | None = None, cc: str | None = None, libs: tuple[str, ...] = ()) -> str:
+def shared_object(source: str, include: str | None = None, cc: str | None = None, libs: tuple[str, ...] = (),
+                  parallel: bool = False) -> str:
     """The path of the shared object built from ``source`` (compiled unless cached) by ``cc``
     (default: ``compiler()``), with ``include`` (``Python.h``'s directory) on the include path,
-    linked with ``libs`` (linker arguments)."""
+    linked with ``libs`` (linker arguments); ``parallel``: with ``-fopenmp`` (``openmp``)."""
     cc = cc or compiler()
     if cc is None:
         raise CompileError("no C compiler: install gcc or clang, or set CC")
-    key = hashlib.sha256("\0".join([_identity(cc, flags()), *libs, source]).encode()).hexdigest()[:40]
+    key = hashlib.sha256("\0".join([_identity(cc, flags(parallel)), *libs, source]).encode()).hexdigest()[:40]
     directory = cache_dir("c")
     path = os.path.join(directory, f"k{key}.so")
     if os.path.isfile(path) and not os.path.islink(path):
@@ -256,7 +305,7 @@ def shared_object(source: str, include: str | None = None, cc: str | None = None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        run = _compile(cc, src, out, include, libs)
+        run = _compile(cc, src, out, include, libs, parallel)
         if run.returncode != 0:
             kept = os.path.join(directory, f"failed-k{key}.c")
             shutil.copyfile(src, kept)

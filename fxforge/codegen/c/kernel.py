@@ -67,6 +67,10 @@ TILE_MAX_BYTES = 64 << 10
 # rows) take at most this much C stack in all; the arrays past it live in heap scratch space the
 # kernel allocates once a call (``Scratch``): a kernel may run on a thread with a small stack.
 STACK_MAX_BYTES = 128 << 10
+# A kernel's outer loops are split across the OpenMP threads (``build.openmp``) when it computes at
+# least this many node-elements (the elements it iterates times its nodes, plus one): below it, waking
+# the threads costs more than the work they would share.
+PARALLEL_MIN_WORK = 1 << 15
 
 
 # Kernel parameter types: tensors are ``*`` + their element type (``ops.SIG_DTYPE``); sizes and
@@ -84,6 +88,20 @@ def _nest_lines(loops: tuple[tuple[str, sympy.Expr], ...], index: str) -> tuple[
     for v, s in reversed(loops):
         flat, inner = flat + sympy.Symbol(v, integer=True, nonnegative=True) * inner, inner * s
     return (*lines, "{", f"    const int64_t {index} = {p(flat)};")
+
+
+def parallel_outer(lines: list[str], loops: int, condition: str | None) -> list[str]:
+    """Loop lines with their first ``loops`` (perfectly nested) ``for`` loops split across threads:
+    an ``omp parallel for`` pragma before the first, ``collapse`` over them all, ``if`` the
+    ``condition`` holds (None: always).  An ``omp simd`` loop split alone becomes one ``parallel
+    for simd`` loop.  Each element or row is still computed by one thread, in one order: the
+    results do not depend on the thread count."""
+    at = min(i for i, l in enumerate(lines) if l.lstrip().startswith("for "))
+    clauses = (f" collapse({loops})" if loops > 1 else "") + (f" if({condition})" if condition else "")
+    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+    if at > 0 and lines[at - 1].strip() == "#pragma omp simd":
+        return lines[:at - 1] + [f"{indent}#pragma omp parallel for simd{clauses}"] + lines[at:]
+    return lines[:at] + [f"{indent}#pragma omp parallel for{clauses}"] + lines[at:]
 
 
 def simd_innermost(lines: list[str], clauses: str = "") -> list[str]:
@@ -318,10 +336,11 @@ class CEmitter(Emitter):
             self.tiles[key] = f"tile{len(self.tiles)}"
         return f"{self.tiles[key]}[{a} - xb][{b}]"
 
-    def tiled_nest(self, head: list[str]) -> tuple[list[str], list[str]]:
+    def tiled_nest(self, head: list[str], condition: str | None) -> tuple[list[str], list[str]]:
         """The loop nest ``head`` (``open_nest``) with its rows' loop run ``TILE_ROWS`` rows at a
         time: the lines opening it (each block's tiles read before its rows) and those closing
-        it (the stored tiles written back after them)."""
+        it (the stored tiles written back after them); the blocks, and the loops around them,
+        split across threads under ``condition`` (``parallel_condition``)."""
         a, rows, b, n = self.tile_axes
         at = [v for v, _ in self.xvars].index(a)
         fors, inner = head[:len(self.xvars)], head[len(self.xvars):]
@@ -339,6 +358,8 @@ class CEmitter(Emitter):
             loops = simd_innermost(loops)
         opened = fors[:at] + [f"for (int64_t xb = 0; xb < {rows}; xb += {TILE_ROWS})", "{"] + [
             "    " + l for l in block + loops + inner]
+        if condition is not None:
+            opened = parallel_outer(opened, at + 1, condition or None)
         return opened, ["    " + l for l in after] + ["}"]
 
     def nest(self, shape: list[sympy.Expr], index: sympy.Symbol, prefix: str) -> list[tuple[str, sympy.Expr]]:
@@ -621,6 +642,16 @@ class CEmitter(Emitter):
 
     # ---------------------------------------------------------------- the function
 
+    def parallel_condition(self) -> str | None:
+        """When the kernel's outer loops are split across threads (``PARALLEL_MIN_WORK``): ``""``
+        always, a C condition on its sizes where they are symbolic, None never."""
+        if self.scratch.heap:
+            return None  # (one heap block a call, shared: the arrays in it are per row)
+        work = sympy.expand(self.frame.xnumel * self.frame.rnumel * (len(self.nodes) + 1))
+        if work.is_Integer:
+            return "" if int(work) >= PARALLEL_MIN_WORK else None
+        return f"{CPrinter()(work)} >= {PARALLEL_MIN_WORK}"
+
     def launch(self) -> CEmitted:
         head = self.open_nest(self.xvars, XINDEX)
         # each lane of the vectorized kept loop folds a column; a pointwise kernel's elements are
@@ -630,10 +661,18 @@ class CEmitter(Emitter):
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
             head.append("    const int64_t rindex = 0;")
         by_rows = self.columns_by_rows(head)
+        condition = self.parallel_condition()
+        # the threads share the rows (a row kernel), or every loop but the vectorized innermost one
+        # (that one alone: its elements); a column kernel walking its rows in order
+        # (``columns_by_rows``) runs on one thread
+        n = len(self.xvars)
+        outer = n if self.frame.reduction and not self.columns else max(n - 1, min(n, 1))
+        if condition is not None and outer and by_rows is None and not self.tiles:
+            head = parallel_outer(head, outer, condition or None)
         if by_rows is not None:
             body = ["    " + l for l in by_rows]
         elif self.tiles:
-            opened, closed = self.tiled_nest(head)
+            opened, closed = self.tiled_nest(head, condition)
             body = ["    " + l for l in opened] + ["            " + l for l in self.body] + ["        }"] + [
                 "    " + l for l in closed]
         else:

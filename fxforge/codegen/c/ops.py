@@ -24,30 +24,24 @@ CTYPE = {
 SIG_DTYPE = {**CTYPE, torch.bool: "uint8_t"}
 
 
-# C kernels run on one thread: an op the backend would run on more elements than this (the exact
-# GELU, the row, loss and embedding templates) stays ATen's, whose kernel runs on every intra-op
-# thread.
+# The templates (``templates.py``) run on one thread: an op they would run on more elements than
+# this (the row, loss and embedding templates, and the exact GELU) stays ATen's, whose kernel runs
+# on every intra-op thread.
 ONE_THREAD_MAX_NUMEL = 1 << 18
 
-# Ops computed through ``fx_expf``/``fx_tanhf`` take about 2x the time per element of eager's
-# vector kernels (SLEEF), so the backend takes them only on tensors small enough that the ATen
-# call saved costs more (``backend.accepts``).  ``fx_erff`` (erf, exact GELU) is about as fast as
-# ATen's up to 64k elements; the exact GELU goes to 256k: at 131k elements its C kernel is slower
-# than ATen's alone (64 against 54 µs) but twice as fast inside a training step (64 against 118 µs
-# a call in the demo's), up to ``ONE_THREAD_MAX_NUMEL``.
-TRANSCENDENTAL_MAX_NUMEL = {f"{n}.default": 8192 for n in ("exp", "sigmoid", "tanh", "silu", "silu_backward")}
-# the C library's vector math functions (``build.VECTOR_MATH``) are held to exp's limit
-TRANSCENDENTAL_MAX_NUMEL.update({f"{n}.default": 8192 for n in (
-    "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan", "asinh", "acosh",
-    "atanh", "erfc")})
-TRANSCENDENTAL_MAX_NUMEL.update({"erf.default": 65536, "gelu.default": ONE_THREAD_MAX_NUMEL})
-# gelu_backward (exact) has no limit: its C version (fx_gelu_gradf) is faster than eager's on one
-# thread (131k elements: 57 against 107 µs)
+# Elementwise functions whose C version costs more per element than eager's vector kernel (both
+# on every thread: the emitted kernels split their loops across threads, ``kernel.parallel_outer``):
+# the backend takes them only on tensors small enough that the ATen call saved costs more
+# (``backend.accepts``).  The others (exp, tanh, erf, the C library's vector math: log, sin...)
+# cost less in C at every size, and have no limit.
+TRANSCENDENTAL_MAX_NUMEL = {f"{n}.default": 8192 for n in ("sigmoid", "silu", "silu_backward")}
+TRANSCENDENTAL_MAX_NUMEL.update({"gelu.default": ONE_THREAD_MAX_NUMEL})
+# gelu_backward (exact) has no limit: its C version (fx_gelu_gradf) is faster than eager's
 
 
 def max_numel(op: torch._ops.OpOverload, kwargs: dict) -> int | None:
     """The most elements the backend computes ``op`` on (None: no limit)."""
     key = op_key(op)
     if key in ("gelu.default", "gelu_backward.default") and kwargs.get("approximate", "none") == "tanh":
-        key = "tanh.default"
+        return None  # through tanh
     return TRANSCENDENTAL_MAX_NUMEL.get(key)

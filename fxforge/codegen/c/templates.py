@@ -8,22 +8,20 @@ mixer step), and two emitted kernels (a row kernel and a column kernel) read the
 The template reads each row once for the row sums and once more for the input's gradient, adding
 each element's share of the column sums to per-column accumulators in that same loop.
 
-A classification head's loss is made of templates too: log-softmax and its gradient over the
-last dim (up to ``ops.ONE_THREAD_MAX_NUMEL`` elements; the sum's ``exp(x - max)`` through ``fx_expf_neg``), and the
-negative log-likelihood and its gradient: each one C call instead of one ATen call (four ATen
-calls took 53 µs of a mixer's training step on 8 x 10 logits).  A target out of bounds is error 1
-of ``launcher.KERNEL_ERRORS``, raised as eager raises it.
+A classification head's loss: the negative log-likelihood and its gradient, each one C call
+instead of one ATen call (the log-softmax before it, and its gradient, are split into row kernels:
+``lowering/splits.py``).  A target out of bounds is error 1 of ``launcher.KERNEL_ERRORS``, raised
+as eager raises it.
 
-Attention's weights: ``_softmax`` and its gradient over the last dim, on the log-softmax's
-terms (a masked score's weight exactly 0, as eager's).
+Attention's weights: ``_softmax`` over the last dim (a masked score's weight exactly 0, as
+eager's); its gradient is split into a row kernel.
 
 Token embeddings: ``embedding`` gathers rows (an index out of range is error 2), its gradient
 adds each index's row in eager's order; integer ``arange`` fills positions.  Each replaces a
 small ATen call that runs cold in a training step (the demo's: 244 µs a step as ATen calls).
 
 Each template's docstring says why the kernel IR (``codegen/ir``: one frame of rows or columns,
-values computed from loads and constants) cannot express it; the ones it could express with a
-decomposition of their op are marked as such, to be replaced by one.
+values computed from loads and constants) cannot express it.
 
 A template kernel runs its node alone (``fusion_cost`` keeps it out of groups); shapes must be
 static, float tensors float32 or float64 (indices and targets int64; an embedding's may be
@@ -249,8 +247,8 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
 
 
 def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> str | None:
-    """Why a row template over the last dim (``log_softmax`` and its gradient) cannot run ``node``
-    whose rows are those of ``x`` along ``dim``."""
+    """Why a row template over the last dim (``softmax``) cannot run ``node`` whose rows are those
+    of ``x`` along ``dim``."""
     why = _static_floats_refusal(what, node)
     if why is not None:
         return why
@@ -265,24 +263,13 @@ def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> st
 
 
 def _softmax_refusal(what: str):
-    """The refusal of the ``what`` template (``log_softmax``, ``softmax``): ``(x, dim,
-    half_to_float)``, rows over the last dim."""
+    """The refusal of the ``what`` template (``softmax``): ``(x, dim, half_to_float)``, rows over
+    the last dim."""
     def refusal(node: fx.Node) -> str | None:
         x, dim, half_to_float = node.args[:3]
         if half_to_float:
             return f"{what} template: half_to_float runs as ATen's kernel"
         return _last_dim_rows_refusal(what, node, x, dim)
-
-    return refusal
-
-
-def _softmax_backward_refusal(what: str):
-    """The refusal of the ``what`` gradient template: ``(grad, out, dim, input_dtype)``."""
-    def refusal(node: fx.Node) -> str | None:
-        grad, out, dim, input_dtype = node.args[:4]
-        if input_dtype != grad.meta[VAL].dtype:
-            return f"{what} template: an input dtype other than the gradient's runs as ATen's kernel"
-        return _last_dim_rows_refusal(what, node, grad, dim)
 
     return refusal
 
@@ -303,11 +290,9 @@ def _rows(ts: _Tensors, ndim: int):
     return loops, at
 
 
-def _exp(ct: str, x: str, nonpositive: bool = False) -> str:
-    """``exp(x)`` in C type ``ct``: ``fx_expf_neg`` where ``x`` is never above 0 (or NaN)."""
-    if ct != "float":
-        return f"exp({x})"
-    return f"fx_expf_neg({x})" if nonpositive else f"fx_expf({x})"
+def _exp_nonpositive(ct: str, x: str) -> str:
+    """``exp(x)`` in C type ``ct`` for ``x`` never above 0 (or NaN): float32's is ``fx_expf_neg``."""
+    return f"fx_expf_neg({x})" if ct == "float" else f"exp({x})"
 
 
 def _row_kernel(name: str, node: fx.Node, ref, buffer, layout, what: str, out: str, ins: dict[str, fx.Node],
@@ -324,50 +309,6 @@ def _row_kernel(name: str, node: fx.Node, ref, buffer, layout, what: str, out: s
     return ts.kernel(name, what, loops + ["{"] + ["    " + l for l in lines] + ["}"])
 
 
-def log_softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
-    """``_log_softmax(x, dim=-1)``, per row as ATen's CPU kernel: ``m = max(x)``,
-    ``ls = log(sum(exp(x - m)))``, ``out = (x - m) - ls``; the sum in double.  A row with a NaN is
-    NaN (through the sum), as eager's.
-
-    Why a template: the IR could express it as a row kernel (the max, the sum of ``exp``, then a
-    store), with the C backend's op decomposed; this is that decomposition written by hand, to be
-    replaced by one."""
-    def body(ct: str, n: int, at) -> list[str]:
-        # the max as a vector reduction, which may pass over a NaN: the sum has it, and every output
-        return [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
-                f"for (int64_t j = 0; j < {n}; j++) m = m > {at('x')} ? m : {at('x')};",
-                "double s = 0;", "#pragma omp simd reduction(+:s)",
-                f"for (int64_t j = 0; j < {n}; j++) s += (double){_exp(ct, at('x') + ' - m', nonpositive=True)};",
-                f"const {ct} ls = ({ct})log(s);",
-                f"for (int64_t j = 0; j < {n}; j++) {at('out')} = ({at('x')} - m) - ls;"]
-
-    return _row_kernel(name, node, ref, buffer, layout, "log_softmax", "out", {"x": node.args[0]}, body)
-
-
-def _row_sum_gradient(name: str, node: fx.Node, ref, buffer, layout, what: str, summand, element) -> CEmitted:
-    """A gradient of rows over the last dim, ``(g, y, dim=-1, ...)``: per row ``sg``, the sum of
-    ``summand`` (in double, taken before any of the row's ``dx`` is written: ``dx`` may overwrite
-    ``g``, ``passes/memory.py``'s ``_ROWWISE_INPLACE``), then each ``dx = element``;
-    ``summand``/``element``: ``(ct, at) -> C expression``."""
-    def body(ct: str, n: int, at) -> list[str]:
-        return ["double s = 0;", "#pragma omp simd reduction(+:s)",
-                f"for (int64_t j = 0; j < {n}; j++) s += (double)({summand(ct, at)});",
-                f"const {ct} sg = ({ct})s;",
-                f"for (int64_t j = 0; j < {n}; j++) {at('dx')} = {element(ct, at)};"]
-
-    return _row_kernel(name, node, ref, buffer, layout, what, "dx", {"g": node.args[0], "y": node.args[1]}, body)
-
-
-def log_softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
-    """``_log_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
-    ``dx = g - exp(y) * sum(g)``.
-
-    Why a template: the IR could express it (a row sum, then a pointwise store) with the op
-    decomposed; written by hand until the C backend decomposes it."""
-    return _row_sum_gradient(name, node, ref, buffer, layout, "log_softmax backward", lambda ct, at: at("g"),
-                             lambda ct, at: f"{at('g')} - {_exp(ct, at('y'))} * sg")
-
-
 def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     """``_softmax(x, dim=-1)``, per row as ATen's CPU kernel (why a template: it stores ``exp``
     while summing it, then scales what it stored: the IR reads no output back, and would compute
@@ -378,7 +319,7 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     masked score's weight is exactly 0, as eager's.  A row with a NaN, or of -inf only, is NaN, as
     eager's."""
     def body(ct: str, n: int, at) -> list[str]:
-        e = _exp(ct, "d", nonpositive=True)
+        e = _exp_nonpositive(ct, "d")
         if ct == "float":
             e = f"d < -FX_EXPF_MIN_ARG ? 0.0f : {e}"
         return [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
@@ -391,16 +332,6 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
                 f"for (int64_t j = 0; j < {n}; j++) {at('out')} *= r;"]
 
     return _row_kernel(name, node, ref, buffer, layout, "softmax", "out", {"x": node.args[0]}, body)
-
-
-def softmax_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
-    """``_softmax_backward_data(g, y, dim=-1)``, per row as ATen's CPU kernel:
-    ``dx = y * (g - sum(g * y))``.
-
-    Why a template: the IR could express it (a row sum, then a pointwise store) with the op
-    decomposed; written by hand until the C backend decomposes it."""
-    return _row_sum_gradient(name, node, ref, buffer, layout, "softmax backward",
-                             lambda ct, at: f"{at('g')} * {at('y')}", lambda ct, at: f"{at('y')} * ({at('g')} - sg)")
 
 
 def _nll_refusal(node: fx.Node) -> str | None:
@@ -621,10 +552,7 @@ def arange(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
 # op -> (why it cannot run as the template, or None; the emitter)
 TEMPLATES = {
     aten.native_layer_norm_backward.default: (layer_norm_backward_refusal, layer_norm_backward),
-    aten._log_softmax.default: (_softmax_refusal("log_softmax"), log_softmax),
-    aten._log_softmax_backward_data.default: (_softmax_backward_refusal("log_softmax backward"), log_softmax_backward),
     aten._softmax.default: (_softmax_refusal("softmax"), softmax),
-    aten._softmax_backward_data.default: (_softmax_backward_refusal("softmax backward"), softmax_backward),
     aten.nll_loss_forward.default: (_nll_refusal, nll_loss_forward),
     aten.nll_loss_backward.default: (_nll_refusal, nll_loss_backward),
     aten.embedding.default: (_embedding_refusal, embedding),

@@ -1,0 +1,105 @@
+"""C kernels on several threads (``build.openmp``, ``kernel.parallel_outer``): the same bits at any
+thread count, the work split only where it pays, and calls from several Python threads at once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxforge
+from fxforge.codegen.c import build, kernel as kernel_module
+
+pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
+              pytest.mark.usefixtures("kernel_cache")]
+
+
+def _model(x, y, w, cols):
+    """A pointwise chain, row kernels (layer norm, a sum), a column kernel and a transposed copy."""
+    h = F.layer_norm(x + y, (x.shape[-1],), w)
+    act = torch.relu(h * 2 + 1) - torch.maximum(y, h)
+    return act, (x * y).sum(-1), (cols * 3).sum(0), x.t().contiguous() * 2
+
+
+def _inputs(rows: int, d: int):
+    g = torch.Generator().manual_seed(rows * 1000 + d)
+    x, y = torch.randn(rows, d, generator=g), torch.randn(rows, d, generator=g)
+    return x, y, torch.randn(d, generator=g), torch.randn(rows, 24, generator=g)
+
+
+@pytest.fixture
+def threads():
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)
+
+
+def _compiled(dynamic: bool):
+    torch._dynamo.reset()
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    return b, torch.compile(_model, backend=b, fullgraph=True, dynamic=dynamic)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_same_bits_at_any_thread_count(threads, dynamic):
+    b, fn = _compiled(dynamic)
+    for rows, d in ((512, 96), (37, 200)):
+        args = _inputs(rows, d)
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(fn(*args))
+        # (sums: accumulated in double, eager's in float pairs)
+        torch.testing.assert_close(results[0], _model(*args), equal_nan=True, rtol=1e-5, atol=1e-4)
+        for other in results[1:]:
+            for a, c in zip(results[0], other):
+                assert torch.equal(a, c), "a C kernel's result changed with the thread count"
+    assert {k.backend for c in b.compiled for k in c.kernels} >= {"c"}
+
+
+def test_large_kernels_split_across_threads_small_ones_do_not():
+    b, fn = _compiled(False)
+    fn(*_inputs(512, 96))
+    big = b.compiled[-1].source
+    assert big.count("#pragma omp parallel for") >= 3, big
+    b, fn = _compiled(False)
+    fn(*_inputs(4, 16))  # 64 elements: waking threads costs more than the work
+    assert "#pragma omp parallel" not in b.compiled[-1].source
+
+
+def test_symbolic_sizes_decide_at_run_time():
+    b, fn = _compiled(True)
+    fn(*_inputs(64, 48))
+    src = b.compiled[-1].source
+    assert f">= {kernel_module.PARALLEL_MIN_WORK})" in src, src
+
+
+def test_calls_from_several_python_threads(threads):
+    torch.set_num_threads(2)
+    _, fn = _compiled(False)
+    args = _inputs(512, 96)
+    want = _model(*args)
+    fn(*args)  # compiled once, before the threads call it
+    errors = []
+
+    def call():
+        try:
+            for _ in range(5):
+                torch.testing.assert_close(fn(*args), want, rtol=1e-5, atol=1e-4)
+        except Exception as e:  # reported below, on the test's thread
+            errors.append(e)
+
+    ts = [threading.Thread(target=call) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    assert not errors, errors[0]
+
+
+def test_openmp_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("FXFORGE_C_THREADS", "1")
+    assert build.openmp() is False
+    assert "-fopenmp" not in build.flags(build.openmp())
