@@ -95,7 +95,9 @@ def build_groups(gm: fx.GraphModule, sched: list[fx.Node], registry: Registry) -
             continue
         if gid not in by_id:
             backend = n.meta[BACKEND]
-            by_id[gid] = Group(gid, backend, [], fused=_fuses(backend, registry))
+            fused = _fuses(backend, registry)
+            by_id[gid] = Group(gid, backend, [], fused=fused,
+                               overwrites_inputs=fused and registry.get(backend).overwrites_inputs)
         g = by_id[gid]
         g.nodes.append(n)
         if FALLBACK in n.meta:

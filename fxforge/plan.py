@@ -35,6 +35,8 @@ class Group:
     # The backend runs the group as one kernel (``CodegenBackend.fuses``): values inside it never
     # reach memory, only ``outputs`` get buffers, and all its reads and writes happen together.
     fused: bool = False
+    # A fused kernel of one output may write it over an input it reads (``CodegenBackend.overwrites_inputs``).
+    overwrites_inputs: bool = False
 
 
 def group_outputs(nodes: list[fx.Node], graph_outputs: set[fx.Node]) -> list[fx.Node]:

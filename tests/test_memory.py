@@ -429,3 +429,26 @@ def test_no_inplace_through_a_view_of_another_element_size():
     c = compile_graph(make_fx(f, tracing_mode="fake")(x, z), fxforge.Config(debug=True, poison_arena=True))
     assert not any(b.reuses for b in c.plan.memory.buffers.values()), c.plan.memory.dump()
     torch.testing.assert_close(c(x, z), f(x, z), equal_nan=True)
+
+
+def _loss_gradient(a, b, ls, both):
+    g = torch.mm(a, b)  # an arena buffer, dying in the gradient's row kernel
+    d = torch.ops.aten._log_softmax_backward_data(g, ls, 1, torch.float32)
+    out = torch.mm(d, torch.ones(40, 3))
+    return (out, d * 3) if both else out
+
+
+@pytest.mark.parametrize("both", [False, True])
+def test_a_fused_row_kernel_writes_its_one_output_over_a_dying_input(both):
+    """The C backend's row kernel for the loss gradient (split: a row sum, then one value per
+    element) reads each row before writing it: its one output takes the incoming gradient's
+    bytes.  With a second output (``d * 3``) it may not."""
+    args = (torch.randn(16, 8), torch.randn(8, 40), torch.log_softmax(torch.randn(16, 40), 1), both)
+    gm = make_fx(lambda a, b, ls: _loss_gradient(a, b, ls, both), tracing_mode="fake")(*args[:3])
+    c = compile_graph(gm, fxforge.Config(debug=True, poison_arena=True))
+    bufs = c.plan.memory.buffers
+    (sub,) = [b for b in bufs.values() if b.producer.target is torch.ops.aten.sub.Tensor]
+    mm = next(b for b in bufs.values() if b.producer.target is torch.ops.aten.mm.default and b.shape == (16, 40))
+    assert (sub.reuses == mm.name) != both
+    for _ in range(2):  # (the arena poisoned between calls)
+        torch.testing.assert_close(c(*args[:3]), _loss_gradient(*args))

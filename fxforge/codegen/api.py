@@ -97,6 +97,11 @@ class CodegenBackend:
     # A group is one kernel whose intermediate values stay in registers (only the group's outputs
     # are written to buffers). False: the group's nodes run one after another, each writing its own.
     fuses: bool = False
+    # A fused kernel with one output per element reads each element of its inputs (and each row
+    # its folds reduce) before it writes the same element (row) of that output: the memory plan
+    # may then write the output over an input of the same layout that dies there
+    # (``passes/memory.py``, ``group_inplace_source``).
+    overwrites_inputs: bool = False
     # ``fusion_cost(nodes, outputs, config)``: the GroupCost of the one kernel the backend would
     # emit for these nodes (``outputs``: those used outside), or why it cannot emit one.
     # None: the backend runs single-node groups only (the fusion pass leaves its groups alone).

@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..config import Config
-from ..iteration import schema_bind
+from ..iteration import is_pointwise, reduction_of, schema_bind
 from ..lowering.out_variant import out_variant
 from ..graph import ALLOCATES, FALLBACK_BACKEND, SLICE_OF, SYMMETRIC, VAL, ZERO_COPY, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
@@ -155,6 +155,33 @@ def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: 
     return None
 
 
+def group_inplace_source(g: Group, out: Buffer, buffers: dict[str, Buffer], pos: dict[fx.Node, int],
+                         home: dict[str, str]) -> Buffer | None:
+    """An arena buffer the one output of fused kernel ``g`` (a backend that ``overwrites_inputs``)
+    may overwrite: an input of the output's node, of the output's layout, that dies at the kernel,
+    read there only as itself (no view of its storage, no other input in it) by members computing one value per
+    element of it, or folding its rows (the output's own rows: a kernel has one loop nest).  The
+    kernel reads each element, and each row it folds, before it writes that element or row."""
+    members = set(g.nodes)
+    roots = [home.get(storage_root(a).name, storage_root(a).name) for a in g.inputs
+             if isinstance(a.meta.get(VAL), torch.Tensor)]
+    for x in out.producer.all_input_nodes:  # (read by the output's own node: the wrapper binds it through it)
+        xv = x.meta.get(VAL)
+        if x in members or not isinstance(xv, torch.Tensor):
+            continue
+        root = storage_root(x)
+        src = buffers.get(root.name)
+        if (src is None or src.kind != "arena" or src.index is not None or src.end != pos[out.producer]
+                or roots.count(root.name) != 1 or root.name in home.values()
+                or not _same_layout(xv, out) or (src.dtype, src.nbytes) != (out.dtype, out.nbytes)):
+            continue
+        readers = [m for m in x.users if m in members]
+        if all(is_pointwise(m) and tuple(m.meta[VAL].shape) == tuple(xv.shape)
+               or (r := reduction_of(m)) is not None and r.inp is x for m in readers):
+            return src
+    return None
+
+
 def _root(b: Buffer, buffers: dict[str, Buffer]) -> Buffer:
     while b.kind == "slice":
         b = buffers[b.base]
@@ -240,13 +267,19 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     if config.inplace:
         # one kernel reading and writing several values at different indices may not overwrite
         # its own inputs
-        multi = {n for g in groups if g.fused and len(g.nodes) > 1 for n in g.nodes}
+        # its own inputs, unless it writes one output only, each element after reading it
+        # (``group_inplace_source``)
+        group_of = {n: g for g in groups if g.fused and len(g.nodes) > 1 for n in g.nodes}
         home = {b.name: _root(b, buffers).name for b in buffers.values() if b.kind == "slice"}
         reused: set[str] = set()
         for b in sorted(buffers.values(), key=lambda b: b.start):
-            if b.index is None and b.producer not in multi and b.kind != "slice" and ZERO_COPY not in b.producer.meta \
+            g = group_of.get(b.producer)
+            if g is not None and not (g.overwrites_inputs and g.outputs == [b.producer]):
+                continue
+            if b.index is None and b.kind != "slice" and ZERO_COPY not in b.producer.meta \
                     and SYMMETRIC not in b.producer.meta:
-                src = inplace_source(b.producer, b, buffers, pos, home)
+                src = inplace_source(b.producer, b, buffers, pos, home) if g is None else \
+                    group_inplace_source(g, b, buffers, pos, home)
                 if src is None or src.name in reused or (b.kind == "fresh" and src.reuses is not None) \
                         or SYMMETRIC in src.producer.meta:  # symmetric bytes are in another arena
                     continue
