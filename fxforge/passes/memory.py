@@ -159,9 +159,10 @@ def group_inplace_source(g: Group, out: Buffer, buffers: dict[str, Buffer], pos:
                          home: dict[str, str]) -> Buffer | None:
     """An arena buffer the one output of fused kernel ``g`` (a backend that ``overwrites_inputs``)
     may overwrite: an input of the output's node, of the output's layout, that dies at the kernel,
-    read there only as itself (no view of its storage, no other input in it) by members computing one value per
-    element of it, or folding its rows (the output's own rows: a kernel has one loop nest).  The
-    kernel reads each element, and each row it folds, before it writes that element or row."""
+    read there only as itself (no view of its storage, no other input in it) by members computing
+    one value per element of it, or folding its rows (the output's own rows: a kernel has one loop
+    nest).  The kernel reads each element, and each row it folds, before it writes that element
+    or row."""
     members = set(g.nodes)
     roots = [home.get(storage_root(a).name, storage_root(a).name) for a in g.inputs
              if isinstance(a.meta.get(VAL), torch.Tensor)]
@@ -176,7 +177,8 @@ def group_inplace_source(g: Group, out: Buffer, buffers: dict[str, Buffer], pos:
                 or not _same_layout(xv, out) or (src.dtype, src.nbytes) != (out.dtype, out.nbytes)):
             continue
         readers = [m for m in x.users if m in members]
-        if all(is_pointwise(m) and tuple(m.meta[VAL].shape) == tuple(xv.shape)
+        shape = [expr(d) for d in xv.shape]
+        if all(is_pointwise(m) and [expr(d) for d in m.meta[VAL].shape] == shape
                or (r := reduction_of(m)) is not None and r.inp is x for m in readers):
             return src
     return None
@@ -266,7 +268,6 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     buffers = collect_buffers(gm, groups, pos, live)
     if config.inplace:
         # one kernel reading and writing several values at different indices may not overwrite
-        # its own inputs
         # its own inputs, unless it writes one output only, each element after reading it
         # (``group_inplace_source``)
         group_of = {n: g for g in groups if g.fused and len(g.nodes) > 1 for n in g.nodes}
