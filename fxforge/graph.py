@@ -225,7 +225,10 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     if node.target is operator.getitem:
         base = node.args[0]
         return aliased_input(base) if isinstance(base, fx.Node) else None
-    arg = _aliased_argument(node.target)
+    try:
+        arg = _aliased_argument(node.target)
+    except TypeError:  # an unhashable callable: not an op with a schema
+        arg = None
     if arg is None:
         return None
     i, name = arg
@@ -233,26 +236,12 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     return v if isinstance(v, fx.Node) else None
 
 
+@functools.cache
 def _aliased_argument(op) -> tuple[int, str] | None:
     """(position, name) of the argument an op's output aliases, read off its schema once per op
-    (schemas never change, and passes ask this of every node many times: the memo is keyed by
-    the op's identity, which costs nothing to hash, where an OpOverload's own hash is a Python
-    call; it holds the op, so the identity is not reused)."""
-    hit = _ALIASED_ARGUMENT.get(id(op))
-    if hit is None or hit[0] is not op:
-        hit = _ALIASED_ARGUMENT[id(op)] = (op, _schema_aliased_argument(op))
-    return hit[1]
-
-
-_ALIASED_ARGUMENT: dict[int, tuple] = {}  # id(op) -> (op, _schema_aliased_argument(op)): a memo of schema facts
-
-
-def _schema_aliased_argument(op) -> tuple[int, str] | None:
-    try:
-        if op in _UNANNOTATED_VIEWS:
-            return 0, "self"
-    except TypeError:  # an unhashable callable: not an op with a schema
-        return None
+    (schemas never change, and passes ask this of every node many times)."""
+    if op in _UNANNOTATED_VIEWS:
+        return 0, "self"
     schema = getattr(op, "_schema", None)
     if schema is None:
         return None

@@ -465,14 +465,13 @@ class _PeakModel:
         moved = self.positions(members, at)
         # a storage's span moves only with the position of its producer or of a reader, or (one
         # fused kernel) with which group its producer and readers belong to.  In one fused
-        # kernel only the earlier group's members move (the later one's run at ``at`` already),
-        # and a storage can only start to stay inside the kernel if the earlier group stores it
-        # (the later one's values are not read by the earlier one): the storages that group
+        # kernel only the earlier group ``a``'s members move (``b``'s run at ``at`` already:
+        # ``FusionRun.try_merge`` orders them), and a storage can only start to stay inside the
+        # kernel if ``a`` stores it (``b``'s values are not read by ``a``): the storages ``a``
         # reads from outside or stores
         if self.fused and bounded:
-            first = a if a.hi < b.hi else b
-            roots = {storage_root(x) for x in first.reads}
-            roots.update(storage_root(x) for n in first.outputs
+            roots = {storage_root(x) for x in a.reads}
+            roots.update(storage_root(x) for n in a.outputs
                          for x in (n, *(u for u in n.users if u.target is operator.getitem)))
         else:
             changed = members if self.fused else [n for n in members if self.pos(n, {}) != moved[n]]

@@ -28,8 +28,9 @@ the kernels run as fast as at ``-O3``, which took 4.7x as long to compile a 128-
 on x86 (AVX-512 where this CPU has it: the ``fx_expf`` loops run 1.5x faster than at gcc's
 default 256 bits), ``-fopenmp-simd`` (the ``omp simd`` reductions of row folds: their sums may be
 taken in vector lanes, as eager's reductions are), or ``-fopenmp`` where kernels run on torch's
-OpenMP threads too (``openmp``); nothing else reorders floating-point arithmetic.  ``-fwrapv``: integer arithmetic wraps as eager's does (``abs`` of the
-most negative int64 is itself; without it the compiler may assume it is not negative).
+OpenMP threads too (``openmp``); nothing else reorders floating-point arithmetic.  ``-fwrapv``:
+integer arithmetic wraps as eager's does (``abs`` of the most negative int64 is itself; without
+it the compiler may assume it is not negative).
 """
 
 from __future__ import annotations

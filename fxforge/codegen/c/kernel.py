@@ -98,10 +98,9 @@ def parallel_outer(lines: list[str], loops: int, condition: str | None) -> list[
     results do not depend on the thread count."""
     at = min(i for i, l in enumerate(lines) if l.lstrip().startswith("for "))
     clauses = (f" collapse({loops})" if loops > 1 else "") + (f" if({condition})" if condition else "")
-    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
     if at > 0 and lines[at - 1].strip() == "#pragma omp simd":
-        return lines[:at - 1] + [f"{indent}#pragma omp parallel for simd{clauses}"] + lines[at:]
-    return lines[:at] + [f"{indent}#pragma omp parallel for{clauses}"] + lines[at:]
+        return _pragma_before(lines[:at - 1] + lines[at:], at - 1, f"parallel for simd{clauses}")
+    return _pragma_before(lines, at, f"parallel for{clauses}")
 
 
 def simd_innermost(lines: list[str], clauses: str = "") -> list[str]:
@@ -113,8 +112,13 @@ def simd_innermost(lines: list[str], clauses: str = "") -> list[str]:
     at = max((i for i, l in enumerate(lines) if l.lstrip().startswith("for ")), default=None)
     if at is None:  # no loop: one element
         return lines
+    return _pragma_before(lines, at, f"simd {clauses}".rstrip())
+
+
+def _pragma_before(lines: list[str], at: int, omp: str) -> list[str]:
+    """``lines`` with ``#pragma omp <omp>`` before line ``at`` (a ``for``), at its indent."""
     indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
-    return lines[:at] + [f"{indent}#pragma omp simd {clauses}".rstrip()] + lines[at:]
+    return lines[:at] + [f"{indent}#pragma omp {omp}"] + lines[at:]
 
 
 @dataclass
