@@ -1,4 +1,6 @@
-"""The models: fxforge's demo GPT and transformers GPT-2, LLaMA and BERT from configs.
+"""The models: fxforge's demo GPT, transformers GPT-2, LLaMA, BERT, T5 and ViT from configs, and
+four models written here (a ResNet-style CNN with batch norm, a depthwise-separable CNN, an
+MLP-mixer and one large activation block).
 
 Everything is offline (random weights from configs, ``HF_HUB_OFFLINE=1``).  Batch 2, seq 128;
 2-layer models have hidden 256 (4 heads), 12-layer ones hidden 768 (12 heads), the MLP is 4x
@@ -7,6 +9,27 @@ hidden (LLaMA: 8/3 x hidden, rounded to a multiple of 64).  ``use_cache=False``,
 every contender computes the same function and gradients can be compared.  Each case has an
 inference step (``no_grad``, eval mode) and a training step (forward with labels, loss, backward;
 gradients set to None first; no optimizer).
+
+The model families (``FAMILIES``, what ``make bench`` runs) each stand for one kind of program:
+
+* ``resnet``: basic blocks (3x3 conv, batch norm, ReLU, residual add; a strided 1x1 conv and batch
+  norm on the shortcut where the shape changes), widths 32-64-128-256, one block a stage,
+  global average pool, 10-class head; batch 8, 3 x 64 x 64 images;
+* ``mobilenet``: inverted residual blocks (1x1 expand, 3x3 depthwise, 1x1 project, batch norm,
+  ReLU6, residual where the shape allows), widths 16-24-32-64, a 1x1 conv to 256; batch 8,
+  3 x 96 x 96 images;
+* ``bert-2l``, ``gpt2-2l``, ``llama-2l``: as above (hidden 256, 2 layers, batch 2, seq 128);
+* ``t5-2l``: T5 encoder-decoder, 2 + 2 layers, d_model 256, 4 heads, feed-forward 1024, the
+  decoder reads the same token ids (training: ``labels``, shifted inside the model);
+* ``vit-2l``: ViT image classifier, 2 layers, hidden 256, 4 heads, 224 x 224 images in 16 x 16
+  patches (196 tokens + CLS), batch 8, 10 classes;
+* ``mixer``: MLP-mixer, 8 x 8 patches of 64 x 64 images by a strided conv (64 tokens), 4 blocks,
+  d 256 (token MLP 64->128->64, channel MLP 256->1024->256, GELU, pre-LayerNorm), batch 8;
+* ``big-activation``: layer norm over a residual add, then ``relu(h * 2 + 1) - sigmoid(y)`` on a
+  64 x 512 x 768 activation (inference only: no weights worth a gradient).
+
+The CNNs and the mixer take random images and, for training, random class labels with a
+cross-entropy loss.
 """
 
 from __future__ import annotations
@@ -16,6 +39,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -33,6 +58,7 @@ class Model:
     layers: int
     hidden: int
     needs_transformers: bool = True
+    modes: tuple = ("inference", "train")
 
 
 def _tokens(vocab: int, device: str, seed: int = 1) -> torch.Tensor:
@@ -76,6 +102,16 @@ def _hf(family: str, layers: int, hidden: int) -> Model:
                                num_key_value_heads=heads, intermediate_size=inter, max_position_embeddings=SEQ,
                                attention_dropout=0.0)
             cls, vocab = tf.LlamaForCausalLM, c.vocab_size
+        elif family == "t5":
+            c = tf.T5Config(num_layers=layers, num_decoder_layers=layers, d_model=hidden, d_kv=64, num_heads=heads,
+                            d_ff=4 * hidden, dropout_rate=0.0, feed_forward_proj="relu",
+                            decoder_start_token_id=0, pad_token_id=0)
+            cls, vocab = tf.T5ForConditionalGeneration, c.vocab_size
+        elif family == "vit":
+            c = tf.ViTConfig(image_size=224, patch_size=16, hidden_size=hidden, num_hidden_layers=layers,
+                             num_attention_heads=heads, intermediate_size=4 * hidden, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0, num_labels=CLASSES)
+            cls, vocab = tf.ViTForImageClassification, None
         elif family == "bert":
             c = tf.BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                               intermediate_size=4 * hidden, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
@@ -98,20 +134,194 @@ def _hf(family: str, layers: int, hidden: int) -> Model:
 
     def inputs(device, train):
         _, _, vocab = config()
+        if family == "vit":
+            kw = {"pixel_values": _images(IMAGE_BATCH, 224, device)}
+            if train:
+                kw["labels"] = _labels(IMAGE_BATCH, device)
+            return kw
         ids = _tokens(vocab, device)
         kw = {"input_ids": ids}
         if train:
             kw["labels"] = ids
+        elif family == "t5":
+            kw["decoder_input_ids"] = ids
         return kw
 
     return Model(f"{family}-{layers}l", build, inputs, lambda out: out.loss, lambda out: out.logits, layers, hidden)
 
 
+# --------------------------------------------------------------------------------------------
+# models written here: vision, mixer, one large activation
+
+IMAGE_BATCH, CLASSES = 8, 10
+
+
+def _images(batch: int, size: int, device: str, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 3, size, size, generator=g).to(device)
+
+
+def _labels(batch: int, device: str, seed: int = 2) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CLASSES, (batch,), generator=g).to(device)
+
+
+def _conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1) -> list[nn.Module]:
+    return [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.body = nn.Sequential(*_conv_bn(cin, cout, 3, stride), nn.ReLU(), *_conv_bn(cout, cout, 3))
+        self.shortcut = (nn.Sequential(*_conv_bn(cin, cout, 1, stride)) if stride != 1 or cin != cout
+                         else nn.Identity())
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    def __init__(self, widths=(32, 64, 128, 256), classes: int = CLASSES):
+        super().__init__()
+        layers, cin = [*_conv_bn(3, widths[0], 3), nn.ReLU()], widths[0]
+        for i, w in enumerate(widths):
+            layers.append(BasicBlock(cin, w, 1 if i == 0 else 2))
+            cin = w
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int = 6):
+        super().__init__()
+        mid = cin * expand
+        self.body = nn.Sequential(*_conv_bn(cin, mid, 1), nn.ReLU6(), *_conv_bn(mid, mid, 3, stride, groups=mid),
+                                  nn.ReLU6(), *_conv_bn(mid, cout, 1))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.body(x)
+        return x + y if self.residual else y
+
+
+class MobileNet(nn.Module):
+    # (output channels, stride) of each inverted residual block
+    BLOCKS = ((16, 1), (24, 2), (24, 1), (32, 2), (32, 1), (64, 2), (64, 1))
+
+    def __init__(self, classes: int = CLASSES):
+        super().__init__()
+        layers, cin = [*_conv_bn(3, 32, 3, 2), nn.ReLU6()], 32
+        for cout, stride in self.BLOCKS:
+            layers.append(InvertedResidual(cin, cout, stride))
+            cin = cout
+        layers += [*_conv_bn(cin, 256, 1), nn.ReLU6()]
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(256, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, d: int, tokens: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d)
+        self.token_mlp = nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens))
+        self.norm2 = nn.LayerNorm(d)
+        self.channel_mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channel_mlp(self.norm2(x))
+
+
+class Mixer(nn.Module):
+    def __init__(self, d: int = 64, tokens: int = 16, blocks: int = 4, classes: int = CLASSES, patch: int = 0):
+        super().__init__()
+        # patch > 0: the input is an image, cut into patch x patch tokens by a strided conv
+        self.embed = nn.Conv2d(3, d, patch, patch) if patch else None
+        self.blocks = nn.Sequential(*[MixerBlock(d, tokens) for _ in range(blocks)])
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x, y=None):
+        if self.embed is not None:
+            x = self.embed(x).flatten(2).transpose(1, 2)
+        logits = self.head(self.norm(self.blocks(x)).mean(1))
+        return logits if y is None else F.cross_entropy(logits, y)
+
+
+class BigActivation(nn.Module):
+    def __init__(self, d: int = 768):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x, y):
+        h = self.norm(x + y)
+        return torch.relu(h * 2 + 1) - torch.sigmoid(y)
+
+
+def _image_classifier(name: str, make: Callable[[], nn.Module], size: int, layers: int, hidden: int) -> Model:
+    def build():
+        torch.manual_seed(0)
+        return make()
+
+    def inputs(device, train):
+        kw = {"x": _images(IMAGE_BATCH, size, device)}
+        if train:
+            kw["y"] = _labels(IMAGE_BATCH, device)
+        return kw
+
+    return Model(name, build, inputs, lambda out: out, lambda out: out, layers, hidden, needs_transformers=False)
+
+
+class _WithLoss(nn.Module):
+    """A classifier returning logits, with ``y`` given: cross entropy of its logits."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, y=None):
+        logits = self.inner(x)
+        return logits if y is None else F.cross_entropy(logits, y)
+
+
+def _big_activation(shape=(64, 512, 768)) -> Model:
+    def build():
+        torch.manual_seed(0)
+        m = BigActivation(shape[-1])
+        with torch.no_grad():  # not the identity affine: the weights matter to the result
+            m.norm.weight.normal_()
+            m.norm.bias.normal_()
+        return m
+
+    def inputs(device, train):
+        g = torch.Generator().manual_seed(1)
+        return {"x": torch.randn(*shape, generator=g).to(device), "y": torch.randn(*shape, generator=g).to(device)}
+
+    return Model("big-activation", build, inputs, lambda out: out.float().square().mean(), lambda out: out, 1,
+                 shape[-1], needs_transformers=False, modes=("inference",))
+
+
+FAMILIES = ["resnet", "mobilenet", "bert-2l", "gpt2-2l", "llama-2l", "t5-2l", "vit-2l", "mixer", "big-activation"]
+
+
 def all_models() -> dict[str, Model]:
     models = [_demo(tiny=True), _demo()]
     for layers, hidden in ((2, 256), (12, 768)):
-        for family in ("gpt2", "llama", "bert"):
+        for family in ("gpt2", "llama", "bert", "t5", "vit"):
             models.append(_hf(family, layers, hidden))
+    models += [
+        _image_classifier("resnet", lambda: _WithLoss(ResNet()), 64, 4, 256),
+        _image_classifier("mobilenet", lambda: _WithLoss(MobileNet()), 96, len(MobileNet.BLOCKS), 256),
+        _image_classifier("mixer", lambda: Mixer(d=256, tokens=64, blocks=4, patch=8), 64, 4, 256),
+        _big_activation(),
+    ]
     return {m.name: m for m in models}
 
 

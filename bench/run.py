@@ -1,7 +1,8 @@
 """fxforge benchmark suite: fxforge vs eager vs Inductor (and aot_eager for compile time),
 measured in the same process, written as one JSON file and one Markdown table.
 
-    python bench/run.py                      # default corpus (fits `make bench`'s ~20 min on 2 cores)
+    python bench/run.py                      # the model families (`make bench`) at the machine's threads
+    python bench/run.py --threads 1 0        # the same at 1 thread, then at all cores
     python bench/run.py --quick              # demo + 2-layer models, inference + training
     python bench/run.py --full               # + 12-layer models and the 100k-node synthetic graph
     python bench/run.py --models gpt2-2l bert-2l --modes inference --calls 20
@@ -38,8 +39,8 @@ import measure  # noqa: E402
 import table  # noqa: E402
 
 QUICK_MODELS = ["demo", "gpt2-2l", "llama-2l", "bert-2l"]
-# `make bench`: what fits in ~20 minutes on 2 shared cores (measured; see bench/README.md).
-DEFAULT_MODELS = QUICK_MODELS + ["gpt2-12l"]
+# `make bench`: one model of each family (bench/corpus.py).
+DEFAULT_MODELS = corpus.FAMILIES
 FULL_MODELS = QUICK_MODELS + ["gpt2-12l", "llama-12l", "bert-12l"]
 CONTENDERS = ("eager", "fxforge", "inductor", "aot_eager")
 STAT_SUMS = ("nodes_in", "kernels", "fused_nodes", "fallback_nodes", "arena_bytes", "lower_bound_bytes",
@@ -60,9 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="synthetic graph sizes (default 1000 10000; --full adds 100000; no value: none)")
     p.add_argument("--calls", type=int, default=30, help="most timed calls per contender (default 30)")
     p.add_argument("--budget", type=float, default=20.0, help="seconds one case's timing may take (default 20)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads for every contender (default 1; 0 = torch's default). One thread "
-                        "keeps a shared 2-core box from stalling OpenMP barriers (see bench/README.md)")
+    p.add_argument("--threads", type=int, nargs="+", default=[0],
+                   help="torch intra-op threads for every contender; several values run every case at each "
+                        "(default 0: torch's default, the machine's cores; e.g. --threads 1 0)")
     p.add_argument("--gpu", action="store_true", help="CUDA, Config(codegen='triton'), + bench/bench_gpu_kernels.py")
     p.add_argument("--out", default=str(HERE / "results"), help="output directory (default bench/results)")
     p.add_argument("--tag", default=None, help="file name stem (default: bench, bench-quick, bench-gpu, ...)")
@@ -415,8 +416,6 @@ def main(argv=None) -> int:
     try:
         for mod, knob, v in saved:
             setattr(mod, knob, max(v, 64))
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
         return _run(args, device, names, known, out_dir, tag)
     finally:
         for mod, knob, v in saved:
@@ -442,23 +441,30 @@ def _run(args, device, names, known, out_dir, tag) -> int:
         (out_dir / f"{tag}.md").write_text(table.markdown(results))
 
     have_tf = corpus.have_transformers()
-    for name in names:
-        model = known[name]
-        if model.needs_transformers and not have_tf:
-            results["skipped"].append({"model": name, "reason": "transformers is not installed"})
-            print(f"  {name}: skipped (transformers is not installed)", flush=True)
-            continue
-        for mode in args.modes:
-            t0 = time.perf_counter()
-            try:
-                case = run_case(model, mode, args, device)
-            except Exception as e:
-                case = {"model": name, "mode": mode, "contenders": {}, "errors": {"case": _err(e)}, "ratios": {}}
-            case["wall_s"] = time.perf_counter() - t0
-            results["cases"].append(case)
-            print("  " + table.one_line(case), flush=True)
-            save()
-            torch._dynamo.reset()
+    default_threads = torch.get_num_threads()
+    for threads in args.threads:
+        # Each thread count compiles afresh: Inductor fixes its kernels' thread count when it compiles.
+        torch.set_num_threads(threads if threads > 0 else default_threads)
+        for name in names:
+            model = known[name]
+            if model.needs_transformers and not have_tf:
+                if threads == args.threads[0]:
+                    results["skipped"].append({"model": name, "reason": "transformers is not installed"})
+                    print(f"  {name}: skipped (transformers is not installed)", flush=True)
+                continue
+            for mode in [m for m in args.modes if m in model.modes]:
+                t0 = time.perf_counter()
+                try:
+                    case = run_case(model, mode, args, device)
+                except Exception as e:
+                    case = {"model": name, "mode": mode, "contenders": {}, "errors": {"case": _err(e)}, "ratios": {}}
+                case["threads"] = torch.get_num_threads()
+                case["wall_s"] = time.perf_counter() - t0
+                results["cases"].append(case)
+                print("  " + table.one_line(case), flush=True)
+                save()
+                torch._dynamo.reset()
+    torch.set_num_threads(default_threads)
 
     sizes = selected_sizes(args)
     if sizes:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -35,7 +36,28 @@ def _x(r):
 
 
 def _case_name(c):
-    return f"{c['model']} {c['mode']}"
+    return f"{c['model']} {c['mode']}" + (f" ({c['threads']}t)" if c.get("threads") else "")
+
+
+def geomean(values) -> float | None:
+    vals = [v for v in values if isinstance(v, (int, float)) and v > 0]
+    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
+
+
+def by_threads(results: dict) -> list[dict]:
+    """Per thread count: the geometric means of fxforge / eager and fxforge / Inductor over the
+    cases timed at it, and the case furthest behind Inductor."""
+    out = []
+    cases = [c for c in results.get("cases", []) if c.get("ratios")]
+    for t in sorted({c.get("threads") for c in cases}, key=lambda t: t or 0):
+        cs = [c for c in cases if c.get("threads") == t]
+        vs_ind = [(c["ratios"].get("time_fxforge_over_inductor"), _case_name(c)) for c in cs]
+        vs_ind = [(r, n) for r, n in vs_ind if r is not None]
+        out.append({"threads": t, "cases": len(cs),
+                    "fxforge_over_eager": geomean(c["ratios"].get("time_fxforge_over_eager") for c in cs),
+                    "fxforge_over_inductor": geomean(r for r, _ in vs_ind),
+                    "worst_over_inductor": max(vs_ind) if vs_ind else None})
+    return out
 
 
 def one_line(c: dict) -> str:
@@ -85,6 +107,16 @@ def targets(results: dict) -> list[dict]:
         lambda v: max(v) <= 1.0, "measured peak bytes of one training step, fxforge / Inductor")
     add("training peak vs eager", "<= 0.9x", [get_path(c, "ratios", "peak_fxforge_over_eager") for c in train],
         lambda v: max(v) <= 0.9, "measured peak bytes of one training step, fxforge / eager")
+    rows = by_threads(results)
+    add("time per call vs Inductor, geomean at each thread count", "<= 1.0x",
+        [r["fxforge_over_inductor"] for r in rows], lambda v: max(v) <= 1.0,
+        "geometric mean over the cases of fxforge / Inductor median time, per thread count; worst thread count")
+    add("time per call vs Inductor, every case", "<= 1.15x",
+        [get_path(c, "ratios", "time_fxforge_over_inductor") for c in cases], lambda v: max(v) <= 1.15,
+        "fxforge / Inductor median time per call, per case and thread count; worst case")
+    add("time per call vs eager, geomean at each thread count", "<= 0.9x",
+        [r["fxforge_over_eager"] for r in rows], lambda v: max(v) <= 0.9,
+        "geometric mean over the cases of fxforge / eager median time, per thread count; worst thread count")
     add("time per call vs eager (not slower)", "<= 1.0x",
         [get_path(c, "ratios", "time_fxforge_over_eager") for c in cases], lambda v: max(v) <= 1.0,
         "median time per call fxforge / eager, per case (target 'fxforge >= 1.0x eager speed')")
@@ -123,6 +155,13 @@ def markdown(results: dict) -> str:
                      f"{_ms(get_path(res, 'fxforge', 'time', 'median_s'))} | {_ms(get_path(res, 'inductor', 'time', 'median_s'))} | "
                      f"{_x(r.get('time_fxforge_over_eager'))} | {_x(r.get('time_fxforge_over_inductor'))} | "
                      f"{_x(r.get('time_inductor_over_eager'))} | {get_path(res, 'eager', 'time', 'calls') or '—'} |")
+        L += ["", "## Geometric means per thread count", "",
+              "| threads | cases | fxforge/eager | fxforge/Inductor | furthest behind Inductor |",
+              "|---:|---:|---:|---:|---|"]
+        for r in by_threads(results):
+            w = r["worst_over_inductor"]
+            L.append(f"| {r['threads'] or '—'} | {r['cases']} | {_x(r['fxforge_over_eager'])} | "
+                     f"{_x(r['fxforge_over_inductor'])} | {'—' if w is None else f'{w[1]}: {_x(w[0])}'} |")
         L += ["", "## Peak bytes allocated during one call (MiB, profiler allocation events)", "",
               "| case | eager | fxforge | Inductor | fxforge/eager | fxforge/Inductor |", "|---|---:|---:|---:|---:|---:|"]
         for c in cases:
@@ -262,7 +301,8 @@ def _argv(args: dict) -> list[str]:
         out += ["--synthetic", *map(str, args["synthetic"])]
     for k in ("calls", "budget", "threads"):
         if k in args:
-            out += [f"--{k}", str(args[k])]
+            v = args[k]
+            out += [f"--{k}", *map(str, v if isinstance(v, list) else [v])]
     if args.get("tag"):
         out += ["--tag", args["tag"]]
     return out

@@ -60,7 +60,8 @@ def test_smoke_run_writes_json_and_table(bench_modules, tmp_path):
     assert row["nodes"] == 200 and row["compile_s"] > 0 and row["matches_eager"] is True
     assert {t["target"] for t in data["targets"]} >= {"arena / lower bound", "time per call vs eager (not slower)"}
     md = (tmp_path / "smoke.md").read_text()
-    assert "| demo-tiny train |" in md and "fxforge/eager" in md and "torch 2." in md
+    assert all(c["threads"] >= 1 for c in data["cases"])
+    assert "| demo-tiny train (" in md and "## Geometric means per thread count" in md and "fxforge/eager" in md and "torch 2." in md
 
 
 def test_ratios_and_targets_with_inductor(bench_modules):
@@ -88,6 +89,16 @@ def test_ratios_and_targets_with_inductor(bench_modules):
     assert tg["arena / lower bound"]["status"] == "met"  # mean 1.02
     assert tg["time per call vs eager (not slower)"]["status"] == "met"
     assert tg["pass pipeline, 100k-node graph"]["status"] == "not measured"
+    assert tg["time per call vs Inductor, every case"]["status"] == "MISSED"  # 2.0x
+    # geomeans per thread count: a second case at another thread count, 0.5x Inductor and 0.8x eager
+    fast = {**case, "threads": 2, "ratios": {**r, "time_fxforge_over_inductor": 0.5, "time_fxforge_over_eager": 0.8}}
+    slow = {**case, "threads": 1, "ratios": {**r, "time_fxforge_over_inductor": 2.0}}
+    rows = table.by_threads({"cases": [slow, fast]})
+    assert [(x["threads"], x["fxforge_over_inductor"], x["fxforge_over_eager"]) for x in rows] == [(1, 2.0, 0.5), (2, 0.5, 0.8)]
+    assert rows[0]["worst_over_inductor"] == (2.0, "m train (1t)")
+    both = {t["target"]: t for t in table.targets({"cases": [slow, fast]})}
+    assert both["time per call vs Inductor, geomean at each thread count"]["worst"] == 2.0
+    assert both["time per call vs eager, geomean at each thread count"]["status"] == "met"  # 0.5 and 0.8
     del case["fxforge"]  # a partial dict; the real one is covered by the smoke run
     md = table.markdown({"cases": [case], "targets": list(tg.values())})
     assert "| m train | 2000.00 | 1000.00 | 500.00 | 0.50x | 2.00x |" in md
