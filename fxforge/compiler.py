@@ -22,6 +22,7 @@ from .collectives import collective_stats
 from .copies import graph_copy_bytes
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
+from .lowering.conv_layout import ConvLayout
 from .lowering.crops import LowerCrops
 from .lowering.permuted_copies import PermutedCopies
 from .lowering.reshaped_cats import CatThroughReshapes
@@ -52,6 +53,11 @@ def device_types(gm: fx.GraphModule) -> set[str]:
     return out or {"cpu"}
 
 
+# A training step's graphs: the forward's outputs saved for the backward keep their traced strides
+# (the backward graph was traced with them), so a layout change would be undone at every output.
+TRAINING = ("forward", "backward")
+
+
 def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind: str = "graph") -> list:
     """fxforge's pipeline, with the user passes of ``config.passes`` at their named points
     (``kind``: the graph's role, ``compile_graph``'s)."""
@@ -60,6 +66,7 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind:
     assign = AssignBackends(backend, config, extern)
     return [
         DedupeGetitems(), EliminateIdentityViews(returned=kind == "backward"),
+        *([ConvLayout(config.conv_layout)] if config.conv_layout != "as_traced" and kind not in TRAINING else []),
         *([SplitForFusion(backend.splits)] if backend.splits else []),
         *([CatThroughReshapes()] if config.zero_copy else []),
         *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(), LowerCrops(),

@@ -74,6 +74,11 @@ class Config:
     # share of the step, hold at most this much more between steps (and during the other graph
     # of the step).
     keep_training_arenas_max_bytes: int = 4 << 20
+    # Memory layout of convolutions' operands and of the values computed from their outputs
+    # (lowering/conv_layout.py): "auto" (channels-last on CPU graphs where oneDNN runs the
+    # convolutions), "channels_last" (on every device), "as_traced".  Static sizes only; the graph's
+    # outputs keep their traced strides.
+    conv_layout: str = "auto"
     # Write each input of a cat or pad straight into its place in the result, so cat copies
     # nothing and pad fills only its border (passes/padcat.py); False: copy them.
     zero_copy: bool = True
@@ -97,6 +102,7 @@ class Config:
         _choice("decompose", self.decompose, ("auto", "none", "core"))
         _choice("partitioner", self.partitioner, ("min_cut", "default"))
         _choice("keep_arenas", self.keep_arenas, ("inference", "always", "never"))
+        _choice("conv_layout", self.conv_layout, ("auto", "channels_last", "as_traced"))
         for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args"):
             self._set(knob, _limit(knob, getattr(self, knob)))
         self._set("max_fusion_peak_growth", _fraction("max_fusion_peak_growth", self.max_fusion_peak_growth))

@@ -76,3 +76,70 @@ def test_the_torch_backend_keeps_the_norm_whole():
     with torch.no_grad():
         torch.testing.assert_close(g(x), torch.nn.functional.layer_norm(x, (8,)))
     assert not any(p["name"] == "split_for_fusion" for p in b.compiled[0].stats["passes"])
+
+
+class ConvBlock(torch.nn.Module):
+    def __init__(self, affine=True):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 6, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(6, affine=affine)
+
+    def forward(self, x, r):
+        return torch.relu(self.bn(self.conv(x)) + r)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("layout", ["auto", "as_traced"])
+def test_inference_batch_norm_fuses_with_the_activation_and_the_residual_add(affine, layout):
+    torch.manual_seed(0)
+    m = ConvBlock(affine).eval()
+    with torch.no_grad():  # statistics and affine terms away from the identity
+        m.bn.running_mean.normal_()
+        m.bn.running_var.uniform_(0.5, 2.0)
+        if affine:
+            m.bn.weight.normal_()
+            m.bn.bias.normal_()
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True, conv_layout=layout))
+    cm = torch.compile(m, backend=b)
+    x, r = torch.randn(2, 4, 7, 9), torch.randn(2, 6, 7, 9)
+    with torch.no_grad():
+        out = cm(x, r)
+        torch.testing.assert_close(out, m(x, r))
+    (c,) = b.compiled
+    assert "batch_norm" not in c.source
+    # normalize, affine, residual add and relu: one C kernel over the convolution's output
+    assert max(k.node_count for k in c.kernels if k.backend == "c") >= (6 if affine else 4)
+
+
+def test_a_batch_norm_whose_statistics_are_read_stays_atens():
+    """An inference batch norm's second and third outputs are not computed by the split."""
+    x = torch.randn(2, 3, 4, 4)
+    w, b_, rm, rv = torch.randn(3), torch.randn(3), torch.randn(3), torch.rand(3) + 0.5
+
+    def f(x):
+        out, mean, rstd = torch.ops.aten._native_batch_norm_legit_no_training(x, w, b_, rm, rv, 0.1, 1e-5)
+        return out.relu(), mean.sum() + rstd.sum()
+
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    with torch.no_grad():
+        got = torch.compile(f, backend=b)(x)
+    torch.testing.assert_close(got, f(x))
+    (rec,) = [p for p in b.compiled[0].stats["passes"] if p["name"] == "split_for_fusion"]
+    assert rec["stats"]["split"] == 0
+
+
+def test_training_batch_norm_keeps_atens_kernel_and_its_gradients():
+    torch.manual_seed(0)
+    m = ConvBlock()
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    cm = torch.compile(m, backend=b)
+    ref = ConvBlock()
+    ref.load_state_dict(m.state_dict())
+    x, r = torch.randn(2, 4, 7, 9), torch.randn(2, 6, 7, 9)
+    cm(x, r).square().sum().backward()
+    ref(x, r).square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    torch.testing.assert_close(m.bn.running_var, ref.bn.running_var)
+    fw = next(c for c in b.compiled if c.stats["graph"] == "forward")
+    assert "_native_batch_norm_legit_functional" in fw.source

@@ -10,7 +10,12 @@ decomposed ops' gradients (many nodes and reductions over leading dims).
 Each split writes the op's value with nodes of the same graph (their fake values computed in the
 graph's fake mode, symbolic sizes kept), and the op's users (its ``getitem`` users, for an op of
 several outputs) read them.  Log-softmax and the two softmax gradients split into row
-reductions and pointwise nodes, which a fusing backend runs as one row kernel.
+reductions and pointwise nodes, which a fusing backend runs as one row kernel.  An inference
+batch norm splits into per-channel pointwise nodes with the running statistics, which fuse with the
+convolution's bias, the activation and the residual add around it.  (A training batch norm keeps
+ATen's kernel: its statistics reduce over every dim but the channels, which ATen's batch norm
+computes in one pass and a generic reduction does not.)  A split may leave an output it does not compute (``None``: the empty
+statistics of an inference batch norm); it is not split where a user reads that output.
 """
 
 from __future__ import annotations
@@ -63,6 +68,48 @@ def _float_rows(x: fx.Node) -> bool:
     return x.meta[VAL].dtype in (torch.float32, torch.float64)
 
 
+def _channels(gm: fx.GraphModule, mode, v: fx.Node, rank: int) -> fx.Node:
+    """A per-channel vector ``(C,)`` viewed to broadcast against ``(N, C, *spatial)``."""
+    return fake_call(gm, mode, aten.view.default, (v, [-1] + [1] * (rank - 2)))
+
+
+def _normalized(gm: fx.GraphModule, mode, x, mean, rstd, w, b) -> fx.Node:
+    """``(x - mean) * rstd * w + b``, every factor broadcast per channel."""
+    call = functools.partial(fake_call, gm, mode)
+    out = call(aten.mul.Tensor, (call(aten.sub.Tensor, (x, mean)), rstd))
+    rank = x.meta[VAL].dim()
+    if w is not None:
+        out = call(aten.mul.Tensor, (out, _channels(gm, mode, w, rank)))
+    if b is not None:
+        out = call(aten.add.Tensor, (out, _channels(gm, mode, b, rank)))
+    return out
+
+
+def _reads_output(n: fx.Node, *indices: int) -> bool:
+    return any(u.target is operator.getitem and u.args[1] in indices for u in n.users)
+
+
+def _float_params(x: fx.Node, *params) -> bool:
+    """The batch norm's input and its per-channel tensors all of one float dtype (mixed
+    precision keeps ATen's kernel, which computes in the statistics' dtype)."""
+    dt = x.meta[VAL].dtype
+    return _float_rows(x) and all(p is None or p.meta[VAL].dtype == dt for p in params)
+
+
+def _batch_norm_inference(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node | None] | None:
+    """``_native_batch_norm_legit_no_training(x, w, b, mean, var, momentum, eps)`` ->
+    ``(x - mean) * rsqrt(var + eps) * w + b`` per channel; its two (empty) statistics outputs
+    are not computed."""
+    x, w, b, mean, var, _momentum, eps = n.args
+    if not _float_params(x, w, b, mean, var) or x.meta[VAL].dim() < 2 or _reads_output(n, 1, 2):
+        return None
+    call = functools.partial(fake_call, gm, mode)
+    rank = x.meta[VAL].dim()
+    rstd = call(aten.rsqrt.default, (call(aten.add.Tensor, (var, eps)),))
+    return [_normalized(gm, mode, x, _channels(gm, mode, mean, rank), _channels(gm, mode, rstd, rank), w, b),
+            None, None]
+
+
 def _log_softmax(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
     """``_log_softmax(x, dim, half_to_float)`` -> ``(x - m) - log(sum(exp(x - m)))``, ``m`` the
     row's max (``amax``: a row of NaN or of -inf only is NaN, as eager's)."""
@@ -95,11 +142,12 @@ def _softmax_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | N
     return [call(aten.mul.Tensor, (y, call(aten.sub.Tensor, (g, total))))]
 
 
-SPLITTERS: dict[str, Callable[[fx.GraphModule, object, fx.Node], list[fx.Node] | None]] = {
+SPLITTERS: dict[str, Callable[[fx.GraphModule, object, fx.Node], list[fx.Node | None] | None]] = {
     "aten.native_layer_norm.default": _layer_norm,
     "aten._log_softmax.default": _log_softmax,
     "aten._log_softmax_backward_data.default": _log_softmax_backward,
     "aten._softmax_backward_data.default": _softmax_backward,
+    "aten._native_batch_norm_legit_no_training.default": _batch_norm_inference,
 }
 
 
@@ -126,7 +174,7 @@ class SplitForFusion:
                 values = fn(gm, mode, n)
                 if values is not None:
                     wanted = n.meta[VAL] if several else [n.meta[VAL]]
-                    values = [_at_strides(gm, mode, v, w) for v, w in zip(values, wanted)]
+                    values = [v if v is None else _at_strides(gm, mode, v, w) for v, w in zip(values, wanted)]
             if values is None:
                 continue
             if several:

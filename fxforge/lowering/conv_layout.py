@@ -1,0 +1,170 @@
+"""Channels-last layout through convolution chains: ``ConvLayout``.
+
+ATen's CPU convolutions (oneDNN) run on channels-last tensors (``N, H, W, C`` in memory) without
+reordering them; given the default contiguous layout they reorder input, weight and output on
+every call.  This pass gives every 2-D (and 3-D) convolution channels-last operands and lets the
+layout follow the values computed from its output: a batch norm, an activation, a residual add
+and the next convolution all read and write channels-last, and the layout goes back to the traced
+one only where something needs it.
+
+How: the convolution's input and weight become ``prims.copy_strided`` copies in channels-last
+strides (elementwise: a fusing backend stores them from the kernel computing the input), the
+convolution's fake value is recomputed, and so is every value downstream whose input's layout
+changed, in graph order.  A node keeps the traced layout of its inputs (a ``copy_strided`` back to
+the traced strides is put before it) where recomputing is not sound or not possible:
+
+* ops outside ``aten``/``prims`` (a custom op may read its input's memory directly), ops that
+  write their arguments, and ops whose result depends on strides (``as_strided``);
+* ops whose fake call refuses the new layout (a ``view`` that would need a copy);
+* the graph's outputs: a caller receives the strides the graph was traced with.
+
+Applies to graphs on CPU with oneDNN (``Config.conv_layout="auto"``), or on every device
+(``"channels_last"``); static sizes only.  ``"as_traced"`` turns it off.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..graph import VAL, fake_mode_of, tensors
+from ..pipeline import PassResult
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# Ops whose result depends on their input's strides, not only on its values.
+_STRIDE_DEPENDENT = {
+    aten.as_strided.default, aten.as_strided_.default, aten.as_strided_scatter.default,
+    aten._reshape_alias.default, aten.set_.source_Storage_storage_offset,
+}
+
+
+def channels_last_strides(v: torch.Tensor) -> list[int] | None:
+    """Channels-last strides for a 4-D or 5-D static tensor ``(N, C, *spatial)``, else None."""
+    if v.dim() not in (4, 5) or not all(type(s) is int for s in v.shape):
+        return None
+    fmt = torch.channels_last if v.dim() == 4 else torch.channels_last_3d
+    return list(torch.empty(v.shape, device="meta").contiguous(memory_format=fmt).stride())
+
+
+def _convolutions(gm: fx.GraphModule) -> list[fx.Node]:
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not aten.convolution.default:
+            continue
+        x, w = n.args[0], n.args[1]
+        xv, wv = x.meta.get(VAL), w.meta.get(VAL)
+        if (isinstance(xv, torch.Tensor) and isinstance(wv, torch.Tensor) and xv.is_floating_point()
+                and channels_last_strides(xv) is not None and channels_last_strides(wv) is not None):
+            out.append(n)
+    return out
+
+
+def _layouts(v) -> list:
+    """The strides of a value's tensors, those of size-1 dims left out (they address nothing)."""
+    return [[st if sz != 1 else None for sz, st in zip(t.shape, t.stride())] for t in tensors(v)]
+
+
+def _recomputable(n: fx.Node) -> bool:
+    if n.target is operator.getitem:
+        return True
+    if not isinstance(n.target, torch._ops.OpOverload) or n.target in _STRIDE_DEPENDENT:
+        return False
+    if n.target.namespace not in ("aten", "prims"):
+        return False
+    return not any(a.alias_info is not None and a.alias_info.is_write for a in n.target._schema.arguments)
+
+
+class ConvLayout:
+    """Channels-last operands for convolutions, and the layout carried through what follows."""
+
+    name = "conv_layout"
+
+    def __init__(self, mode: str = "auto"):
+        if mode not in ("auto", "channels_last", "as_traced"):
+            raise ValueError(f"conv_layout={mode!r}: expected 'auto', 'channels_last' or 'as_traced'")
+        self.mode = mode
+
+    def applies(self, gm: fx.GraphModule) -> list[fx.Node]:
+        if self.mode == "as_traced":
+            return []
+        convs = _convolutions(gm)
+        if self.mode == "auto":
+            cpu = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+            convs = [c for c in convs if cpu and c.args[0].meta[VAL].device.type == "cpu"]
+        return convs
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        convs = self.applies(gm)
+        mode = fake_mode_of(gm)
+        if not convs or mode is None:
+            return PassResult(gm, False, {"convolutions": 0})
+        graph = gm.graph
+        traced = {n: n.meta.get(VAL) for n in graph.nodes}  # the values as traced
+        changed: set[fx.Node] = set()  # nodes whose value now has other strides than traced
+        restored: dict[fx.Node, fx.Node] = {}  # node -> its copy in the traced strides
+        copies = 0
+
+        def copy(v: fx.Node, strides, before: fx.Node) -> fx.Node:
+            with graph.inserting_before(before):
+                c = graph.call_function(prims.copy_strided.default, (v, strides))
+            with mode:
+                c.meta[VAL] = prims.copy_strided.default(v.meta[VAL], strides)
+            return c
+
+        def as_traced(v: fx.Node) -> fx.Node:
+            if v not in restored:
+                restored[v] = copy(v, list(traced[v].stride()), v.next)
+            return restored[v]
+
+        def recompute(n: fx.Node) -> bool:
+            args = fx.node.map_arg(n.args, lambda a: a.meta[VAL])
+            kwargs = fx.node.map_arg(n.kwargs, lambda a: a.meta[VAL])
+            try:
+                with mode:
+                    v = n.target(*args, **kwargs)
+            except Exception:
+                return False
+            n.meta[VAL] = v
+            if _layouts(v) != _layouts(traced[n]):
+                changed.add(n)
+            return True
+
+        to_channels_last = []
+        for c in convs:
+            for i in (0, 1):
+                a = c.args[i]
+                want = channels_last_strides(a.meta[VAL])
+                if list(a.meta[VAL].stride()) != want:
+                    c.update_arg(i, copy(a, want, c))
+                    to_channels_last.append(c.args[i])
+        for c in convs:
+            recompute(c)
+
+        kept = 0
+        for n in list(graph.nodes):
+            ins = [a for a in n.all_input_nodes if a in changed]
+            if not ins or n in convs or n not in traced:  # (not in traced: the copies to channels-last)
+                continue
+            if n.op == "call_function" and _recomputable(n) and recompute(n):
+                kept += 1
+                continue
+            # the traced layout for this node (an output, a refused or unsound recompute)
+            for a in ins:
+                n.replace_input_with(a, as_traced(a))
+                copies += 1
+            if n.op == "call_function" and VAL in n.meta:
+                recompute(n)
+        for c in to_channels_last:  # made channels-last upstream already: the copy is not needed
+            x = c.args[0]
+            if _layouts(x.meta[VAL]) == _layouts(c.meta[VAL]):
+                c.replace_all_uses_with(x)
+                graph.erase_node(c)
+            else:
+                copies += 1
+        gm.recompile()
+        return PassResult(gm, True, {"convolutions": len(convs), "layout_copies": copies,
+                                     "channels_last_nodes": kept + len(convs)}, recompile=False)

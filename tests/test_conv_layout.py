@@ -1,0 +1,171 @@
+"""ConvLayout (lowering/conv_layout.py): channels-last operands for convolutions, the layout
+carried through what follows, and the traced layout back where something needs it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxforge
+from fxforge.graph import VAL
+from fxforge.lowering.conv_layout import ConvLayout
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not available")
+
+
+class Net(torch.nn.Module):
+    """Conv, batch norm, relu, a residual block, max pool, a strided conv, global pooling, head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                                        torch.nn.ReLU())
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(8, 8, 1, groups=2))
+        self.down = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.head = torch.nn.Linear(16, 5)
+
+    def forward(self, x):
+        h = self.stem(x)
+        h = F.max_pool2d(h + self.body(h), 2)
+        return self.head(self.down(h).mean((2, 3)))
+
+
+def compiled(fn, codegen="auto", layout="auto", **kw):
+    b = fxforge.backend(fxforge.Config(codegen=codegen, conv_layout=layout, debug=True))
+    return torch.compile(fn, backend=b, **kw), b
+
+
+def layout_stats(c):
+    (rec,) = [p for p in c.stats["passes"] if p["name"] == "conv_layout"] or [None]
+    return rec and rec["stats"]
+
+
+def conv_inputs_channels_last(c) -> list[bool]:
+    convs = [n for n in c.graph.graph.nodes if n.target is aten.convolution.default]
+    return [n.args[0].meta[VAL].is_contiguous(memory_format=torch.channels_last) for n in convs]
+
+
+@needs_onednn
+@pytest.mark.parametrize("codegen", ["auto", "torch"])
+def test_a_cnn_runs_channels_last_and_matches_eager(codegen):
+    torch.manual_seed(0)
+    m = Net().eval()
+    with torch.no_grad():
+        m.stem[1].running_mean.normal_()
+        m.stem[1].running_var.uniform_(0.5, 2)
+    cm, b = compiled(m, codegen)
+    for _ in range(2):  # fresh inputs each call
+        x = torch.randn(2, 3, 12, 12)
+        with torch.no_grad():
+            out = cm(x)
+            torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
+    (c,) = b.compiled
+    assert conv_inputs_channels_last(c) == [True] * 4
+    st = layout_stats(c)
+    assert st["convolutions"] == 4 and st["channels_last_nodes"] > 4
+    # only the image and three weights are copied (a 1x1 kernel's weight is channels-last as it
+    # is): everything after the first convolution stays channels-last, and the head reads a
+    # pooled (N, C) value
+    assert st["layout_copies"] == 4
+
+
+@needs_onednn
+def test_outputs_keep_their_traced_strides():
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def f(x):
+        y = conv(x).relu()
+        return y, y.flatten(2).transpose(1, 2)  # a view of the value, as a ViT's patch embedding
+
+    cm, b = compiled(f)
+    x = torch.randn(2, 3, 5, 6)
+    with torch.no_grad():
+        got, want = cm(x), f(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+        assert g.stride() == w.stride()
+    assert layout_stats(b.compiled[0])["convolutions"] == 1
+
+
+@needs_onednn
+def test_a_view_that_needs_the_traced_layout_gets_it():
+    conv = torch.nn.Conv2d(3, 4, 3)
+    lin = torch.nn.Linear(4 * 3 * 3, 2)
+
+    def f(x):
+        return lin(conv(x).view(x.shape[0], -1))  # (N, C*H*W): not a view of a channels-last value
+
+    cm, b = compiled(f)
+    x = torch.randn(2, 3, 5, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), f(x))
+    g = b.compiled[0].graph.graph
+    (view,) = [n for n in g.nodes if n.target is aten.view.default and n.meta[VAL].dim() == 2]
+    # the view reads a copy in the traced strides
+    assert view.args[0].target is prims.copy_strided.default
+    assert view.args[0].meta[VAL].is_contiguous()
+
+
+@needs_onednn
+def test_ops_that_read_memory_get_the_traced_layout():
+    """A custom op (it may read its input's memory as it was traced) and ``as_strided`` (its result
+    depends on strides) get the traced layout, not channels-last."""
+
+    @torch.library.custom_op("fxforge_test::flat_first_row", mutates_args=())
+    def flat_first_row(x: torch.Tensor) -> torch.Tensor:
+        assert x.is_contiguous(), "the custom op was given another layout than traced"
+        return x.reshape(x.shape[0], -1)[:, :5].clone()
+
+    @flat_first_row.register_fake
+    def _(x):
+        return x.new_empty(x.shape[0], 5)
+
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def f(x):
+        y = conv(x)
+        return flat_first_row(y) + y.as_strided((2, 5), (1, 2)).sum()
+
+    cm, b = compiled(f)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), f(x))
+
+
+@needs_onednn
+def test_training_graphs_and_symbolic_sizes_keep_the_traced_layout():
+    torch.manual_seed(0)
+    m = Net()
+    ref = Net()
+    ref.load_state_dict(m.state_dict())
+    cm, b = compiled(m)
+    x = torch.randn(2, 3, 12, 12)
+    cm(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+    assert all(layout_stats(c) is None for c in b.compiled)  # forward and backward graphs
+
+    conv = torch.nn.Conv2d(3, 4, 3)
+    cd, bd = compiled(lambda x: conv(x).relu(), dynamic=True)
+    with torch.no_grad():
+        for n in (2, 3, 5):
+            x = torch.randn(n, 3, 6, 6)
+            torch.testing.assert_close(cd(x), conv(x).relu())
+    assert all(layout_stats(c) == {"convolutions": 0} for c in bd.compiled)
+
+
+def test_as_traced_leaves_the_graph_alone_and_bad_values_are_refused():
+    conv = torch.nn.Conv2d(3, 4, 3)
+    cm, b = compiled(lambda x: conv(x).relu(), layout="as_traced")
+    x = torch.randn(1, 3, 5, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), conv(x).relu())
+    assert layout_stats(b.compiled[0]) is None
+    assert conv_inputs_channels_last(b.compiled[0]) == [False]
+    with pytest.raises(ValueError, match="conv_layout"):
+        fxforge.Config(conv_layout="nhwc")
+    with pytest.raises(ValueError, match="conv_layout"):
+        ConvLayout("nhwc")
