@@ -17,6 +17,7 @@ from .codegen.registry import DEFAULT_REGISTRY, Registry
 from .compiled import Compiled
 from .compiler import compile_graph
 from .config import Config
+from .graph import FREE_OUTPUTS, INPUT_STRIDES, VAL
 from .lowering.decompose import aot_table
 
 log = logging.getLogger("fxforge")
@@ -35,6 +36,8 @@ class Backend:
 
     def _compiler(self, kind: str):
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]):
+            caller_layouts(gm, example_inputs, kind)
+            traced = _traced_strides(gm)  # before the passes adopt the given ones
             try:
                 c = compile_graph(gm, self.config, kind=kind, registry=self.registry)
             except Exception as e:
@@ -45,9 +48,11 @@ class Backend:
                 self.failures.append((kind, reason))
                 from torch._functorch.aot_autograd import make_boxed_func
 
-                return make_boxed_func(gm)
+                return make_boxed_func(_in_strides(gm, traced) if traced else gm)
             if kind == "backward":
                 c.stats["saved_activation_bytes"] = saved_activation_bytes(gm)
+            if kind == "forward" and FREE_OUTPUTS in gm.meta:
+                report_output_strides(c.graph)
             self.compiled.append(c)
             return c.call_boxed
 
@@ -74,6 +79,72 @@ class Backend:
             partition_fn=_partitioner(self.config.partitioner),
         )
         return aot(gm, example_inputs)
+
+
+def caller_layouts(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> None:
+    """What AOTAutograd says about layouts, in the graph's meta for the passes (graph.py).
+
+    A training forward's outputs past the user's (``num_forward``: mutated inputs, outputs,
+    intermediate bases) are saved for the backward: they may keep any layout (``FREE_OUTPUTS``),
+    which ``report_output_strides`` tells AOTAutograd.  It then gives the backward compiler
+    example inputs in those strides: the placeholders whose strides differ are recorded
+    (``INPUT_STRIDES``) for lowering/conv_layout.py to adopt."""
+    from torch._guards import TracingContext
+
+    if kind == "forward":
+        tc = TracingContext.try_get()
+        meta = getattr(tc, "fw_metadata", None)
+        # (no tensor subclass among the outputs: their saved tensors are the subclasses' inner ones)
+        plain = all(isinstance(m, int) or type(m).__name__ == "PlainTensorMeta"
+                    for m in getattr(meta, "subclass_fw_graph_out_meta", None) or [])
+        if isinstance(getattr(meta, "num_forward", None), int) and plain and tc.output_strides is not None:
+            gm.meta[FREE_OUTPUTS] = meta.num_forward
+    elif kind == "backward":
+        phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        given = {}
+        for n, x in zip(phs, example_inputs):
+            v = n.meta.get(VAL)
+            if (isinstance(v, torch.Tensor) and isinstance(x, torch.Tensor) and v.shape == x.shape
+                    and all(type(s) is int for s in (*v.shape, *x.stride())) and v.stride() != x.stride()):
+                given[n.name] = tuple(x.stride())
+        if given:
+            gm.meta[INPUT_STRIDES] = given
+
+
+def report_output_strides(gm: fx.GraphModule) -> None:
+    """A compiled training forward's output strides, to AOTAutograd (which lays the backward's
+    example inputs out in them): its outputs are what the compiled graph's values say."""
+    from torch._guards import TracingContext
+
+    tc = TracingContext.try_get()
+    if tc is None or tc.output_strides is None:
+        return
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    for a in out.args[0] if isinstance(out.args[0], (tuple, list)) else [out.args[0]]:
+        v = a.meta.get(VAL) if isinstance(a, fx.Node) else None
+        static = isinstance(v, torch.Tensor) and all(type(s) is int for s in v.stride())
+        tc.output_strides.append(tuple(v.stride()) if static else None)
+
+
+def _traced_strides(gm: fx.GraphModule) -> dict[int, tuple]:
+    """Input position -> traced strides, of the inputs given in other strides (``INPUT_STRIDES``)."""
+    given = gm.meta.get(INPUT_STRIDES) or {}
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {i: tuple(n.meta[VAL].stride()) for i, n in enumerate(phs) if n.name in given}
+
+
+def _in_strides(gm: fx.GraphModule, strides: dict[int, tuple]):
+    """``gm`` as a callable that first copies the inputs at these positions into these strides:
+    run eagerly, a graph may hold ops (a ``view``) that need the layout it was traced with."""
+
+    def run(*args):
+        args = list(args)
+        for i, stride in strides.items():
+            x = args[i]
+            args[i] = torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device).copy_(x)
+        return gm(*args)
+
+    return run
 
 
 def _partitioner(name: str):

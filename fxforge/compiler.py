@@ -53,11 +53,6 @@ def device_types(gm: fx.GraphModule) -> set[str]:
     return out or {"cpu"}
 
 
-# A training step's graphs: the forward's outputs saved for the backward keep their traced strides
-# (the backward graph was traced with them), so a layout change would be undone at every output.
-TRAINING = ("forward", "backward")
-
-
 def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind: str = "graph") -> list:
     """fxforge's pipeline, with the user passes of ``config.passes`` at their named points
     (``kind``: the graph's role, ``compile_graph``'s)."""
@@ -66,7 +61,7 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind:
     assign = AssignBackends(backend, config, extern)
     return [
         DedupeGetitems(), EliminateIdentityViews(returned=kind == "backward"),
-        *([ConvLayout(config.conv_layout)] if config.conv_layout != "as_traced" and kind not in TRAINING else []),
+        ConvLayout(config.conv_layout),
         *([SplitForFusion(backend.splits)] if backend.splits else []),
         *([CatThroughReshapes()] if config.zero_copy else []),
         *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(), LowerCrops(),

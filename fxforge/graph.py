@@ -36,6 +36,8 @@ SLICE_OF = "fxforge_slice_of"
 ZERO_COPY = "fxforge_zero_copy"
 SYMMETRIC = "fxforge_symmetric"
 PROBES = "fxforge_probes"
+INPUT_STRIDES = "fxforge_input_strides"
+FREE_OUTPUTS = "fxforge_free_outputs"
 
 META_KEYS = {
     VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
@@ -51,10 +53,15 @@ META_KEYS = {
     SYMMETRIC: "str: the process group whose symmetric-memory arena holds the node's output, which a "
                "collective reads from every rank (passes/symmetric.py)",
 }
-# the one key fxforge writes in a GraphModule's own meta
+# the keys fxforge writes in a GraphModule's own meta
 GRAPH_META_KEYS = {
     PROBES: "dict: backends' emitter probe summaries by group structure and nodes' fusion facts, kept "
             "while a PassManager runs (codegen/probes.py, codegen/ir/facts.py)",
+    INPUT_STRIDES: "dict[str, tuple[int, ...]]: placeholder name -> the strides its caller passes where they "
+                   "differ from the traced value's (a training forward's saved activations, laid out by its "
+                   "passes; backend.py), adopted by lowering/conv_layout.py",
+    FREE_OUTPUTS: "int: the graph's outputs from this index on may keep the layout the passes give them (a "
+                  "training forward's saved activations, whose strides are reported to AOTAutograd; backend.py)",
 }
 
 FALLBACK_BACKEND = "fallback"

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fxforge
-from fxforge.graph import VAL
+from fxforge.graph import INPUT_STRIDES, VAL
 from fxforge.lowering.conv_layout import ConvLayout
 
 aten = torch.ops.aten
@@ -134,20 +134,59 @@ def test_ops_that_read_memory_get_the_traced_layout():
         torch.testing.assert_close(cm(x), f(x))
 
 
-@needs_onednn
-def test_training_graphs_and_symbolic_sizes_keep_the_traced_layout():
-    torch.manual_seed(0)
-    m = Net()
-    ref = Net()
-    ref.load_state_dict(m.state_dict())
-    cm, b = compiled(m)
-    x = torch.randn(2, 3, 12, 12)
+def train_step_matches_eager(cm, m, ref, x):
     cm(x).square().sum().backward()
     ref(x).square().sum().backward()
-    for p, q in zip(m.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
-    assert all(layout_stats(c) is None for c in b.compiled)  # forward and backward graphs
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+        assert p.grad.stride() == q.grad.stride(), name
+    for (name, p), q in zip(m.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(p, q, msg=name)
 
+
+@needs_onednn
+def test_a_training_step_runs_channels_last_and_its_gradients_match():
+    """The forward keeps the activations it saves channels-last and tells AOTAutograd their
+    strides; the backward adopts them, and its convolution gradients run channels-last too."""
+    torch.manual_seed(0)
+    m, ref = Net(), Net()
+    ref.load_state_dict(m.state_dict())
+    cm, b = compiled(m)
+    train_step_matches_eager(cm, m, ref, torch.randn(2, 3, 12, 12))
+    fw, bw = (next(c for c in b.compiled if c.stats["graph"] == k) for k in ("forward", "backward"))
+    assert layout_stats(fw)["convolutions"] == 4
+    st = layout_stats(bw)
+    assert st["convolutions"] == 4 and st["given_inputs"] > 0  # convolution_backward nodes
+    given = bw.graph.meta[INPUT_STRIDES]
+    assert len(given) == st["given_inputs"]
+    for n in bw.graph.graph.nodes:
+        if n.name in given:  # saved activations, channels-last as the forward left them
+            assert n.meta[VAL].dim() == 4 and n.meta[VAL].is_contiguous(memory_format=torch.channels_last)
+
+
+@needs_onednn
+def test_a_backward_run_eagerly_gets_its_inputs_in_the_traced_layout():
+    """A backward graph fxforge could not compile runs as traced: the saved activations the
+    forward laid out channels-last are copied back to the traced strides first."""
+
+    def refuse_backward(gm):
+        if any(n.op == "placeholder" and n.name.startswith("tangents") for n in gm.graph.nodes):
+            raise RuntimeError("refused for the test")
+        return gm
+
+    torch.manual_seed(0)
+    m, ref = Net(), Net()
+    ref.load_state_dict(m.state_dict())
+    b = fxforge.backend(fxforge.Config(passes={"after_fusion": [refuse_backward]}))
+    cm = torch.compile(m, backend=b)
+    train_step_matches_eager(cm, m, ref, torch.randn(2, 3, 12, 12))
+    assert [k for k, _ in b.failures] == ["backward"]
+    (fw,) = b.compiled
+    assert layout_stats(fw)["convolutions"] == 4
+
+
+@needs_onednn
+def test_symbolic_sizes_keep_the_traced_layout():
     conv = torch.nn.Conv2d(3, 4, 3)
     cd, bd = compiled(lambda x: conv(x).relu(), dynamic=True)
     with torch.no_grad():
@@ -163,7 +202,7 @@ def test_as_traced_leaves_the_graph_alone_and_bad_values_are_refused():
     x = torch.randn(1, 3, 5, 5)
     with torch.no_grad():
         torch.testing.assert_close(cm(x), conv(x).relu())
-    assert layout_stats(b.compiled[0]) is None
+    assert layout_stats(b.compiled[0]) == {"convolutions": 0}
     assert conv_inputs_channels_last(b.compiled[0]) == [False]
     with pytest.raises(ValueError, match="conv_layout"):
         fxforge.Config(conv_layout="nhwc")

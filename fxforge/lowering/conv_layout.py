@@ -29,7 +29,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, fake_mode_of, tensors
+from ..graph import FREE_OUTPUTS, INPUT_STRIDES, VAL, fake_mode_of, tensors
 from ..pipeline import PassResult
 
 aten = torch.ops.aten
@@ -50,15 +50,18 @@ def channels_last_strides(v: torch.Tensor) -> list[int] | None:
     return list(torch.empty(v.shape, device="meta").contiguous(memory_format=fmt).stride())
 
 
+# Convolution ops and the positions of their operands given channels-last strides.
+_OPERANDS = {aten.convolution.default: (0, 1), aten.convolution_backward.default: (0, 1, 2)}
+
+
 def _convolutions(gm: fx.GraphModule) -> list[fx.Node]:
     out = []
     for n in gm.graph.nodes:
-        if n.op != "call_function" or n.target is not aten.convolution.default:
+        if n.op != "call_function" or n.target not in _OPERANDS:
             continue
-        x, w = n.args[0], n.args[1]
-        xv, wv = x.meta.get(VAL), w.meta.get(VAL)
-        if (isinstance(xv, torch.Tensor) and isinstance(wv, torch.Tensor) and xv.is_floating_point()
-                and channels_last_strides(xv) is not None and channels_last_strides(wv) is not None):
+        vals = [n.args[i].meta.get(VAL) for i in _OPERANDS[n.target]]
+        if all(isinstance(v, torch.Tensor) and v.is_floating_point() and channels_last_strides(v) is not None
+               for v in vals):
             out.append(n)
     return out
 
@@ -66,6 +69,10 @@ def _convolutions(gm: fx.GraphModule) -> list[fx.Node]:
 def _layouts(v) -> list:
     """The strides of a value's tensors, those of size-1 dims left out (they address nothing)."""
     return [[st if sz != 1 else None for sz, st in zip(t.shape, t.stride())] for t in tensors(v)]
+
+
+def _strides(v) -> list:
+    return [list(t.stride()) for t in tensors(v)]
 
 
 def _recomputable(n: fx.Node) -> bool:
@@ -79,7 +86,11 @@ def _recomputable(n: fx.Node) -> bool:
 
 
 class ConvLayout:
-    """Channels-last operands for convolutions, and the layout carried through what follows."""
+    """Channels-last operands for convolutions, and the layout carried through what follows.
+
+    Also adopts the strides a caller gives some inputs in (``INPUT_STRIDES``: a training
+    backward's saved activations, laid out by the forward's run of this pass) whatever
+    ``mode``, and lets the outputs from ``FREE_OUTPUTS`` on keep their new layout."""
 
     name = "conv_layout"
 
@@ -99,8 +110,9 @@ class ConvLayout:
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         convs = self.applies(gm)
+        given = gm.meta.get(INPUT_STRIDES) or {}
         mode = fake_mode_of(gm)
-        if not convs or mode is None:
+        if not (convs or given) or mode is None:
             return PassResult(gm, False, {"convolutions": 0})
         graph = gm.graph
         traced = {n: n.meta.get(VAL) for n in graph.nodes}  # the values as traced
@@ -133,9 +145,14 @@ class ConvLayout:
                 changed.add(n)
             return True
 
+        for n in graph.find_nodes(op="placeholder"):
+            if n.name in given:
+                with mode:
+                    n.meta[VAL] = n.meta[VAL].as_strided(n.meta[VAL].shape, given[n.name])
+                changed.add(n)
         to_channels_last = []
         for c in convs:
-            for i in (0, 1):
+            for i in _OPERANDS[c.target]:
                 a = c.args[i]
                 want = channels_last_strides(a.meta[VAL])
                 if list(a.meta[VAL].stride()) != want:
@@ -144,12 +161,21 @@ class ConvLayout:
         for c in convs:
             recompute(c)
 
+        free = gm.meta.get(FREE_OUTPUTS)
         kept = 0
         for n in list(graph.nodes):
-            ins = [a for a in n.all_input_nodes if a in changed]
+            if n.op == "output":  # exactly the traced strides, size-1 dims' too
+                outs = n.args[0] if isinstance(n.args[0], (tuple, list)) else [n.args[0]]
+                bound = len(outs) if free is None else free
+                ins = [a for a in n.all_input_nodes if a in traced and any(o is a for o in outs[:bound])
+                       and _strides(a.meta[VAL]) != _strides(traced[a])]
+            else:
+                ins = [a for a in n.all_input_nodes if a in changed]
             if not ins or n in convs or n not in traced:  # (not in traced: the copies to channels-last)
                 continue
-            if n.op == "call_function" and _recomputable(n) and recompute(n):
+            if n.op == "output":
+                pass
+            elif n.op == "call_function" and _recomputable(n) and recompute(n):
                 kept += 1
                 continue
             # the traced layout for this node (an output, a refused or unsound recompute)
@@ -166,5 +192,6 @@ class ConvLayout:
             else:
                 copies += 1
         gm.recompile()
-        return PassResult(gm, True, {"convolutions": len(convs), "layout_copies": copies,
-                                     "channels_last_nodes": kept + len(convs)}, recompile=False)
+        return PassResult(gm, True, {"convolutions": len(convs), "given_inputs": len(given),
+                                     "layout_copies": copies, "channels_last_nodes": kept + len(convs)},
+                          recompile=False)

@@ -79,11 +79,15 @@ _SCALAR_CTYPE = {"i64": "int64_t", "i1": "bool", "fp32": "float"}
 
 
 @functools.lru_cache(maxsize=4096)
-def _nest_lines(loops: tuple[tuple[str, sympy.Expr], ...], index: str) -> tuple[str, ...]:
+def _nest_lines(loops: tuple[tuple[str, sympy.Expr], ...], index: str, order: tuple[int, ...] | None = None
+                ) -> tuple[str, ...]:
     """``CEmitter.open_nest``'s lines, a function of the loops alone: the same nests recur in
-    every kernel a fusion pass probes (printing them is most of a probe's text)."""
+    every kernel a fusion pass probes (printing them is most of a probe's text).  ``order``: the
+    positions of ``loops`` from outermost to innermost (None: as listed); the flat index is
+    row-major over ``loops`` as listed, whatever the order."""
     p = CPrinter()
-    lines = [f"for (int64_t {v} = 0; {v} < {p(s)}; {v}++)" for v, s in loops]
+    lines = [f"for (int64_t {v} = 0; {v} < {p(s)}; {v}++)"
+             for v, s in (loops if order is None else [loops[i] for i in order])]
     flat, inner = sympy.Integer(0), sympy.Integer(1)
     for v, s in reversed(loops):
         flat, inner = flat + sympy.Symbol(v, integer=True, nonnegative=True) * inner, inner * s
@@ -249,6 +253,7 @@ class CEmitter(Emitter):
         super().__init__(*args, **kwargs)
         self.values = values(build.vector_math())  # this machine's vector math (``build.vector_math``)
         self.xvars: list[tuple[str, sympy.Expr]] = []  # the rows' loop variables and their sizes
+        self.loop_order: tuple[int, ...] | None = None  # the order their loops nest in (``memory_order``)
         self.rvars: list[tuple[str, sympy.Expr]] = []
         self.columns = False  # the rows are columns (the last dim kept): see fold_columns
         self.hoisted: list[str] | None = None  # inside a fold's loop: the lines before it (``load``)
@@ -294,6 +299,7 @@ class CEmitter(Emitter):
                 self.deps["ri"] = {RINDEX}
         else:
             self.xvars = self.nest(ks, X, "xi")
+            self.loop_order = self.memory_order()
         rn = sympy.sympify(fr.rnumel) if fr.reduction else None
         if fr.reduction and not self.columns and rn.is_Integer and int(rn) <= ROW_CACHE_MAX_NUMEL:
             passes = sum(2 if REDUCTIONS[reduction_of(n).kind].strategy == "moments" else 1
@@ -311,7 +317,7 @@ class CEmitter(Emitter):
             if self.columns or len(self.rvars) != 1 or not self.xvars:
                 return None
             (a, rows), (b, n) = self.xvars[-1], self.rvars[0]
-        elif len(self.xvars) >= 2:
+        elif len(self.xvars) >= 2 and self.loop_order is None:
             (a, rows), (b, n) = self.xvars[-2], self.xvars[-1]
         else:
             return None
@@ -382,9 +388,28 @@ class CEmitter(Emitter):
         self.flat_of[tuple(coords)] = (tuple(shape), index)
         return loops
 
-    def open_nest(self, loops: list[tuple[str, sympy.Expr]], index: str) -> list[str]:
-        """The ``for`` lines of a nest and the flat index they stand for."""
-        return list(_nest_lines(tuple(loops), index))
+    def open_nest(self, loops: list[tuple[str, sympy.Expr]], index: str, order: tuple[int, ...] | None = None
+                  ) -> list[str]:
+        """The ``for`` lines of a nest (in ``order``, ``_nest_lines``) and the flat index they stand for."""
+        return list(_nest_lines(tuple(loops), index, order))
+
+    def memory_order(self) -> tuple[int, ...] | None:
+        """A pointwise kernel's loops from outermost to innermost in the memory order of its first
+        output of the frame's shape (largest stride outermost, ties in dim order), so that the
+        innermost loop walks memory with the smallest step (a channels-last value: its channels);
+        None where that is the order of the dims, or the strides are symbolic."""
+        shape = tuple(self.frame.shape)
+        for n in self.outputs_of():
+            v = n.meta[VAL]
+            if isinstance(v, torch.Tensor) and tuple(v.shape) == shape:
+                break
+        else:
+            return None
+        dims = [int(name[len("xi"):]) for name, _ in self.xvars]
+        if not all(type(v.stride()[d]) is int for d in dims):
+            return None
+        order = tuple(sorted(range(len(dims)), key=lambda i: -v.stride()[dims[i]]))
+        return None if order == tuple(range(len(dims))) else order
 
     def check_int64(self, vals) -> None:
         pass  # every C index is int64_t: no narrower choice to rule out
@@ -657,7 +682,7 @@ class CEmitter(Emitter):
         return f"{CPrinter()(work)} >= {PARALLEL_MIN_WORK}"
 
     def launch(self) -> CEmitted:
-        head = self.open_nest(self.xvars, XINDEX)
+        head = self.open_nest(self.xvars, XINDEX, self.loop_order)
         # each lane of the vectorized kept loop folds a column; a pointwise kernel's elements are
         # independent (a tiled nest marks its own innermost loop, ``tiled_nest``)
         if self.columns or (not self.frame.reduction and not self.tiles):
