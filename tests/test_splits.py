@@ -138,8 +138,8 @@ def test_training_batch_norm_keeps_atens_kernel_and_its_gradients():
     x, r = torch.randn(2, 4, 7, 9), torch.randn(2, 6, 7, 9)
     cm(x, r).square().sum().backward()
     ref(x, r).square().sum().backward()
-    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):  # (a channels-last convolution's sums)
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
     torch.testing.assert_close(m.bn.running_var, ref.bn.running_var)
     fw = next(c for c in b.compiled if c.stats["graph"] == "forward")
     assert "_native_batch_norm_legit_functional" in fw.source

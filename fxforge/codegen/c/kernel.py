@@ -395,10 +395,12 @@ class CEmitter(Emitter):
 
     def memory_order(self) -> tuple[int, ...] | None:
         """A pointwise kernel's loops from outermost to innermost in the memory order of its first
-        output of the frame's shape (largest stride outermost, ties in dim order), so that the
-        innermost loop walks memory with the smallest step (a channels-last value: its channels);
-        None where that is the order of the dims, or the strides are symbolic."""
+        output of the frame's shape (largest stride outermost, ties in dim order), where more of
+        the tensors it reads and writes at that shape then step by at most one element along the
+        innermost loop than in the dims' order (a channels-last chain: its channels innermost; a
+        transpose keeps the dims' order and its tiles).  None: the dims' order."""
         shape = tuple(self.frame.shape)
+        rank = len(shape)
         for n in self.outputs_of():
             v = n.meta[VAL]
             if isinstance(v, torch.Tensor) and tuple(v.shape) == shape:
@@ -406,10 +408,26 @@ class CEmitter(Emitter):
         else:
             return None
         dims = [int(name[len("xi"):]) for name, _ in self.xvars]
-        if not all(type(v.stride()[d]) is int for d in dims):
+        if len(dims) < 2 or not all(type(v.stride()[d]) is int for d in dims):
             return None
         order = tuple(sorted(range(len(dims)), key=lambda i: -v.stride()[dims[i]]))
-        return None if order == tuple(range(len(dims))) else order
+        if order == tuple(range(len(dims))):
+            return None
+        members = set(self.nodes)
+        operands = [a.meta[VAL] for n in self.nodes for a in n.all_input_nodes if a not in members]
+        operands += [n.meta[VAL] for n in self.outputs_of()]
+
+        def unit_steps(d: int) -> int:  # operands stepping by 0 or 1 element along dim d
+            count = 0
+            for t in operands:
+                if not isinstance(t, torch.Tensor) or t.ndim > rank or any(
+                        type(s) is not int for s in t.stride()):
+                    continue
+                j = d - (rank - t.ndim)
+                count += j < 0 or t.shape[j] == 1 or t.stride()[j] in (0, 1)
+            return count
+
+        return order if unit_steps(dims[order[-1]]) > unit_steps(dims[-1]) else None
 
     def check_int64(self, vals) -> None:
         pass  # every C index is int64_t: no narrower choice to rule out
