@@ -233,6 +233,8 @@ _reg("gelu_backward.default", Semantics(("grad_output", "self"), lambda g, a, kw
     g, a, kw.get("approximate", "none")), dtypes="float"))
 _reg("threshold_backward.default", Semantics(("grad_output", "self", "threshold"), lambda g, a, t, kw: v.where(
     v.compare("le", a, t), const(0, g.dtype), g)))
+_reg("hardtanh_backward.default", Semantics(("grad_output", "self", "min_val", "max_val"), lambda g, a, lo, hi, kw: v.where(
+    v.compare("le", a, lo), const(0, g.dtype), v.where(v.compare("ge", a, hi), const(0, g.dtype), g)), dtypes="float"))
 _reg("sigmoid_backward.default", Semantics(("grad_output", "output"), lambda g, y, kw: v.mul(
     v.mul(g, v.sub(_one(y), y)), y), dtypes="float"))
 _reg("tanh_backward.default", Semantics(("grad_output", "output"), lambda g, y, kw: v.mul(
