@@ -208,3 +208,68 @@ def test_as_traced_leaves_the_graph_alone_and_bad_values_are_refused():
         fxforge.Config(conv_layout="nhwc")
     with pytest.raises(ValueError, match="conv_layout"):
         ConvLayout("nhwc")
+
+
+class UNetish(torch.nn.Module):
+    """Group norm, SiLU, a transposed convolution, a channel cat of two layouts' worth of values,
+    pooling, bilinear upsampling, adaptive pooling and a flatten into a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.d1 = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.SiLU())
+        self.d2 = nn.Sequential(nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+        self.up = nn.ConvTranspose2d(32, 16, 2, stride=2)
+        self.fuse = nn.Conv2d(32, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):
+        a = self.d1(x)
+        u = self.up(self.d2(a))
+        c = self.fuse(torch.cat([a, u], 1))
+        c = c + F.interpolate(F.avg_pool2d(c, 2), scale_factor=2, mode="bilinear", align_corners=False)
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(c, 4), 1))
+
+
+class Mixed(torch.nn.Module):
+    """A cat with the input, max pooling, a permute-reshape, a slice's softmax and a 3-D
+    convolution of a repeated channel."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(11, 8, 3, padding=1)
+        self.c3 = torch.nn.Conv3d(1, 4, 3, padding=1)
+
+    def forward(self, x):
+        z = F.max_pool2d(F.gelu(self.c2(torch.cat([x, F.relu(self.c1(x))], 1))), 2)
+        v = self.c3(z[:, :1].unsqueeze(1).repeat(1, 1, 2, 1, 1))
+        return (z.permute(0, 2, 3, 1).reshape(z.shape[0], -1).sum(1) + v.mean((1, 2, 3, 4))
+                + z[..., 1:, :-1].softmax(-1).sum((1, 2, 3)))
+
+
+@needs_onednn
+@pytest.mark.parametrize("model", [UNetish, Mixed])
+@pytest.mark.parametrize("train", [False, True])
+def test_other_convolution_programs_match_eager(model, train):
+    torch.manual_seed(0)
+    m = model().train(train)
+    ref = model().train(train)
+    ref.load_state_dict(m.state_dict())
+    cm, b = compiled(m)
+    x = torch.randn(2, 3, 16, 16)
+    if train:
+        cm(x).square().sum().backward()
+        ref(x).square().sum().backward()
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            # (a bias before a batch norm has a gradient of rounding noise: atol at least 1e-5)
+            scale = max(q.grad.abs().max().item(), 1.0)
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+            assert p.grad.stride() == q.grad.stride(), name
+    else:
+        with torch.no_grad():
+            got, want = cm(x), ref(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert got.stride() == want.stride()
+    assert not b.failures
+    assert layout_stats(b.compiled[0])["convolutions"] >= 3
