@@ -16,6 +16,7 @@ from fxforge.codegen.ir import aten as ir_aten, values as ir
 from fxforge.codegen.ir.emitter import Emitter, Unsupported, node_refusal
 from fxforge.codegen.ir.facts import pointwise_facts
 from fxforge.codegen.ir.printer import IndexPrinter, ValuePrinter
+from fxforge.iteration import shape_of
 
 NP = {torch.float32: "np.float32", torch.float64: "np.float64", torch.int64: "np.int64", torch.int32: "np.int32",
       torch.int16: "np.int16", torch.int8: "np.int8", torch.uint8: "np.uint8", torch.bool: "np.bool_"}
@@ -87,7 +88,7 @@ class NumpyEmitter(Emitter):
     def fold(self, r, low, acc_dt, persistent):
         if low.strategy == "arg":
             raise Unsupported("arg reductions")
-        x = self.operand(r.inp, tuple(r.inp.meta["val"].shape), "xr")
+        x = self.operand(r.inp, shape_of(r.inp.meta["val"]), "xr")
         block = f"np.broadcast_to({self.values(ir_aten.element(low, x, acc_dt))}, (xnumel, rnumel))"
         name = self.fresh("acc")
         if low.strategy == "combine":

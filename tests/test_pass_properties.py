@@ -214,7 +214,9 @@ def no_fusion_split_op_left(before, after):
 
 
 @FEW
-@given(graphs(dynamic=False, **ROUNDING))
+# (no dtype round trips either: through bool or an int they turn a decomposition's rounding into
+# a different value: a float16 layer norm of one element is 3e-5 in ATen's kernel, 0 decomposed)
+@given(graphs(dynamic=False, exclude=[*ROUNDING["exclude"], "_to_copy"]))
 def test_core_decompositions(example):
     gm, inputs = example
     check_pass(decompose_core, gm, inputs, extra_checks=[no_fusion_split_op_left])

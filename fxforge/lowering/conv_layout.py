@@ -16,10 +16,14 @@ the traced strides is put before it) where recomputing is not sound or not possi
 * ops outside ``aten``/``prims`` (a custom op may read its input's memory directly), ops that
   write their arguments, and ops whose result depends on strides (``as_strided``);
 * ops whose fake call refuses the new layout (a ``view`` that would need a copy);
-* the graph's outputs: a caller receives the strides the graph was traced with.
+* the graph's outputs: a caller receives the strides the graph was traced with; but a training
+  forward's outputs saved for the backward (from ``FREE_OUTPUTS`` on) keep the new layout, which
+  ``backend.report_output_strides`` tells AOTAutograd, and the backward graph, compiled with
+  those strides (``INPUT_STRIDES``), carries them on from its inputs the same way.
 
 Applies to graphs on CPU with oneDNN (``Config.conv_layout="auto"``), or on every device
-(``"channels_last"``); static sizes only.  ``"as_traced"`` turns it off.
+(``"channels_last"``); static sizes only.  ``"as_traced"`` turns it off (given input strides are
+still adopted: they are what the graph receives).
 """
 
 from __future__ import annotations
@@ -118,7 +122,6 @@ class ConvLayout:
         traced = {n: n.meta.get(VAL) for n in graph.nodes}  # the values as traced
         changed: set[fx.Node] = set()  # nodes whose value now has other strides than traced
         restored: dict[fx.Node, fx.Node] = {}  # node -> its copy in the traced strides
-        copies = 0
 
         def copy(v: fx.Node, strides, before: fx.Node) -> fx.Node:
             with graph.inserting_before(before):
@@ -173,17 +176,15 @@ class ConvLayout:
                 ins = [a for a in n.all_input_nodes if a in changed]
             if not ins or n in convs or n not in traced:  # (not in traced: the copies to channels-last)
                 continue
-            if n.op == "output":
-                pass
-            elif n.op == "call_function" and _recomputable(n) and recompute(n):
+            if n.op == "call_function" and _recomputable(n) and recompute(n):
                 kept += 1
                 continue
             # the traced layout for this node (an output, a refused or unsound recompute)
             for a in ins:
                 n.replace_input_with(a, as_traced(a))
-                copies += 1
             if n.op == "call_function" and VAL in n.meta:
                 recompute(n)
+        copies = len(restored)
         for c in to_channels_last:  # made channels-last upstream already: the copy is not needed
             x = c.args[0]
             if _layouts(x.meta[VAL]) == _layouts(c.meta[VAL]):

@@ -51,6 +51,8 @@ class AssignBackends:
         try:
             return backend.accepts(node, self.config)
         except Exception as e:  # a backend's capability check must not take the model down
+            if self.config.debug:  # ... but a bug in it must show, not pass as slower kernels
+                raise
             return f"{backend.name}.accepts raised {type(e).__name__}: {e}"
 
     def choose(self, node: fx.Node, inputs_bound: set) -> tuple[CodegenBackend | None, str | None]:

@@ -227,6 +227,8 @@ class FusionRun:
             try:
                 cost = self.backend.fusion_cost(nodes, outputs, cfg)
             except Exception as e:  # a backend's check must not take the compile down
+                if cfg.debug:  # ... but a bug in it must show, not pass as a refused fusion
+                    raise
                 cost = f"{type(e).__name__}: {e}"
         if isinstance(cost, str):
             self.refuse("backend", a, b, cost)

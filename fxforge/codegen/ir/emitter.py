@@ -509,6 +509,8 @@ class Emitter:
         if n in self.reductions:
             raise Unsupported(f"{n.name} is read before its reduction ran")
         if node_kind(n) == "view":
+            if not isinstance(n.meta[VAL], torch.Tensor):  # a split's pieces are views of a computed value
+                raise Unsupported(f"{n.target} (views of several pieces) of a value computed in the kernel")
             base = aliased_input(n)
             v = self.value(base)
             numel, bnumel = _numel(shape_of(n.meta[VAL])), _numel(shape_of(base.meta[VAL]))
