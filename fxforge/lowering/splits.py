@@ -11,11 +11,11 @@ Each split writes the op's value with nodes of the same graph (their fake values
 graph's fake mode, symbolic sizes kept), and the op's users (its ``getitem`` users, for an op of
 several outputs) read them.  Log-softmax and the two softmax gradients split into row
 reductions and pointwise nodes, which a fusing backend runs as one row kernel.  An inference
-batch norm splits into per-channel pointwise nodes with the running statistics, which fuse with the
-convolution's bias, the activation and the residual add around it.  (A training batch norm keeps
-ATen's kernel: its statistics reduce over every dim but the channels, which ATen's batch norm
-computes in one pass and a generic reduction does not.)  A split may leave an output it does not compute (``None``: the empty
-statistics of an inference batch norm); it is not split where a user reads that output.
+batch norm splits into per-channel pointwise nodes with the running statistics, which fuse with
+the activation and the residual add after it.  (A training batch norm keeps ATen's kernel: its
+statistics reduce over every dim but the channels, which ATen's batch norm computes in one pass
+and a generic reduction does not.)  A split may leave an output it does not compute (``None``:
+the empty statistics of an inference batch norm); it is not split where a user reads that output.
 """
 
 from __future__ import annotations
