@@ -76,8 +76,8 @@ class Config:
     keep_training_arenas_max_bytes: int = 4 << 20
     # Memory layout of convolutions' operands and of the values computed from their outputs
     # (lowering/conv_layout.py): "auto" (channels-last on CPU graphs where oneDNN runs the
-    # convolutions), "channels_last" (on every device), "as_traced".  Static sizes only; the graph's
-    # outputs keep their traced strides.
+    # convolutions), "channels_last" (on every device), "as_traced".  Static sizes only; what the
+    # caller receives keeps its traced strides (a training forward's saved activations need not).
     conv_layout: str = "auto"
     # Write each input of a cat or pad straight into its place in the result, so cat copies
     # nothing and pad fills only its border (passes/padcat.py); False: copy them.

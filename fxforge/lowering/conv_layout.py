@@ -33,7 +33,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from ..graph import FREE_OUTPUTS, INPUT_STRIDES, VAL, fake_mode_of, tensors
+from ..graph import FREE_OUTPUTS, INPUT_STRIDES, VAL, fake_call, fake_mode_of, tensors
 from ..pipeline import PassResult
 
 aten = torch.ops.aten
@@ -115,8 +115,8 @@ class ConvLayout:
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         convs = self.applies(gm)
         given = gm.meta.get(INPUT_STRIDES) or {}
-        mode = fake_mode_of(gm)
-        if not (convs or given) or mode is None:
+        fake = fake_mode_of(gm) if convs or given else None
+        if fake is None:
             return PassResult(gm, False, {"convolutions": 0})
         graph = gm.graph
         traced = {n: n.meta.get(VAL) for n in graph.nodes}  # the values as traced
@@ -125,10 +125,7 @@ class ConvLayout:
 
         def copy(v: fx.Node, strides, before: fx.Node) -> fx.Node:
             with graph.inserting_before(before):
-                c = graph.call_function(prims.copy_strided.default, (v, strides))
-            with mode:
-                c.meta[VAL] = prims.copy_strided.default(v.meta[VAL], strides)
-            return c
+                return fake_call(gm, fake, prims.copy_strided.default, (v, strides))
 
         def as_traced(v: fx.Node) -> fx.Node:
             if v not in restored:
@@ -139,7 +136,7 @@ class ConvLayout:
             args = fx.node.map_arg(n.args, lambda a: a.meta[VAL])
             kwargs = fx.node.map_arg(n.kwargs, lambda a: a.meta[VAL])
             try:
-                with mode:
+                with fake:
                     v = n.target(*args, **kwargs)
             except Exception:
                 return False
@@ -150,7 +147,7 @@ class ConvLayout:
 
         for n in graph.find_nodes(op="placeholder"):
             if n.name in given:
-                with mode:
+                with fake:
                     n.meta[VAL] = n.meta[VAL].as_strided(n.meta[VAL].shape, given[n.name])
                 changed.add(n)
         to_channels_last = []

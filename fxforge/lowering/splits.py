@@ -44,12 +44,7 @@ def _layer_norm(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
     var = fake_call(gm, mode, operator.getitem, (var_mean, 0))
     mean = fake_call(gm, mode, operator.getitem, (var_mean, 1))
     rstd = fake_call(gm, mode, aten.rsqrt.default, (fake_call(gm, mode, aten.add.Tensor, (var, eps)),))
-    out = fake_call(gm, mode, aten.mul.Tensor, (fake_call(gm, mode, aten.sub.Tensor, (x, mean)), rstd))
-    if w is not None:
-        out = fake_call(gm, mode, aten.mul.Tensor, (out, w))
-    if b is not None:
-        out = fake_call(gm, mode, aten.add.Tensor, (out, b))
-    return [out, mean, rstd]
+    return [_normalized(gm, mode, x, mean, rstd, w, b), mean, rstd]
 
 
 def _at_strides(gm: fx.GraphModule, mode, v: fx.Node, want) -> fx.Node:
@@ -73,15 +68,15 @@ def _channels(gm: fx.GraphModule, mode, v: fx.Node, rank: int) -> fx.Node:
     return fake_call(gm, mode, aten.view.default, (v, [-1] + [1] * (rank - 2)))
 
 
-def _normalized(gm: fx.GraphModule, mode, x, mean, rstd, w, b) -> fx.Node:
-    """``(x - mean) * rstd * w + b``, every factor broadcast per channel."""
+def _normalized(gm: fx.GraphModule, mode, x, mean, rstd, w, b, affine=lambda t: t) -> fx.Node:
+    """``(x - mean) * rstd * w + b``, ``w`` and ``b`` (either may be None) broadcast through
+    ``affine`` (a batch norm's per channel: ``_channels``)."""
     call = functools.partial(fake_call, gm, mode)
     out = call(aten.mul.Tensor, (call(aten.sub.Tensor, (x, mean)), rstd))
-    rank = x.meta[VAL].dim()
     if w is not None:
-        out = call(aten.mul.Tensor, (out, _channels(gm, mode, w, rank)))
+        out = call(aten.mul.Tensor, (out, affine(w)))
     if b is not None:
-        out = call(aten.add.Tensor, (out, _channels(gm, mode, b, rank)))
+        out = call(aten.add.Tensor, (out, affine(b)))
     return out
 
 
@@ -106,8 +101,8 @@ def _batch_norm_inference(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node 
     call = functools.partial(fake_call, gm, mode)
     rank = x.meta[VAL].dim()
     rstd = call(aten.rsqrt.default, (call(aten.add.Tensor, (var, eps)),))
-    return [_normalized(gm, mode, x, _channels(gm, mode, mean, rank), _channels(gm, mode, rstd, rank), w, b),
-            None, None]
+    per_channel = functools.partial(_channels, gm, mode, rank=rank)
+    return [_normalized(gm, mode, x, per_channel(mean), per_channel(rstd), w, b, per_channel), None, None]
 
 
 def _log_softmax(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:

@@ -139,20 +139,21 @@ def inplace_source(node: fx.Node, out: Buffer, buffers: dict[str, Buffer], pos: 
         candidates = [arg] if isinstance(arg, fx.Node) else []
     else:
         return None
-    for a in candidates:
-        root = storage_root(a)
-        src = buffers.get(root.name)
-        if (
-            src is not None
-            and src.kind == "arena"
-            and src.index is None
-            and src.end == pos[node]
-            and sum(home.get(storage_root(b).name, storage_root(b).name) == root.name for b in tensor_inputs) == 1
-            and _same_layout(a.meta[VAL], out)  # e.g. t(t(mm)), or a reshape of the loss's gradient
-            and (src.dtype, src.nbytes) == (out.dtype, out.nbytes)
-        ):
+    refs = [home.get(storage_root(b).name, storage_root(b).name) for b in tensor_inputs]
+    for a in candidates:  # (laid out as the output: e.g. t(t(mm)), or a reshape of the loss's gradient)
+        src = buffers.get(storage_root(a).name)
+        if _overwritable(src, a.meta[VAL], out, pos[node], refs):
             return src
     return None
+
+
+def _overwritable(src: Buffer | None, read: torch.Tensor, out: Buffer, at: int, refs: list[str]) -> bool:
+    """``src``, the buffer of an input read as ``read`` by a kernel at position ``at`` whose
+    inputs' storages are ``refs``, may take ``out``'s bytes: an arena buffer of its own (not a
+    region) dying there, referenced once, read laid out as the output, of its dtype and size."""
+    return (src is not None and src.kind == "arena" and src.index is None and src.end == at
+            and refs.count(src.name) == 1 and _same_layout(read, out)
+            and (src.dtype, src.nbytes) == (out.dtype, out.nbytes))
 
 
 def group_inplace_source(g: Group, out: Buffer, buffers: dict[str, Buffer], pos: dict[fx.Node, int],
@@ -164,17 +165,14 @@ def group_inplace_source(g: Group, out: Buffer, buffers: dict[str, Buffer], pos:
     nest).  The kernel reads each element, and each row it folds, before it writes that element
     or row."""
     members = set(g.nodes)
-    roots = [home.get(storage_root(a).name, storage_root(a).name) for a in g.inputs
-             if isinstance(a.meta.get(VAL), torch.Tensor)]
+    refs = [home.get(storage_root(a).name, storage_root(a).name) for a in g.inputs
+            if isinstance(a.meta.get(VAL), torch.Tensor)]
     for x in out.producer.all_input_nodes:  # (read by the output's own node: the wrapper binds it through it)
         xv = x.meta.get(VAL)
         if x in members or not isinstance(xv, torch.Tensor):
             continue
-        root = storage_root(x)
-        src = buffers.get(root.name)
-        if (src is None or src.kind != "arena" or src.index is not None or src.end != pos[out.producer]
-                or roots.count(root.name) != 1 or root.name in home.values()
-                or not _same_layout(xv, out) or (src.dtype, src.nbytes) != (out.dtype, out.nbytes)):
+        src = buffers.get(storage_root(x).name)
+        if not _overwritable(src, xv, out, pos[out.producer], refs) or src.name in home.values():
             continue
         readers = [m for m in x.users if m in members]
         shape = [expr(d) for d in xv.shape]

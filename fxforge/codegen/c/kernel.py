@@ -25,7 +25,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ...graph import VAL
+from ...graph import VAL, expr
 from ...iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported, _trailing
@@ -299,7 +299,7 @@ class CEmitter(Emitter):
                 self.deps["ri"] = {RINDEX}
         else:
             self.xvars = self.nest(ks, X, "xi")
-            self.loop_order = self.memory_order()
+            self.loop_order = self.memory_order(ks)
         rn = sympy.sympify(fr.rnumel) if fr.reduction else None
         if fr.reduction and not self.columns and rn.is_Integer and int(rn) <= ROW_CACHE_MAX_NUMEL:
             passes = sum(2 if REDUCTIONS[reduction_of(n).kind].strategy == "moments" else 1
@@ -393,21 +393,22 @@ class CEmitter(Emitter):
         """The ``for`` lines of a nest (in ``order``, ``_nest_lines``) and the flat index they stand for."""
         return list(_nest_lines(tuple(loops), index, order))
 
-    def memory_order(self) -> tuple[int, ...] | None:
+    def memory_order(self, sizes: list[sympy.Expr]) -> tuple[int, ...] | None:
         """A pointwise kernel's loops from outermost to innermost in the memory order of its first
         output of the frame's shape (largest stride outermost, ties in dim order), where more of
         the tensors it reads and writes at that shape then step by at most one element along the
         innermost loop than in the dims' order (a channels-last chain: its channels innermost; a
-        transpose keeps the dims' order and its tiles).  None: the dims' order."""
+        transpose keeps the dims' order and its tiles).  ``sizes``: the frame's, as the nest has
+        them.  None: the dims' order."""
         shape = tuple(self.frame.shape)
         rank = len(shape)
         for n in self.outputs_of():
             v = n.meta[VAL]
-            if isinstance(v, torch.Tensor) and tuple(v.shape) == shape:
+            if isinstance(v, torch.Tensor) and shape_of(v) == shape:
                 break
         else:
             return None
-        dims = [int(name[len("xi"):]) for name, _ in self.xvars]
+        dims = [d for d, k in enumerate(sizes) if k != 1]  # the dims ``nest`` gave loops
         if len(dims) < 2 or not all(type(v.stride()[d]) is int for d in dims):
             return None
         order = tuple(sorted(range(len(dims)), key=lambda i: -v.stride()[dims[i]]))
@@ -424,7 +425,7 @@ class CEmitter(Emitter):
                         type(s) is not int for s in t.stride()):
                     continue
                 j = d - (rank - t.ndim)
-                count += j < 0 or t.shape[j] == 1 or t.stride()[j] in (0, 1)
+                count += j < 0 or expr(t.shape[j]) == 1 or t.stride()[j] in (0, 1)  # (no SymInt compare: no guard)
             return count
 
         return order if unit_steps(dims[order[-1]]) > unit_steps(dims[-1]) else None
