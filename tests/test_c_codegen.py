@@ -9,8 +9,7 @@ The backend keeps ATen's composite kernels (``decompose="none"``: softmax and th
 backward run as ATen calls; layer norm is split, GELU and the pointwise backward kernels are
 lowered directly); the fused row reductions the others decompose into are tested with
 ``Config(decompose="core")`` (``CORE``).  Column reductions (the last dim kept: bias gradients)
-are C kernels too.  ``sigmoid``/``silu`` are C only on up to 8,192 elements, the exact ``gelu``
-on up to 262,144 (``TRANSCENDENTAL_MAX_NUMEL``): cases that must run them in C stay below.
+are C kernels too.
 The C kernels' shared objects are cached in one directory per test session
 (``$FXFORGE_TEST_CACHE``, shared with the Triton tests' kernels when both run).
 """
@@ -33,7 +32,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
 from fxforge.codegen.c import backend as c_backend, build, kernel as kernel_module, launcher
-from fxforge.codegen.c.ops import TRANSCENDENTAL_MAX_NUMEL
 from fxforge.compiler import compile_graph
 from fxforge.graph import BACKEND
 from fxforge.regions import CAT
@@ -344,10 +342,7 @@ def test_dynamic_row_length_reductions(op):
         a, w = torch.randn(3, m), torch.randn(m)
         torch.testing.assert_close(cf(a, w), f(a, w))
     assert len(b.compiled) == 1 and not fallbacks(b)
-    # sigmoid (limited to 8,192 elements) of a symbolic count is ATen's vector kernel, the rest C
-    assert backends(b) == ({"c", "torch"} if op == "sigmoid" else {"c"}), outside_c(b)
-    if op == "sigmoid":
-        assert [o for o, _ in outside_c(b)] == ["aten.sigmoid.default"], outside_c(b)
+    assert backends(b) == {"c"}, outside_c(b)
 
 
 # --------------------------------------------------------------------------- the prelude's numerics
@@ -380,13 +375,10 @@ PRELUDE_FNS = {
 def test_prelude_numerics_match_eager(name):
     fn = PRELUDE_FNS[name]
     x = _grid()
-    # the C versions run on at most TRANSCENDENTAL_MAX_NUMEL elements: one compile, called per chunk
-    n = min(TRANSCENDENTAL_MAX_NUMEL.values())
-    chunks = torch.cat([x, x[: (-len(x)) % n]]).view(-1, n)
     torch._dynamo.reset()
     b = fxforge.backend(C)
     cf = torch.compile(lambda a: fn(a) + 0, backend=b, fullgraph=True)  # + 0: the op inside a kernel
-    got = torch.cat([cf(chunk) for chunk in chunks])[: len(x)]
+    got = cf(x)
     assert len(b.compiled) == 1 and backends(b) == {"c"}, outside_c(b)
     assert any(h in b.compiled[0].source for h in ("fx_expf(", "fx_tanhf(", "fx_erff(", " expf(", " tanhf("))
     exp = fn(x)
@@ -417,12 +409,10 @@ def test_vector_math_numerics_match_eager(name, dtype):
         pytest.skip(f"this machine's C library has no vector {name}")
     fn = getattr(torch.special if name in ("exp2", "expm1", "log1p", "erfc") else torch, name)
     x = torch.cat([torch.linspace(-12, 12, 4001), torch.linspace(-1, 1, 2001), SPECIAL]).to(dtype)
-    n = 4096  # chunks within the C backend's size limit for the op (ops.TRANSCENDENTAL_MAX_NUMEL)
-    chunks = torch.cat([x, x[: (-len(x)) % n]]).view(-1, n)
     torch._dynamo.reset()
     b = fxforge.backend(C)
     cf = torch.compile(lambda a: fn(a * 1.5) + 0.25, backend=b, fullgraph=True)  # the op inside a kernel
-    got = torch.cat([cf(chunk) for chunk in chunks])[: len(x)]
+    got = cf(x)
     assert len(b.compiled) == 1 and backends(b) == {"c"}, outside_c(b)
     call = f"{name}{'f' if dtype == torch.float32 else ''}("
     assert f" {call}" in b.compiled[0].source or f" fx_{call}" in b.compiled[0].source  # the prelude's erff
@@ -448,13 +438,10 @@ def test_backward_pointwise_kernels_match_eager(name):
     x = _grid()
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
     g[::7] = 1.0  # also a gradient of one at every value (inf * 0 is NaN in eager: kept)
-    n = min(TRANSCENDENTAL_MAX_NUMEL.values())
-    pad = (-len(x)) % n
-    xs, gs = torch.cat([x, x[:pad]]).view(-1, n), torch.cat([g, g[:pad]]).view(-1, n)
     torch._dynamo.reset()
     b = fxforge.backend(C)
     cf = torch.compile(lambda gg, a: fn(gg, a) * 1, backend=b, fullgraph=True)
-    got = torch.cat([cf(gc, xc) for gc, xc in zip(gs, xs)])[: len(x)]
+    got = cf(g, x)
     assert backends(b) == {"c"}, outside_c(b)
     exp = fn(g, x)
     # eager's vectorized gelu (erf) differs from its scalar path above ~1.7e38: compared on each value alone there
@@ -629,21 +616,16 @@ def test_full_output_of_a_column_sum_runs_in_two_kernels_and_last_dim_with_other
     assert "the last dim and others not next to it" in outside_c(b)[0][1]
 
 
-def test_transcendental_ops_on_large_tensors_run_as_aten_kernels():
-    n = TRANSCENDENTAL_MAX_NUMEL["sigmoid.default"]
-    assert TRANSCENDENTAL_MAX_NUMEL["gelu.default"] > n
-    assert "exp.default" not in TRANSCENDENTAL_MAX_NUMEL and "tanh.default" not in TRANSCENDENTAL_MAX_NUMEL
-    fn = lambda a: (a.exp() * 2, torch.sigmoid(a) + 1, F.gelu(a) - a, F.gelu(a, approximate="tanh") * a)  # noqa: E731
-    b = check(fn, torch.randn(n))
+def test_transcendental_ops_on_large_tensors_stay_in_c():
+    """Every elementwise function the C backend prints runs in C at any size (the prelude's
+    ``fx_expf``/``fx_erff`` paths are vectorized): one kernel, parallel over its rows."""
+    fn = lambda a: (a.exp() * 2, torch.sigmoid(a) + 1, F.gelu(a) - a, F.gelu(a, approximate="tanh") * a,  # noqa: E731
+                    F.silu(a) * a)
+    b = check(fn, torch.randn(300, 1024))
+    assert len(kernels(b)) == 1 and "omp parallel" in b.compiled[0].source
+    b = check(lambda g, a: (aten.silu_backward(g, a) + 1, aten.gelu_backward(g, a) * 2), torch.randn(300, 1024),
+              torch.randn(300, 1024))
     assert len(kernels(b)) == 1
-    # above 8,192 elements sigmoid runs as ATen's kernel; exp, the tanh GELU and the exact GELU stay
-    b = check(fn, torch.randn(n + 1), c_only=False)
-    assert sorted(op for op, _ in outside_c(b)) == ["aten.sigmoid.default"], outside_c(b)
-    assert all("on more than 8192 elements" in why for _, why in outside_c(b)), outside_c(b)
-    g = TRANSCENDENTAL_MAX_NUMEL["gelu.default"]
-    b = check(lambda a: (F.gelu(a) - a, a.exp(), torch.tanh(a)), torch.randn(g + 1), c_only=False)
-    assert [op for op, _ in outside_c(b)] == ["aten.gelu.default"], outside_c(b)
-    assert f"on more than {g} elements" in outside_c(b)[0][1]
 
 
 # --------------------------------------------------------------------------- extern ops

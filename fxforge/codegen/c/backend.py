@@ -6,8 +6,7 @@ the compiled graph (``splits``, ``lowering/splits.py``); the pointwise chains ar
 adds, residuals, scaling, masking, GELU and the pointwise backward kernels) and row and column
 reductions become one C function per group, compiled for this CPU with the wrapper's other C
 kernels (``build.py``), its loops split across torch's threads (``kernel.parallel_outer``).
-Matmuls, convolutions, arg reductions, ops without a C lowering and the few elementwise ops
-ATen computes faster on large tensors (``ops.TRANSCENDENTAL_MAX_NUMEL``) run as the ``torch``
+Matmuls, convolutions, arg reductions and ops without a C lowering run as the ``torch``
 backend's ATen calls into the same planned buffers (``extern``).  Layer norm's gradient, softmax,
 a classification head's NLL loss (and its gradient) and embeddings run as hand-written C
 kernels (``templates.py``).
@@ -21,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from ...config import Config
-from ...graph import VAL, free_symbols, node_kind, op_display, tensors
+from ...graph import VAL, node_kind, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..ir.emitter import Unsupported, node_refusal
@@ -31,7 +30,7 @@ from ..registry import C_MAX_KERNEL_ARGS
 from .build import CUnit, compiler
 from .launcher import refusal
 from .kernel import CEmitter
-from .ops import CTYPE, max_numel
+from .ops import CTYPE
 from .templates import template_of
 
 
@@ -60,16 +59,11 @@ def accepts(node: fx.Node, config: Config) -> str | None:
     why = node_refusal(node, CTYPE, "C", masked_outputs=template is not None) or unavailable(frozenset({"cpu"}))
     if why is not None:  # (the backend named explicitly, maybe without a compiler)
         return why
-    val, op = node.meta.get(VAL), node.target
-    if tensors(val)[0].device.type != "cpu":
+    if tensors(node.meta.get(VAL))[0].device.type != "cpu":
         return "not a CPU tensor"
     if template is not None:
         why = template[0](node)
         return None if why is None else f"c: {why}"
-    limit = max_numel(op, node.kwargs)
-    if limit is not None and (free_symbols(val) or tensors(val)[0].numel() > limit):
-        return (f"c: {op_display(op)} on more than {limit} elements (or a symbolic count) runs as ATen's "
-                "vector kernel, faster than the C version at that size")
     try:
         cost = _probe([node])
     except (Unsupported, NotImplementedError) as e:

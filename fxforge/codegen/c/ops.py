@@ -1,4 +1,4 @@
-"""The C kernels' element types and which ops they take on at which sizes.
+"""The C kernels' element types, and the size past which a one-thread template leaves its op to ATen.
 
 What each op computes is written once, in ``codegen/ir/aten.py``; how a value prints as C is
 ``printer.py``'s.  Only ops a C compiler turns into vector code print as C: arithmetic, the
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.aten import op_key
 
 CTYPE = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
@@ -25,23 +24,6 @@ SIG_DTYPE = {**CTYPE, torch.bool: "uint8_t"}
 
 
 # The templates (``templates.py``) run on one thread: an op they would run on more elements than
-# this (the row, loss and embedding templates, and the exact GELU) stays ATen's, whose kernel runs
-# on every intra-op thread.
+# this (the row, loss and embedding templates) stays ATen's, whose kernel runs on every intra-op
+# thread.
 ONE_THREAD_MAX_NUMEL = 1 << 18
-
-# Elementwise functions whose C version costs more per element than eager's vector kernel (both
-# on every thread: the emitted kernels split their loops across threads, ``kernel.parallel_outer``):
-# the backend takes them only on tensors small enough that the ATen call saved costs more
-# (``backend.accepts``).  The others (exp, tanh, erf, the C library's vector math: log, sin...)
-# cost less in C at every size, and have no limit.
-TRANSCENDENTAL_MAX_NUMEL = {f"{n}.default": 8192 for n in ("sigmoid", "silu", "silu_backward")}
-TRANSCENDENTAL_MAX_NUMEL.update({"gelu.default": ONE_THREAD_MAX_NUMEL})
-# gelu_backward (exact) has no limit: its C version (fx_gelu_gradf) is faster than eager's
-
-
-def max_numel(op: torch._ops.OpOverload, kwargs: dict) -> int | None:
-    """The most elements the backend computes ``op`` on (None: no limit)."""
-    key = op_key(op)
-    if key in ("gelu.default", "gelu_backward.default") and kwargs.get("approximate", "none") == "tanh":
-        return None  # through tanh
-    return TRANSCENDENTAL_MAX_NUMEL.get(key)
