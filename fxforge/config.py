@@ -79,6 +79,11 @@ class Config:
     # convolutions), "channels_last" (on every device), "as_traced".  Static sizes only; what the
     # caller receives keeps its traced strides (a training forward's saved activations need not).
     conv_layout: str = "auto"
+    # The intra-op threads the CPU kernels are built for: a C kernel splits its loops across
+    # threads only where the work saved pays for waking them at this count (codegen/c/kernel.py,
+    # ``parallel_min_work``; 1: every kernel on the calling thread).  None: torch.get_num_threads()
+    # when the graph compiles.  Kernels run on torch's threads whatever this says.
+    threads: int | None = None
     # Write each input of a cat or pad straight into its place in the result, so cat copies
     # nothing and pad fills only its border (passes/padcat.py); False: copy them.
     zero_copy: bool = True
@@ -110,6 +115,9 @@ class Config:
             s = getattr(self, knob)
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
                 raise ValueError(f"Config.{knob}={s!r}: expected a byte count >= 0 (0: never)")
+        t = self.threads
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
+            raise ValueError(f"Config.threads={t!r}: expected a thread count >= 1, or None (torch.get_num_threads())")
         a = self.alignment
         if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a & (a - 1):
             raise ValueError(f"Config.alignment={a!r}: expected a power of two (an int such as 16 or 64)")

@@ -3,6 +3,7 @@ thread count, the work split only where it pays, and calls from several Python t
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -36,9 +37,10 @@ def threads():
     torch.set_num_threads(saved)
 
 
-def _compiled(dynamic: bool):
+def _compiled(dynamic: bool, threads: int = 4):
+    """Built for ``threads`` (``Config.threads``), whatever this machine has: split where it pays."""
     torch._dynamo.reset()
-    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True, threads=threads))
     return b, torch.compile(_model, backend=b, fullgraph=True, dynamic=dynamic)
 
 
@@ -61,7 +63,7 @@ def test_same_bits_at_any_thread_count(threads, dynamic):
 
 def test_large_kernels_split_across_threads_small_ones_do_not():
     b, fn = _compiled(False)
-    fn(*_inputs(512, 96))
+    fn(*_inputs(2048, 96))
     big = b.compiled[-1].source
     assert big.count("#pragma omp parallel for") >= 3, big
     b, fn = _compiled(False)
@@ -69,11 +71,38 @@ def test_large_kernels_split_across_threads_small_ones_do_not():
     assert "#pragma omp parallel" not in b.compiled[-1].source
 
 
+def test_kernels_built_for_one_thread_never_split(threads):
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))  # threads: torch's, at compile time
+    fn = torch.compile(_model, backend=b, fullgraph=True)
+    args = _inputs(512, 96)
+    torch.testing.assert_close(fn(*args), _model(*args), equal_nan=True, rtol=1e-5, atol=1e-4)
+    assert "#pragma omp parallel" not in b.compiled[-1].source
+
+
+def test_the_split_pays_at_every_thread_count():
+    least = kernel_module.parallel_min_work
+    assert least(1) is None
+    counts = [2, 3, 4, 8, 16, 64, 128]
+    works = [least(t) for t in counts]
+    assert works == sorted(works) and works[0] > 1000  # waking more threads costs more
+    for t, w in zip(counts, works):  # at the cutoff, the time saved is the fork's cost
+        saved = w * kernel_module.WORK_NS * (1 - 1 / t)
+        assert saved >= kernel_module.FORK_NS * math.log2(t) > saved - kernel_module.WORK_NS
+
+
+def test_config_threads_is_checked():
+    for bad in (0, -2, 1.5, True, "4"):
+        with pytest.raises(ValueError, match="Config.threads"):
+            fxforge.Config(threads=bad)
+
+
 def test_symbolic_sizes_decide_at_run_time():
     b, fn = _compiled(True)
     fn(*_inputs(64, 48))
     src = b.compiled[-1].source
-    assert f">= {kernel_module.PARALLEL_MIN_WORK})" in src, src
+    assert f">= {kernel_module.parallel_min_work(4)})" in src, src
 
 
 def test_calls_from_several_python_threads(threads):

@@ -98,7 +98,8 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     if template is not None:
         k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout)
     else:
-        k = CEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, layout=ctx.layout).emit()
+        k = CEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, layout=ctx.layout,
+                     threads=ctx.config.threads or torch.get_num_threads()).emit()
     unit = ctx.units.get("c")
     if unit is None:
         unit = ctx.units["c"] = CUnit(debug=ctx.config.debug, background=True)

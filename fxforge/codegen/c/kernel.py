@@ -18,6 +18,7 @@ function; every index is ``int64_t``.
 from __future__ import annotations
 
 import functools
+import math
 import hashlib
 from dataclasses import dataclass, field
 
@@ -67,10 +68,23 @@ TILE_MAX_BYTES = 64 << 10
 # rows) take at most this much C stack in all; the arrays past it live in heap scratch space the
 # kernel allocates once a call (``Scratch``): a kernel may run on a thread with a small stack.
 STACK_MAX_BYTES = 128 << 10
-# A kernel's outer loops are split across the OpenMP threads (``build.openmp``) when it computes at
-# least this many node-elements (the elements it iterates times its nodes, plus one): below it, waking
-# the threads costs more than the work they would share.
-PARALLEL_MIN_WORK = 1 << 15
+# A kernel's outer loops are split across T OpenMP threads (``build.openmp``) where the time
+# saved pays for waking them: ``parallel_min_work``.  The model: the kernel computes about
+# WORK_NS for each node-element (the elements it iterates times its nodes, plus one: vector code,
+# a float op and its loads), so splitting saves (1 - 1/T) of that; libgomp wakes and joins its
+# threads in a tree, about FORK_NS for each doubling of T (measured with two threads: an
+# ``omp parallel for`` over a float multiply-add broke even at 16,384 elements, 0.8 µs).
+WORK_NS = 0.05
+FORK_NS = 800
+
+
+def parallel_min_work(threads: int) -> int | None:
+    """The fewest node-elements a kernel splits across ``threads`` for (None: one thread, no
+    split): where the fork and join cost as much as the split saves (``WORK_NS``, ``FORK_NS``)."""
+    if threads <= 1:
+        return None
+    fork = FORK_NS * math.log2(threads)
+    return math.ceil(fork / (WORK_NS * (1 - 1 / threads)))
 
 
 # Kernel parameter types: tensors are ``*`` + their element type (``ops.SIG_DTYPE``); sizes and
@@ -249,8 +263,9 @@ def launch_source(name: str, args: list[str], params: list[Param], prologue: lis
 class CEmitter(Emitter):
     SIG_DTYPE = SIG_DTYPE
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, threads: int = 1, **kwargs):
         super().__init__(*args, **kwargs)
+        self.threads = threads  # the intra-op threads it is built for (``parallel_condition``)
         self.values = values(build.vector_math())  # this machine's vector math (``build.vector_math``)
         self.xvars: list[tuple[str, sympy.Expr]] = []  # the rows' loop variables and their sizes
         self.loop_order: tuple[int, ...] | None = None  # the order their loops nest in (``memory_order``)
@@ -691,14 +706,16 @@ class CEmitter(Emitter):
     # ---------------------------------------------------------------- the function
 
     def parallel_condition(self) -> str | None:
-        """When the kernel's outer loops are split across threads (``PARALLEL_MIN_WORK``): ``""``
-        always, a C condition on its sizes where they are symbolic, None never."""
-        if self.scratch.heap:
+        """When the kernel's outer loops are split across threads (``parallel_min_work`` at the
+        thread count it is built for): ``""`` always, a C condition on its sizes where they are
+        symbolic, None never."""
+        least = parallel_min_work(self.threads)
+        if self.scratch.heap or least is None:
             return None  # (one heap block a call, shared: the arrays in it are per row)
         work = sympy.expand(self.frame.xnumel * self.frame.rnumel * (len(self.nodes) + 1))
         if work.is_Integer:
-            return "" if int(work) >= PARALLEL_MIN_WORK else None
-        return f"{CPrinter()(work)} >= {PARALLEL_MIN_WORK}"
+            return "" if int(work) >= least else None
+        return f"{CPrinter()(work)} >= {least}"
 
     def launch(self) -> CEmitted:
         head = self.open_nest(self.xvars, XINDEX, self.loop_order)
