@@ -713,7 +713,9 @@ def test_shared_object_cached_in_process_and_compile_errors_name_the_file(monkey
 
     with monkeypatch.context() as m:
         m.setattr(build.subprocess, "run", no_compiler)
-        assert build.shared_object(source, libs=build.CUnit.libs(), parallel=build.openmp()) == os.path.join(tmp_path, "c", so)
+        # (5 x 7 elements: a quick build, kernel.QUICK_BUILD_MAX_WORK)
+        assert build.shared_object(source, libs=build.CUnit.libs(), parallel=build.openmp(),
+                                   quick=True) == os.path.join(tmp_path, "c", so)
         # the same function compiled again: its kernels come from the cache (also with new inputs)
         x = torch.randn(5, 7)
         b, out = run_compiled(lambda a: (a * 3).exp() - 1, x)
@@ -748,7 +750,7 @@ def test_translation_units_depend_on_their_kernels_alone(monkeypatch):
     bodies = [f"{i}.0f" for i in range(40)]
     monkeypatch.setattr(build, "UNIT_BYTES", 4 * len(_unit_of(bodies[:1]).kernels[0].c_source))  # ~4 kernels a unit
     units = _unit_of(bodies).units()
-    assert len(units) > 2 and [s for _, ss in units for s in ss] == [k.symbol for k in _unit_of(bodies).kernels]
+    assert len(units) > 2 and [s for _, ss, _ in units for s in ss] == [k.symbol for k in _unit_of(bodies).kernels]
     # the same kernels, under other names, some twice: the same units
     again = _unit_of(bodies + bodies[:5], names=[f"other{i}" for i in range(45)]).units()
     assert again == units
@@ -780,6 +782,26 @@ def test_kernels_built_in_several_units_in_parallel(monkeypatch, tmp_path):
     for got, want in zip(out, f(*args)):
         torch.testing.assert_close(got, want)
     assert len(kernels(b)) >= 3 and len(_so_files(tmp_path)) >= 2
+
+
+def test_short_kernels_are_built_quick_in_units_of_their_own(monkeypatch, tmp_path):
+    """Kernels of fewer node-elements than ``kernel.QUICK_BUILD_MAX_WORK`` build at -O1, the
+    others at -O2, each in units of their kind; both run and match eager."""
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path))
+    built = []
+    real = build.shared_object
+    monkeypatch.setattr(build, "shared_object", lambda *a, **k: built.append(k.get("quick", False)) or real(*a, **k))
+    assert "-O1" in build.flags(quick=True) and "-O2" not in build.flags(quick=True) and "-O2" in build.flags()
+
+    def f(small, big):
+        return torch.relu(small * 2 + 1) @ small, (big.sin() * 3 - big).sum(-1)
+
+    small, big = torch.randn(8, 8), torch.randn(512, 64)
+    assert 8 * 8 * 4 < kernel_module.QUICK_BUILD_MAX_WORK < 512 * 64 * 4
+    b, out = run_compiled(f, small, big)
+    for got, want in zip(out, f(small, big)):
+        torch.testing.assert_close(got, want)
+    assert sorted(set(built)) == [False, True], built
 
 
 def _bound_kernels(b) -> dict:

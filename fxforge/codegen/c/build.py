@@ -30,7 +30,8 @@ default 256 bits), ``-fopenmp-simd`` (the ``omp simd`` reductions of row folds: 
 taken in vector lanes, as eager's reductions are), or ``-fopenmp`` where kernels run on torch's
 OpenMP threads too (``openmp``); nothing else reorders floating-point arithmetic.  ``-fwrapv``:
 integer arithmetic wraps as eager's does (``abs`` of the most negative int64 is itself; without
-it the compiler may assume it is not negative).
+it the compiler may assume it is not negative).  Kernels too short for -O2 to pay
+(``kernel.QUICK_BUILD_MAX_WORK``) are built at ``-O1`` (the rest the same), in units of their own.
 """
 
 from __future__ import annotations
@@ -63,12 +64,15 @@ SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-f
 UNIT_BYTES = 64 * 1024
 
 
-def flags(parallel: bool = False) -> tuple[str, ...]:
+def flags(parallel: bool = False, quick: bool = False) -> tuple[str, ...]:
     """The compiler flags of every build (``FLAGS``; with ``SANITIZE_FLAGS`` under
-    ``FXFORGE_C_SANITIZE=1``); ``parallel``: ``-fopenmp`` for ``-fopenmp-simd`` (``openmp``)."""
+    ``FXFORGE_C_SANITIZE=1``); ``parallel``: ``-fopenmp`` for ``-fopenmp-simd`` (``openmp``);
+    ``quick``: ``-O1`` for ``-O2`` (the vectorizer kept: kernels whose run time is too short for
+    more to pay, ``kernel.QUICK_BUILD_MAX_WORK``)."""
     sanitize = os.environ.get("FXFORGE_C_SANITIZE", "").strip().lower() in ("1", "true", "yes", "on")
     out = FLAGS + SANITIZE_FLAGS if sanitize else FLAGS
-    return tuple("-fopenmp" if f == "-fopenmp-simd" else f for f in out) if parallel else out
+    swap = {"-fopenmp-simd": "-fopenmp" if parallel else None, "-O2": "-O1" if quick else None}
+    return tuple(swap.get(f) or f for f in out)
 
 
 def jobs() -> int:
@@ -196,14 +200,14 @@ def _openmp(cc: str, flags: tuple[str, ...]) -> bool:
 
 
 def _compile(cc: str, src: str, out: str, include: str | None = None, libs: tuple[str, ...] = (),
-             parallel: bool = False) -> subprocess.CompletedProcess:
+             parallel: bool = False, quick: bool = False) -> subprocess.CompletedProcess:
     # an extension module leaves the interpreter's symbols to be found when it is loaded: the
     # default on Linux, asked for on macOS
     inc = [f"-I{include}"] + (["-undefined", "dynamic_lookup"] if platform.system() == "Darwin" else []) \
         if include else []
     # the compiler is not to run under a sanitizer runtime this process preloads (make test-sanitize)
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
-    return subprocess.run([cc, *flags(parallel), *inc, src, "-o", out, *libs, "-lm"], capture_output=True, text=True, timeout=600,
+    return subprocess.run([cc, *flags(parallel, quick), *inc, src, "-o", out, *libs, "-lm"], capture_output=True, text=True, timeout=600,
                           env=env)
 
 
@@ -216,7 +220,8 @@ def ends_unit(k: CEmitted) -> bool:
 @dataclass
 class CUnit:
     """The C kernels of one wrapper (``add``), split into translation units as they come and
-    compiled in the background once a unit ends (module docstring); ``built`` waits for them."""
+    compiled in the background once a unit ends (module docstring); ``built`` waits for them.
+    Quick kernels (``CEmitted.quick``: built at -O1) and the others go to units of their own."""
 
     kernels: list[CEmitted] = field(default_factory=list)
     debug: bool = False  # each kernel checks its tensors' layouts before it runs (``launcher.layout_check``)
@@ -225,8 +230,8 @@ class CUnit:
     def __post_init__(self):
         self._seen: set[str] = set()
         self._split = 0  # kernels placed in units
-        self._closed: list[list[CEmitted]] = []
-        self._open: list[CEmitted] = []
+        self._closed: list[tuple[bool, list[CEmitted]]] = []  # (quick, kernels)
+        self._open: dict[bool, list[CEmitted]] = {False: [], True: []}
         self._builds: list[Future] = []  # of the closed units, in order
         self._pool: ThreadPoolExecutor | None = None
 
@@ -237,29 +242,31 @@ class CUnit:
             while len(self._builds) < len(self._closed):
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(jobs(), thread_name_prefix="fxforge-cc")
-                self._builds.append(self._pool.submit(shared_object, self._source(self._closed[len(self._builds)]),
-                                                      libs=self.libs(), parallel=openmp()))
+                quick, kernels = self._closed[len(self._builds)]
+                self._builds.append(self._pool.submit(shared_object, self._source(kernels), libs=self.libs(),
+                                                      parallel=openmp(), quick=quick))
 
     def _place(self) -> None:
         for k in self.kernels[self._split:]:
             if k.symbol not in self._seen:
                 self._seen.add(k.symbol)
-                self._open.append(k)
+                self._open[k.quick].append(k)
                 if ends_unit(k):
-                    self._closed.append(self._open)
-                    self._open = []
+                    self._closed.append((k.quick, self._open[k.quick]))
+                    self._open[k.quick] = []
         self._split = len(self.kernels)
 
     @staticmethod
     def _source(kernels: list[CEmitted]) -> str:
         return PRELUDE + vector_math_declarations(vector_math()) + "\n" + "\n".join(k.c_source for k in kernels)
 
-    def units(self) -> list[tuple[str, list[str]]]:
-        """The translation units (module docstring): each one's source and the symbols it
-        defines.  Each unit declares the vector math functions (``vector_math``), and is linked
-        with their library (``libs``)."""
+    def units(self) -> list[tuple[str, list[str], bool]]:
+        """The translation units (module docstring): each one's source, the symbols it defines
+        and whether it is built quick (``flags``).  Each unit declares the vector math functions
+        (``vector_math``), and is linked with their library (``libs``)."""
         self._place()
-        return [(self._source(u), [k.symbol for k in u]) for u in self._closed + [self._open] if u]
+        units = self._closed + [(quick, ks) for quick, ks in self._open.items() if ks]
+        return [(self._source(ks), [k.symbol for k in ks], quick) for quick, ks in units]
 
     def built(self) -> list[tuple[str, list[str]]]:
         """Each unit's shared object (compiled unless cached) and the symbols it defines: the
@@ -271,8 +278,8 @@ class CUnit:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
-        paths += shared_objects([source for source, _ in units[len(paths):]], self.libs(), openmp())
-        return [(path, symbols) for path, (_, symbols) in zip(paths, units)]
+        paths += shared_objects([(source, quick) for source, _, quick in units[len(paths):]], self.libs(), openmp())
+        return [(path, symbols) for path, (_, symbols, _) in zip(paths, units)]
 
     @staticmethod
     def libs() -> tuple[str, ...]:
@@ -280,23 +287,28 @@ class CUnit:
         return VECTOR_MATH_LIBS if vector_math() else ()
 
 
-def shared_objects(sources: list[str], libs: tuple[str, ...] = (), parallel: bool = False) -> list[str]:
-    """``shared_object`` of each source, linked with ``libs``, the compiler runs side by side (``jobs``)."""
+def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), parallel: bool = False) -> list[str]:
+    """``shared_object`` of each (source, quick), linked with ``libs``, the compiler runs side by
+    side (``jobs``)."""
+    def one(unit: tuple[str, bool]) -> str:
+        return shared_object(unit[0], libs=libs, parallel=parallel, quick=unit[1])
+
     if len(sources) <= 1 or jobs() == 1:
-        return [shared_object(s, libs=libs, parallel=parallel) for s in sources]
+        return [one(u) for u in sources]
     with ThreadPoolExecutor(min(jobs(), len(sources))) as pool:
-        return list(pool.map(lambda s: shared_object(s, libs=libs, parallel=parallel), sources))
+        return list(pool.map(one, sources))
 
 
 def shared_object(source: str, include: str | None = None, cc: str | None = None, libs: tuple[str, ...] = (),
-                  parallel: bool = False) -> str:
+                  parallel: bool = False, quick: bool = False) -> str:
     """The path of the shared object built from ``source`` (compiled unless cached) by ``cc``
     (default: ``compiler()``), with ``include`` (``Python.h``'s directory) on the include path,
-    linked with ``libs`` (linker arguments); ``parallel``: with ``-fopenmp`` (``openmp``)."""
+    linked with ``libs`` (linker arguments); ``parallel``: with ``-fopenmp`` (``openmp``);
+    ``quick``: at ``-O1`` (``flags``)."""
     cc = cc or compiler()
     if cc is None:
         raise CompileError("no C compiler: install gcc or clang, or set CC")
-    key = hashlib.sha256("\0".join([_identity(cc, flags(parallel)), *libs, source]).encode()).hexdigest()[:40]
+    key = hashlib.sha256("\0".join([_identity(cc, flags(parallel, quick)), *libs, source]).encode()).hexdigest()[:40]
     directory = cache_dir("c")
     path = os.path.join(directory, f"k{key}.so")
     if os.path.isfile(path) and not os.path.islink(path):
@@ -306,7 +318,7 @@ def shared_object(source: str, include: str | None = None, cc: str | None = None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        run = _compile(cc, src, out, include, libs, parallel)
+        run = _compile(cc, src, out, include, libs, parallel, quick)
         if run.returncode != 0:
             kept = os.path.join(directory, f"failed-k{key}.c")
             shutil.copyfile(src, kept)
