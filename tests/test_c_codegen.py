@@ -502,10 +502,14 @@ def test_column_reductions_are_c_kernels(name):
 
 @pytest.mark.parametrize("name", ["mean_middle", "gelu_backward_and_bias_grad", "two_sums_and_a_full_output"])
 def test_column_reductions_too_large_or_symbolic_are_aten_kernels(name):
-    # a column walk over data that is not in cache waits on memory at every row: ATen's kernel there
+    # a column walk over data that is not in cache waits on memory at every row: ATen's kernel
+    # where the kernel would walk down its columns (fewer than COLUMNS_BY_ROWS_MIN), or the count
+    # is symbolic
     fn = COLUMN_CASES[name]
-    rows = kernel_module.COLUMN_MAX_NUMEL // 128 + 1
-    for shape, dynamic in (((rows, 2, 64), False), (_X3, True)):
+    rows = kernel_module.COLUMN_MAX_NUMEL // 16 + 1
+    assert 16 < kernel_module.COLUMNS_BY_ROWS_MIN
+    large = (1, rows, 16) if name == "mean_middle" else (rows, 1, 16)  # 16 columns of many rows
+    for shape, dynamic in ((large, False), (_X3, True)):
         a, g = torch.randn(shape), torch.randn(shape)
         # sums of thousands of rows: eager's and the C kernel's gelu_backward differ in the last bit
         b = check(fn, a, g, dynamic=dynamic, c_only=False, atol=1e-4, rtol=1e-5)
@@ -513,6 +517,35 @@ def test_column_reductions_too_large_or_symbolic_are_aten_kernels(name):
         assert why and all("column reduction over more than" in w for w in why), outside_c(b)
     a2, g2 = torch.randn(5, 16, 64), torch.randn(5, 16, 64)
     torch.testing.assert_close(torch.compile(fn, backend=b, fullgraph=True, dynamic=True)(a2, g2), fn(a2, g2))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_large_column_reductions_walk_their_rows_in_blocks_of_columns(threads):
+    """Past COLUMN_MAX_NUMEL a column kernel with many columns still runs in C, walking its rows
+    in order (memory as it lies); built for several threads, each takes a block of columns: the
+    same sums, bit for bit, at any thread count and whatever it was built for."""
+    fn = COLUMN_CASES["two_sums_and_a_full_output"]
+    rows = kernel_module.COLUMN_MAX_NUMEL // 200 + 1
+    a, g = torch.randn(rows, 200), torch.randn(rows, 200)
+    b = check(fn, a, g, atol=1e-4, rtol=1e-5, config=fxforge.Config(codegen="c", debug=True, threads=threads))
+    src = b.compiled[0].source
+    assert re.search(r"double acc\d+\[200\];", src), src
+    blocks = re.search(r"for \(int64_t xb = 0; xb < 200; xb \+= (\d+)\)", src)
+    if threads == 1:
+        assert blocks is None and "omp parallel" not in src
+    else:
+        assert blocks and "#pragma omp parallel for" in src, src
+        block = int(blocks.group(1))
+        assert block % kernel_module.COLUMN_BLOCK_MIN == 0 and -(-200 // block) <= threads
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.compile(fn, backend=b, fullgraph=True)(a, g)
+        torch.set_num_threads(2)
+        two = torch.compile(fn, backend=b, fullgraph=True)(a, g)
+    finally:
+        torch.set_num_threads(saved)
+    assert all(torch.equal(x, y) for x, y in zip(one, two))
 
 
 def _loads_inside_fold_loops(source: str) -> list[str]:

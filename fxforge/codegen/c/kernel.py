@@ -53,6 +53,9 @@ ROW_CACHE_MAX_NUMEL = 4096
 # walk down, the accumulators in registers.
 COLUMNS_BY_ROWS_MIN = 32
 COLUMNS_BY_ROWS_MAX_BYTES = 64 << 10
+# Such a kernel splits across threads by blocks of at least this many columns of its outermost
+# kept loop (``column_blocks``): one vector of float32 at AVX-512's width.
+COLUMN_BLOCK_MIN = 16
 # A float32 tensor read or stored across the rows a kernel walks (element j of row x at x + s*j:
 # a transposed value, a permuted copy) moves through a tile: TILE_ROWS consecutive rows at a
 # time, copied before them into a local array holding each row contiguously (or stored from it
@@ -311,11 +314,6 @@ class CEmitter(Emitter):
             inner = [d for d in range(len(ks)) if ks[d] != 1]
             if self.columns and inner and inner[-1] in dims:
                 raise Unsupported("a reduction over the last dim and others not next to it runs as an ATen kernel")
-            numel = sympy.sympify(fr.xnumel_g * fr.rnumel_g)
-            if self.columns and not (numel.is_Integer and int(numel) <= COLUMN_MAX_NUMEL):
-                raise Unsupported(f"a column reduction over more than {COLUMN_MAX_NUMEL} elements (or a symbolic "
-                                  "count) runs as ATen's kernel: walking columns of data that is not in cache "
-                                  "waits on memory at every row")
             # columns: one flat loop over the reduced dims (a nest inside the vectorized kept loop
             # would keep the compiler from vectorizing it); coordinates from rindex where needed
             self.rvars = [("ri", fr.rnumel)] if self.columns else self.nest([ks[d] for d in dims], R, "ri")
@@ -620,6 +618,13 @@ class CEmitter(Emitter):
         if (columns.is_Integer and int(columns) >= COLUMNS_BY_ROWS_MIN
                 and int(columns) * sum(dt.itemsize for _, _, dt in kinds.values()) <= COLUMNS_BY_ROWS_MAX_BYTES):
             self.by_rows = {}  # the accumulators are arrays: acc[xindex]
+        else:  # walking down each column: only over data that stays in cache
+            numel = sympy.sympify(self.frame.xnumel_g * self.frame.rnumel_g)
+            if not (numel.is_Integer and int(numel) <= COLUMN_MAX_NUMEL):
+                raise Unsupported(f"a column reduction over more than {COLUMN_MAX_NUMEL} elements (or a symbolic "
+                                  f"count), with fewer than {COLUMNS_BY_ROWS_MIN} columns or more accumulators than "
+                                  f"{COLUMNS_BY_ROWS_MAX_BYTES} bytes, runs as ATen's kernel: walking down columns "
+                                  "of data that is not in cache waits on memory at every row")
         folds = []
         for key, (r, low, acc_dt) in kinds.items():
             if self.by_rows is None:
@@ -683,7 +688,7 @@ class CEmitter(Emitter):
         self.loop(deviation, simd=f"reduction(+:{m2})")
         return {"mean": Var(mean, acc_dt), "m2": Var(m2, acc_dt)}
 
-    def columns_by_rows(self, head: list[str]) -> list[str] | None:
+    def columns_by_rows(self, head: list[str], condition: str | None) -> list[str] | None:
         """A column kernel's body walking the rows in order (``COLUMNS_BY_ROWS_MIN``), or None.
 
         The body emitted for the walk down each column -- per column: its definitions and
@@ -691,7 +696,9 @@ class CEmitter(Emitter):
         three loop nests: the accumulators (one array element per column) set, then for each
         row the columns (the vectorized loop) with their definitions and the fold loop's body,
         then per column its definitions and what follows.  Each column still folds its rows in
-        order: the same sums."""
+        order: the same sums.  Under ``condition`` (``parallel_condition``) the outermost kept
+        loop is cut into blocks of columns (``column_blocks``), one thread a block: each walks
+        every row's columns of its block, the same sums at any thread count."""
         if not self.by_rows or self.fold_span is None:  # (decided by fold_columns: COLUMNS_BY_ROWS_MIN...)
             return None
         start, end = self.fold_span
@@ -699,6 +706,11 @@ class CEmitter(Emitter):
         # what the columns' loops before the fold define (coordinates, hoisted reads), without the
         # stores of row values: those are made once, after the fold
         defs = [l for i, l in enumerate(pre) if i not in self.stores]
+        blocks = self.column_blocks() if condition is not None else None
+        if blocks is not None:  # the outermost kept loop over the block's columns alone
+            var, size, block = blocks
+            at = next(i for i, l in enumerate(head) if l.lstrip().startswith("for "))
+            head = head[:at] + [f"for (int64_t {var} = xb; {var} < xb + nb; {var}++)"] + head[at + 1:]
 
         def nest(lines: list[str]) -> list[str]:
             return head + ["    " + l for l in lines] + ["}"]
@@ -706,11 +718,31 @@ class CEmitter(Emitter):
         columns = int(self.frame.xnumel)
         opened = fold.index("{") + 1  # the fold loop: its for lines and brace, its body, its brace
         out = [self.scratch.array(CTYPE[dt], a, (columns,), dt.itemsize) for a, (dt, _) in self.by_rows.items()]
-        out += nest([init for _, init in self.by_rows.values()])  # acc[xindex] = identity;
+        walk = nest([init for _, init in self.by_rows.values()])  # acc[xindex] = identity;
         body = [l[4:] if l.startswith("    ") else l for l in fold[opened:-1]]
-        out += fold[:opened] + ["    " + l for l in nest(defs + body)] + ["}"]
-        out += nest(pre + post)
-        return out
+        walk += fold[:opened] + ["    " + l for l in nest(defs + body)] + ["}"]
+        walk += nest(pre + post)
+        if blocks is None:
+            return out + walk
+        loop = parallel_outer([f"for (int64_t xb = 0; xb < {size}; xb += {block})"], 1, condition or None)
+        return out + loop + ["{", "    " + block_rows("xb", size, block)] + ["    " + l for l in walk] + ["}"]
+
+    def column_blocks(self) -> tuple[str, int, int] | None:
+        """How a column kernel walking its rows (``columns_by_rows``) cuts its outermost kept loop
+        across threads: (its variable, its size, columns a block), or None (too few columns for
+        two blocks of ``COLUMN_BLOCK_MIN``).  As many blocks as threads it is built for, each a
+        whole number of vectors."""
+        if not self.xvars or self.scratch.heap:
+            return None
+        var, size = self.xvars[0]
+        size = sympy.sympify(size)
+        if not size.is_Integer or int(size) < 2 * COLUMN_BLOCK_MIN:
+            return None
+        size = int(size)
+        blocks = min(self.threads, size // COLUMN_BLOCK_MIN)
+        block = -(-size // blocks)
+        block = -(-block // COLUMN_BLOCK_MIN) * COLUMN_BLOCK_MIN
+        return var, size, block
 
     # ---------------------------------------------------------------- the function
 
@@ -738,11 +770,11 @@ class CEmitter(Emitter):
             head = simd_innermost(head)
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
             head.append("    const int64_t rindex = 0;")
-        by_rows = self.columns_by_rows(head)
         condition = self.parallel_condition()
+        by_rows = self.columns_by_rows(head, condition)
         # the threads share the rows (a row kernel), or every loop but the vectorized innermost one
-        # (that one alone: its elements); a column kernel walking its rows in order
-        # (``columns_by_rows``) runs on one thread
+        # (that one alone: its elements); a column kernel walking its rows in order, blocks of
+        # its columns (``columns_by_rows``)
         n = len(self.xvars)
         outer = n if self.frame.reduction and not self.columns else max(n - 1, min(n, 1))
         if condition is not None and outer and by_rows is None and not self.tiles:
