@@ -26,6 +26,7 @@ aten = torch.ops.aten
 # Ops without the pointwise tag that still compute one output element from the same element of
 # each input (or from nothing).
 POINTWISE_EXTRA = {aten._to_copy.default, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+                   aten.where.ScalarOther, aten.where.ScalarSelf,  # (where.self has the tag)
                    torch.ops.prims.copy_strided.default}  # a copy at other strides (lowering/permuted_copies.py)
 
 

@@ -1,8 +1,8 @@
 """A classification head's loss on the C backend: ``_log_softmax`` and its gradient split into row
-kernels (``lowering/splits.py``), ``nll_loss_forward`` and its gradient as templates
-(``codegen/c/templates.py``): C kernels instead of ATen calls, and a kernel's error code raised
-as eager's error (a target out of bounds).  Every case compares with eager on fresh random
-inputs."""
+kernels, the NLL loss's gradient into pointwise ops that fuse with them (``lowering/splits.py``),
+``nll_loss_forward`` as a template (``codegen/c/templates.py``): C kernels instead of ATen calls,
+and a kernel's error code raised as eager's error (a target out of bounds).  Every case compares
+with eager on fresh random inputs."""
 
 from __future__ import annotations
 
@@ -51,7 +51,10 @@ def test_cross_entropy_step_runs_in_c(shape, dtype):
     assert "aten._log_softmax" not in sources  # split: row kernels, no ATen call
     assert "_log_softmax" not in " ".join(fallbacks(b))
     if len(shape) == 2:  # (256, 512) too: over the old limits, and rows longer than a vector
-        assert "(template: nll_loss forward," in sources and "(template: nll_loss backward," in sources
+        assert "(template: nll_loss forward," in sources and "aten.nll_loss_backward" not in sources
+        (bw,) = [cc for cc in b.compiled if cc.stats["graph"] == "backward"]
+        # the loss's gradient computed in the log-softmax gradient's row kernel: no tensor of zeros
+        assert [k.node_count > 1 for k in bw.kernels if k.backend == "c"][-1], bw.source
 
 
 def test_rows_with_infinities_and_nan_match_eager():
@@ -119,7 +122,7 @@ def test_nll_loss_templates_match_eager(reduction, weighted, ignore_index, shape
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(grad, x.grad)
     sources = "".join(cc.source for cc in b.compiled)
-    assert "(template: nll_loss forward," in sources and "(template: nll_loss backward," in sources
+    assert "(template: nll_loss forward," in sources and "aten.nll_loss_backward" not in sources
     assert not [k for k in fallbacks(b) if "nll" in k]
 
 
@@ -156,18 +159,35 @@ def test_nll_reduction_none_runs_as_aten_with_the_reason():
     assert "reduction='none' runs as ATen's kernel" in c_backend.accepts(n, fxforge.Config(codegen="c"))
 
 
-def test_a_large_nll_gradient_runs_as_aten():
-    """A GPT-sized head's NLL gradient (mostly zeros) is ATen's: its fill runs on every thread."""
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_a_large_nll_gradient_is_c_kernels_and_checks_its_targets(reduction):
+    """A GPT-sized head's NLL gradient (mostly zeros) is pointwise C kernels, any reduction, class
+    weights and ignored rows included; called directly with a target out of bounds, it raises."""
     rows = ONE_THREAD_MAX_NUMEL // 512 + 1
     x = torch.randn(rows, 512, requires_grad=True)
     y = torch.randint(0, 512, (rows,))
-    b, c = compile_c(lambda x, y: F.nll_loss(x, y))
+    y[::7] = -100
+    w = torch.rand(512) + 0.5
+
+    def fn(x, y):
+        return F.nll_loss(x, y, weight=w, reduction=reduction).sum()
+
+    b, c = compile_c(fn)
     c(x, y).backward()
     grad, x.grad = x.grad, None
-    F.nll_loss(x, y).backward()
+    fn(x, y).backward()
     torch.testing.assert_close(grad, x.grad)
-    sources = "".join(cc.source for cc in b.compiled)
-    assert "(template: nll_loss forward," in sources and "(template: nll_loss backward," not in sources
     (bw,) = [cc for cc in b.compiled if cc.stats["graph"] == "backward"]
-    (n,) = [n for n in bw.graph.graph.nodes if n.target == aten.nll_loss_backward.default]
-    assert "zero fill runs on every intra-op thread" in c_backend.accepts(n, fxforge.Config(codegen="c"))
+    assert "aten.nll_loss_backward" not in bw.source and not fallbacks(b)
+    # the op called by itself: its targets checked
+    red = {"none": 0, "mean": 1, "sum": 2}[reduction]
+    g = torch.ones(rows) if reduction == "none" else torch.tensor(1.0)
+    bwd = lambda g, x, y: aten.nll_loss_backward(g, x, y, w, red, -100, torch.tensor(float(rows)))  # noqa: E731
+    b, c = compile_c(bwd)
+    torch.testing.assert_close(c(g, x.detach(), y), bwd(g, x.detach(), y))
+    y[3] = 512
+    if reduction != "none":  # (eager's kernel checks its targets there alone)
+        with pytest.raises(IndexError):
+            bwd(g, x.detach(), y)
+    with pytest.raises(RuntimeError, match="nll_loss_backward: a target is out of bounds"):
+        c(g, x.detach(), y)

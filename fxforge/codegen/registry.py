@@ -127,7 +127,7 @@ def _default_registry() -> Registry:
         decompose="none",
         splits=("aten.native_layer_norm.default", "aten._log_softmax.default",
                 "aten._log_softmax_backward_data.default", "aten._softmax_backward_data.default",
-                "aten._native_batch_norm_legit_no_training.default"),
+                "aten._native_batch_norm_legit_no_training.default", "aten.nll_loss_backward.default"),
         priority=5,
         unavailable=deferred(_C, "unavailable"),
         writes_views=deferred(_C, "writes_views"),

@@ -137,12 +137,44 @@ def _softmax_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | N
     return [call(aten.mul.Tensor, (y, call(aten.sub.Tensor, (g, total))))]
 
 
+def _nll_loss_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
+    """``nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight)`` ->
+    ``where(class == target & target != ignore_index, -(g / total_weight) * weight[target], 0)``
+    (a sum: ``-g``; none: ``-g`` per row), the class an ``arange`` over the last dim: pointwise
+    nodes, which a fusing backend computes inside the log-softmax gradient's row kernel instead
+    of zeroing a tensor of the scores' size and writing each row's target into it.  A target
+    outside ``[0, C)`` that is not ``ignore_index`` raises, as eager's kernel does."""
+    g, x, target, weight, reduction, ignore_index, total = n.args
+    xv, tv = x.meta[VAL], target.meta[VAL]
+    if (not _float_rows(x) or xv.dim() not in (1, 2) or tv.dtype != torch.int64 or tv.dim() != xv.dim() - 1
+            or g.meta[VAL].dtype != xv.dtype or (weight is not None and weight.meta[VAL].dtype != xv.dtype)):
+        return None
+    call = functools.partial(fake_call, gm, mode)
+    classes = xv.shape[-1]
+    valid = call(aten.ne.Scalar, (target, ignore_index))
+    inside = call(aten.logical_and.default, (call(aten.ge.Scalar, (target, 0)), call(aten.lt.Scalar, (target, classes))))
+    ok = call(aten.all.default, (call(aten.logical_or.default, (inside, call(aten.logical_not.default, (valid,)))),))
+    call(aten._assert_async.msg, (ok, f"nll_loss_backward: a target is out of bounds: [0, {classes}) or ignore_index "
+                                  f"{ignore_index} expected"))
+    scale = call(aten.neg.default, (call(aten.div.Tensor, (g, total)) if reduction == 1 else g,))
+    if weight is not None:  # the weight of each row's class (class 0 where the row is ignored)
+        safe = call(aten.where.ScalarOther, (valid, target, 0))
+        scale = call(aten.mul.Tensor, (scale, call(aten.index.Tensor, (weight, [safe]))))
+    classes_v = call(aten.arange.start_step, (0, classes, 1), {"dtype": torch.int64, "device": xv.device})
+    column = functools.partial(lambda v: call(aten.unsqueeze.default, (v, -1)) if xv.dim() == 2 else v)
+    hit = call(aten.logical_and.default, (call(aten.eq.Tensor, (classes_v, column(target))), column(valid)))
+    if scale.meta[VAL].dim() == 1:
+        scale = column(scale)
+    return [call(aten.where.ScalarOther, (hit, scale, 0.0))]
+
+
 SPLITTERS: dict[str, Callable[[fx.GraphModule, object, fx.Node], list[fx.Node | None] | None]] = {
     "aten.native_layer_norm.default": _layer_norm,
     "aten._log_softmax.default": _log_softmax,
     "aten._log_softmax_backward_data.default": _log_softmax_backward,
     "aten._softmax_backward_data.default": _softmax_backward,
     "aten._native_batch_norm_legit_no_training.default": _batch_norm_inference,
+    "aten.nll_loss_backward.default": _nll_loss_backward,
 }
 
 

@@ -8,10 +8,10 @@ mixer step), and two emitted kernels (a row kernel and a column kernel) read the
 The template reads each row once for the row sums and once more for the input's gradient, adding
 each element's share of the column sums to per-column accumulators in that same loop.
 
-A classification head's loss: the negative log-likelihood and its gradient, each one C call
-instead of one ATen call (the log-softmax before it, and its gradient, are split into row kernels:
-``lowering/splits.py``).  A target out of bounds is error 1 of ``launcher.KERNEL_ERRORS``, raised
-as eager raises it.
+A classification head's loss: the negative log-likelihood, one C call instead of one ATen call
+(the log-softmax before it, its gradient and the loss's gradient are split into row kernels and
+pointwise nodes: ``lowering/splits.py``).  A target out of bounds is error 1 of
+``launcher.KERNEL_ERRORS``, raised as eager raises it.
 
 Attention's weights: ``_softmax`` over the last dim (a masked score's weight exactly 0, as
 eager's); its gradient is split into a row kernel.
@@ -335,9 +335,9 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
 
 
 def _nll_refusal(node: fx.Node) -> str | None:
-    """``nll_loss_forward(x, target, weight, reduction, ignore_index)`` and its backward (whose
-    arguments follow the gradient): float rows of class scores, int64 targets, a mean or a sum."""
-    x, target, weight, reduction = node.args[1:5] if node.target == aten.nll_loss_backward.default else node.args[:4]
+    """``nll_loss_forward(x, target, weight, reduction, ignore_index)``: float rows of class
+    scores, int64 targets, a mean or a sum."""
+    x, target, weight, reduction = node.args[:4]
     if target.meta[VAL].dtype != torch.int64:
         return "nll_loss template: int64 targets only"
     why = _static_floats_refusal("nll_loss", node, skip=target)
@@ -347,20 +347,17 @@ def _nll_refusal(node: fx.Node) -> str | None:
         return "nll_loss template: (N, C) scores with (N,) targets, or (C,) with one, only"
     if reduction not in (1, 2):
         return "nll_loss template: reduction='none' runs as ATen's kernel"
-    if node.target == aten.nll_loss_backward.default and x.meta[VAL].numel() > ONE_THREAD_MAX_NUMEL:
-        return (f"nll_loss backward template: over {ONE_THREAD_MAX_NUMEL} elements runs as ATen's kernel, whose "
-                "zero fill runs on every intra-op thread")
     return None
 
 
 def _nll_rows(ts: _Tensors, x: torch.Tensor):
-    """``N``, ``C`` and ``at(key, i, t)``: the element of row ``i``, class ``t`` (``x``, ``dx``),
+    """``N``, ``C`` and ``at(key, i, t)``: the element of row ``i``, class ``t`` (``x``),
     ``i`` (``target``) or ``t`` (``weight``)."""
     n, c = (int(x.shape[0]), int(x.shape[1])) if x.dim() == 2 else (1, int(x.shape[0]))
 
     def at(key: str, i: str = "i", t: str = "t") -> str:
         st = ts.layouts[key][1]
-        if key in ("x", "dx"):
+        if key == "x":
             off = f"{st[0]}*{i} + {st[1]}*{t}" if len(st) == 2 else f"{st[0]}*{t}"
         elif key == "target":
             off = f"{st[0]}*{i}" if st else "0"
@@ -404,33 +401,6 @@ def nll_loss_forward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
             f"const {ct} w = {w};", "total += (double)w;", f"sum += (double)({at('x')} * w);"]] + ["}"]
     lines += [f"{at('loss')} = ({ct})({'-sum / total' if reduction == 1 else '-sum'});", f"{at('total')} = ({ct})total;"]
     return ts.kernel(name, "nll_loss forward", lines)
-
-
-def nll_loss_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
-    """``nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight)``: zeros
-    but ``dx[i, t] = w[t] * -(g / total_weight)`` (a mean; ``-g`` for a sum) at each row's target,
-    as ATen's CPU kernel.  A target out of bounds raises eager's ``IndexError``.
-
-    Why a template: it stores at an address read from another tensor (the IR's stores are at
-    index expressions of the loop nest)."""
-    g, x, target, weight, reduction, ignore_index, total = node.args[:7]
-    xv = x.meta[VAL]
-    ct = CTYPE[xv.dtype]
-    ts = _Tensors(layout)
-    ts.add("dx", buffer(node, None), "out", node, None, node.meta[VAL])
-    ts.add("g", ref(g), "in", g, None, g.meta[VAL])
-    ts.add("target", ref(target), "in", target, None, target.meta[VAL])
-    if reduction == 1:
-        ts.add("total", ref(total), "in", total, None, total.meta[VAL])
-    if isinstance(weight, fx.Node):
-        ts.add("weight", ref(weight), "in", weight, None, weight.meta[VAL])
-    n, c, at = _nll_rows(ts, xv)
-    lines = [f"const {ct} go = -({at('g')}{' / ' + at('total') if reduction == 1 else ''});",
-             f"for (int64_t i = 0; i < {n}; i++)", f"    for (int64_t j = 0; j < {c}; j++) {at('dx', t='j')} = 0;",
-             f"for (int64_t i = 0; i < {n}; i++)", "{"] + [
-        "    " + l for l in _target_checked(at, c, ignore_index) + [
-            f"{at('dx')} = {at('weight') + ' * go' if 'weight' in ts.ptr else 'go'};"]] + ["}"]
-    return ts.kernel(name, "nll_loss backward", lines)
 
 
 def _embedding_refusal(node: fx.Node) -> str | None:
@@ -554,7 +524,6 @@ TEMPLATES = {
     aten.native_layer_norm_backward.default: (layer_norm_backward_refusal, layer_norm_backward),
     aten._softmax.default: (_softmax_refusal("softmax"), softmax),
     aten.nll_loss_forward.default: (_nll_refusal, nll_loss_forward),
-    aten.nll_loss_backward.default: (_nll_refusal, nll_loss_backward),
     aten.embedding.default: (_embedding_refusal, embedding),
     aten.embedding_dense_backward.default: (_embedding_refusal, embedding_backward),
     **{op: (_arange_refusal, arange) for op in _ARANGES},
