@@ -23,6 +23,7 @@ from .copies import graph_copy_bytes
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.conv_layout import ConvLayout
+from .lowering.matmul_accumulate import MatmulAccumulate
 from .lowering.crops import LowerCrops
 from .lowering.permuted_copies import PermutedCopies
 from .lowering.reshaped_cats import CatThroughReshapes
@@ -64,7 +65,8 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind:
         ConvLayout(config.conv_layout),
         *([SplitForFusion(backend.splits)] if backend.splits else []),
         *([CatThroughReshapes()] if config.zero_copy else []),
-        *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(), LowerCrops(),
+        *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(), MatmulAccumulate(),
+        LowerCrops(),
         *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
         *config.passes_at("after_lowering"),
         assign, *config.passes_at("after_assignment"),
