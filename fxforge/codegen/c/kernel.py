@@ -18,8 +18,8 @@ function; every index is ``int64_t``.
 from __future__ import annotations
 
 import functools
-import math
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import sympy
