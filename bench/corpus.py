@@ -28,6 +28,11 @@ The model families (``FAMILIES``, what ``make bench`` runs) each stand for one k
 * ``big-activation``: layer norm over a residual add, then ``relu(h * 2 + 1) - sigmoid(y)`` on a
   64 x 512 x 768 activation (inference only: no weights worth a gradient).
 
+The held-out models (``HOLDOUT``), run by name, never tuned on: ``distilbert-2l`` (DistilBERT
+masked LM), ``neox-2l`` (GPT-NeoX: rotary embeddings, parallel attention and MLP) and ``bart-2l``
+(BART encoder-decoder, a final logits bias, the embedding tied to the head), each 2 (+ 2)
+layers, hidden 256, 4 heads, feed-forward 1024.
+
 The CNNs and the mixer take random images and, for training, random class labels with a
 cross-entropy loss.
 """
@@ -117,6 +122,20 @@ def _hf(family: str, layers: int, hidden: int) -> Model:
                               intermediate_size=4 * hidden, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
                               attention_probs_dropout_prob=0.0)
             cls, vocab = tf.BertForMaskedLM, c.vocab_size
+        elif family == "distilbert":
+            c = tf.DistilBertConfig(n_layers=layers, dim=hidden, n_heads=heads, hidden_dim=4 * hidden, dropout=0.0,
+                                    attention_dropout=0.0, max_position_embeddings=SEQ)
+            cls, vocab = tf.DistilBertForMaskedLM, c.vocab_size
+        elif family == "neox":
+            c = tf.GPTNeoXConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                 intermediate_size=4 * hidden, max_position_embeddings=SEQ, hidden_dropout=0.0,
+                                 attention_dropout=0.0)
+            cls, vocab = tf.GPTNeoXForCausalLM, c.vocab_size
+        elif family == "bart":
+            c = tf.BartConfig(encoder_layers=layers, decoder_layers=layers, d_model=hidden, encoder_attention_heads=heads,
+                              decoder_attention_heads=heads, encoder_ffn_dim=4 * hidden, decoder_ffn_dim=4 * hidden,
+                              dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=SEQ)
+            cls, vocab = tf.BartForConditionalGeneration, c.vocab_size
         else:
             raise ValueError(family)
         c.use_cache = False
@@ -143,7 +162,7 @@ def _hf(family: str, layers: int, hidden: int) -> Model:
         kw = {"input_ids": ids}
         if train:
             kw["labels"] = ids
-        elif family == "t5":
+        elif family in ("t5", "bart"):
             kw["decoder_input_ids"] = ids
         return kw
 
@@ -309,6 +328,9 @@ def _big_activation(shape=(64, 512, 768)) -> Model:
 
 
 FAMILIES = ["resnet", "mobilenet", "bert-2l", "gpt2-2l", "llama-2l", "t5-2l", "vit-2l", "mixer", "big-activation"]
+# Models nothing was tuned on, to check that what holds on the families holds elsewhere:
+# ``python bench/run.py --models distilbert-2l neox-2l bart-2l``.
+HOLDOUT = ["distilbert-2l", "neox-2l", "bart-2l"]
 
 
 def all_models() -> dict[str, Model]:
@@ -316,6 +338,7 @@ def all_models() -> dict[str, Model]:
     for layers, hidden in ((2, 256), (12, 768)):
         for family in ("gpt2", "llama", "bert", "t5", "vit"):
             models.append(_hf(family, layers, hidden))
+    models += [_hf(family, 2, 256) for family in ("distilbert", "neox", "bart")]  # HOLDOUT
     models += [
         _image_classifier("resnet", lambda: _WithLoss(ResNet()), 64, 4, 256),
         _image_classifier("mobilenet", lambda: _WithLoss(MobileNet()), 96, len(MobileNet.BLOCKS), 256),

@@ -161,7 +161,10 @@ def _nll_loss_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | 
         safe = call(aten.where.ScalarOther, (valid, target, 0))
         scale = call(aten.mul.Tensor, (scale, call(aten.index.Tensor, (weight, [safe]))))
     classes_v = call(aten.arange.start_step, (0, classes, 1), {"dtype": torch.int64, "device": xv.device})
-    column = functools.partial(lambda v: call(aten.unsqueeze.default, (v, -1)) if xv.dim() == 2 else v)
+
+    def column(v: fx.Node) -> fx.Node:  # a per-row value against the (N, C) scores
+        return call(aten.unsqueeze.default, (v, -1)) if xv.dim() == 2 else v
+
     hit = call(aten.logical_and.default, (call(aten.eq.Tensor, (classes_v, column(target))), column(valid)))
     if scale.meta[VAL].dim() == 1:
         scale = column(scale)
