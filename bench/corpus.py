@@ -330,7 +330,8 @@ def _big_activation(shape=(64, 512, 768)) -> Model:
 FAMILIES = ["resnet", "mobilenet", "bert-2l", "gpt2-2l", "llama-2l", "t5-2l", "vit-2l", "mixer", "big-activation"]
 # Models nothing was tuned on, to check that what holds on the families holds elsewhere:
 # ``python bench/run.py --models distilbert-2l neox-2l bart-2l``.
-HOLDOUT = ["distilbert-2l", "neox-2l", "bart-2l"]
+HOLDOUT_FAMILIES = ("distilbert", "neox", "bart")
+HOLDOUT = [f"{family}-2l" for family in HOLDOUT_FAMILIES]
 
 
 def all_models() -> dict[str, Model]:
@@ -338,7 +339,7 @@ def all_models() -> dict[str, Model]:
     for layers, hidden in ((2, 256), (12, 768)):
         for family in ("gpt2", "llama", "bert", "t5", "vit"):
             models.append(_hf(family, layers, hidden))
-    models += [_hf(family, 2, 256) for family in ("distilbert", "neox", "bart")]  # HOLDOUT
+    models += [_hf(family, 2, 256) for family in HOLDOUT_FAMILIES]
     models += [
         _image_classifier("resnet", lambda: _WithLoss(ResNet()), 64, 4, 256),
         _image_classifier("mobilenet", lambda: _WithLoss(MobileNet()), 96, len(MobileNet.BLOCKS), 256),

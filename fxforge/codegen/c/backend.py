@@ -8,8 +8,8 @@ reductions become one C function per group, compiled for this CPU with the wrapp
 kernels (``build.py``), its loops split across torch's threads (``kernel.parallel_outer``).
 Matmuls, convolutions, arg reductions and ops without a C lowering run as the ``torch``
 backend's ATen calls into the same planned buffers (``extern``).  Layer norm's gradient, softmax,
-a classification head's NLL loss (and its gradient) and embeddings run as hand-written C
-kernels (``templates.py``).
+a classification head's NLL loss and embeddings run as hand-written C kernels
+(``templates.py``); the NLL loss's gradient is split into pointwise nodes.
 ``accepts`` runs the emitter on the node itself, as the Triton backend does: the check and the
 emitter cannot disagree (memoized by group structure, ``codegen/probes.py``).
 """

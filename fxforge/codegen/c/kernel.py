@@ -81,12 +81,13 @@ WORK_NS = 0.05
 FORK_NS = 800
 
 
-# A kernel of fewer node-elements than QUICK_BUILD_MAX_WORK (static sizes) is built at -O1 with
-# the loop vectorizer (``build.flags``, ``quick``): it runs for under about 1 µs (``WORK_NS``),
-# about what the wrapper spends calling it, so what -O2 could save of that is little, and the
+# A kernel whose run time by the same model (``WORK_NS`` a node-element, static sizes) is under
+# QUICK_BUILD_MAX_NS is built at -O1 with the loop vectorizer (``build.flags``, ``quick``): that
+# is about what the wrapper spends calling it, so what -O2 could save of it is little, and the
 # compiler builds such kernels in three quarters of the time (a 10,000-node graph of small
 # tensors: 3.4 against 4.6 CPU-s).  Larger kernels are built at -O2.
-QUICK_BUILD_MAX_WORK = 20_000
+QUICK_BUILD_MAX_NS = 1000
+QUICK_BUILD_MAX_WORK = round(QUICK_BUILD_MAX_NS / WORK_NS)  # node-elements: 20,000
 
 
 def parallel_min_work(threads: int) -> int | None:
@@ -732,7 +733,7 @@ class CEmitter(Emitter):
         across threads: (its variable, its size, columns a block), or None (too few columns for
         two blocks of ``COLUMN_BLOCK_MIN``).  As many blocks as threads it is built for, each a
         whole number of vectors."""
-        if not self.xvars or self.scratch.heap:
+        if not self.xvars:
             return None
         var, size = self.xvars[0]
         size = sympy.sympify(size)
@@ -750,14 +751,13 @@ class CEmitter(Emitter):
         """The node-elements the kernel computes: the elements it iterates times its nodes, plus one."""
         return sympy.expand(self.frame.xnumel * self.frame.rnumel * (len(self.nodes) + 1))
 
-    def parallel_condition(self) -> str | None:
+    def parallel_condition(self, work: sympy.Expr) -> str | None:
         """When the kernel's outer loops are split across threads (``parallel_min_work`` at the
-        thread count it is built for): ``""`` always, a C condition on its sizes where they are
-        symbolic, None never."""
+        thread count it is built for; ``work``: ``self.work()``): ``""`` always, a C condition on
+        its sizes where they are symbolic, None never."""
         least = parallel_min_work(self.threads)
         if self.scratch.heap or least is None:
             return None  # (one heap block a call, shared: the arrays in it are per row)
-        work = self.work()
         if work.is_Integer:
             return "" if int(work) >= least else None
         return f"{CPrinter()(work)} >= {least}"
@@ -770,7 +770,8 @@ class CEmitter(Emitter):
             head = simd_innermost(head)
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
             head.append("    const int64_t rindex = 0;")
-        condition = self.parallel_condition()
+        work = self.work()
+        condition = self.parallel_condition(work)
         by_rows = self.columns_by_rows(head, condition)
         # the threads share the rows (a row kernel), or every loop but the vectorized innermost one
         # (that one alone: its elements); a column kernel walking its rows in order, blocks of
@@ -794,7 +795,6 @@ class CEmitter(Emitter):
             head.append("# values: " + ", ".join(f"{v} = {n}" for v, n in self.value_names))
         head += ["# " + l for l in lines]
         launch = launch_source(self.name, self.args, self.params, self.launch_lines + self.launch_checks, head)
-        work = self.work()
         return CEmitted(symbol, "\n".join(lines) + "\n", launch, self.name, list(self.args), list(self.params),
                         len(self.nodes), len(self.storages), self.specs,
                         quick=bool(work.is_Integer and int(work) < QUICK_BUILD_MAX_WORK))
