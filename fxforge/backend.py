@@ -76,7 +76,7 @@ class Backend:
             bw_compiler=self._compiler("backward"),
             inference_compiler=self._compiler("inference"),
             decompositions=aot_table(self.config, selected),
-            partition_fn=_partitioner(self.config.partitioner),
+            partition_fn=_partitioner(self.config.partitioner, selected.splits, self.config.debug),
         )
         return aot(gm, example_inputs)
 
@@ -147,13 +147,29 @@ def _in_strides(gm: fx.GraphModule, strides: dict[int, tuple]):
     return run
 
 
-def _partitioner(name: str):
+def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
+    """AOTAutograd's partitioner ``name``, run on the joint graph after the backend's splits that
+    belong before it (``lowering/splits.split_joint``)."""
     from torch._functorch import partitioners
 
-    return {
+    from .lowering.splits import split_joint
+
+    partition = {
         "min_cut": partitioners.min_cut_rematerialization_partition,
         "default": partitioners.default_partition,
     }[name]
+
+    def split_then_partition(joint: fx.GraphModule, joint_inputs, **kwargs):
+        try:
+            split_joint(joint, splits)
+        except Exception as e:  # the splits run again on the compiled graphs, where they can
+            if debug:
+                raise
+            log.warning("fxforge: splitting the joint graph failed (%s: %s); it is partitioned as traced",
+                        type(e).__name__, e)
+        return partition(joint, joint_inputs, **kwargs)
+
+    return split_then_partition
 
 
 def saved_activation_bytes(backward: fx.GraphModule) -> int:

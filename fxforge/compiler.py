@@ -25,6 +25,7 @@ from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdenti
 from .lowering.conv_layout import ConvLayout
 from .lowering.matmul_accumulate import MatmulAccumulate
 from .lowering.crops import LowerCrops
+from .lowering.gathers import SinkGathers
 from .lowering.permuted_copies import PermutedCopies
 from .lowering.reshaped_cats import CatThroughReshapes
 from .lowering.splits import SplitForFusion
@@ -63,7 +64,7 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind:
     return [
         DedupeGetitems(), EliminateIdentityViews(returned=kind == "backward"),
         ConvLayout(config.conv_layout),
-        *([SplitForFusion(backend.splits)] if backend.splits else []),
+        *([SplitForFusion(backend.splits)] if backend.splits else []), SinkGathers(),
         *([CatThroughReshapes()] if config.zero_copy else []),
         *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(), MatmulAccumulate(),
         LowerCrops(),

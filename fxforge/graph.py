@@ -85,6 +85,29 @@ def fake_call(gm: fx.GraphModule, mode, op, args: tuple, kwargs: dict | None = N
     return node
 
 
+# Keys a node made in place of another (a split's pieces, a moved gather) takes from it: where it
+# came from (the user's source line, its module) and, on AOTAutograd's joint graph, the
+# partitioner's tag saying whether it belongs to the forward or the backward.
+INHERITED_META = ("stack_trace", "nn_module_stack", "partitioner_tag")
+
+
+def nodes_between(before: fx.Node, end: fx.Node) -> list[fx.Node]:
+    """The nodes after ``before`` and before ``end`` (those a pass inserted there)."""
+    out, n = [], before.next
+    while n is not end:
+        out.append(n)
+        n = n.next
+    return out
+
+
+def inherit_meta(nodes: Iterable[fx.Node], source: fx.Node) -> None:
+    """``nodes``, made in place of ``source``, take its ``INHERITED_META``."""
+    for n in nodes:
+        for k in INHERITED_META:
+            if k in source.meta and k not in n.meta:
+                n.meta[k] = source.meta[k]
+
+
 def tensor_val(node: fx.Node) -> torch.Tensor | None:
     v = node.meta.get(VAL)
     return v if isinstance(v, torch.Tensor) else None

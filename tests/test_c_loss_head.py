@@ -6,6 +6,7 @@ with eager on fresh random inputs."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -51,10 +52,20 @@ def test_cross_entropy_step_runs_in_c(shape, dtype):
     assert "aten._log_softmax" not in sources  # split: row kernels, no ATen call
     assert "_log_softmax" not in " ".join(fallbacks(b))
     if len(shape) == 2:  # (256, 512) too: over the old limits, and rows longer than a vector
-        assert "(template: nll_loss forward," in sources and "aten.nll_loss_backward" not in sources
-        (bw,) = [cc for cc in b.compiled if cc.stats["graph"] == "backward"]
+        assert "aten.nll_loss_forward" not in sources and "aten.nll_loss_backward" not in sources
+        fw, bw = [next(cc for cc in b.compiled if cc.stats["graph"] == k) for k in ("forward", "backward")]
         # the loss's gradient computed in the log-softmax gradient's row kernel: no tensor of zeros
         assert [k.node_count > 1 for k in bw.kernels if k.backend == "c"][-1], bw.source
+        # split before the partitioner: the forward stores no log-softmax (the loss gathers one
+        # score per row), the backward recomputes it from the scores and two values per row
+        if shape[1] > 1:  # (one class: every row-sized value is the scores' size)
+            assert not stored_like(fw, x), fw.source
+            assert stored_like(bw, x)  # (the gradient)
+
+
+def stored_like(compiled, x) -> list[str]:
+    """The buffers a compiled graph writes with as many elements as ``x``."""
+    return [b.name for b in compiled.plan.memory.buffers.values() if math.prod(b.shape) == x.numel()]
 
 
 def test_rows_with_infinities_and_nan_match_eager():
@@ -103,8 +114,8 @@ def test_low_precision_runs_atens_kernel(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("reduction, weighted, ignore_index, shape", [
     ("mean", False, -100, (8, 10)), ("sum", True, -100, (8, 10)), ("mean", True, 3, (8, 10)),
-    ("mean", False, -100, (10,)), ("sum", False, 0, (5, 3))])
-def test_nll_loss_templates_match_eager(reduction, weighted, ignore_index, shape, dtype):
+    ("mean", False, -100, (10,)), ("sum", False, 0, (5, 3)), ("none", True, 1, (6, 4)), ("none", False, -100, (7,))])
+def test_nll_loss_split_matches_eager(reduction, weighted, ignore_index, shape, dtype):
     torch.manual_seed(2)
     x = torch.randn(*shape, dtype=dtype, requires_grad=True)
     y = torch.randint(0, shape[-1], shape[:-1])
@@ -115,14 +126,14 @@ def test_nll_loss_templates_match_eager(reduction, weighted, ignore_index, shape
 
     b, c = compile_c(fn)
     loss = c(x, y, w)
-    loss.backward()
+    loss.sum().backward()
     grad, x.grad = x.grad, None
     ref = fn(x, y, w)
-    ref.backward()
+    ref.sum().backward()
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(grad, x.grad)
     sources = "".join(cc.source for cc in b.compiled)
-    assert "(template: nll_loss forward," in sources and "aten.nll_loss_backward" not in sources
+    assert "aten.nll_loss_forward" not in sources and "aten.nll_loss_backward" not in sources
     assert not [k for k in fallbacks(b) if "nll" in k]
 
 
@@ -130,7 +141,7 @@ def test_a_target_out_of_bounds_raises_eagers_error(kernels_through):
     x = torch.randn(8, 10, requires_grad=True)
     b, c = compile_c(lambda x, y: F.cross_entropy(x, y))
     c(x, torch.randint(0, 10, (8,))).backward()
-    assert "(template: nll_loss forward," in b.compiled[0].source
+    assert "aten.nll_loss_forward" not in b.compiled[0].source and "fxforge.nll_targets" in b.compiled[0].source
     for bad in (10, -1, 1 << 40):
         y = torch.randint(0, 10, (8,))
         y[5] = bad
@@ -151,12 +162,20 @@ def test_every_target_ignored_gives_eagers_nan():
     torch.testing.assert_close(c(x, y), F.cross_entropy(x, y))
 
 
-def test_nll_reduction_none_runs_as_aten_with_the_reason():
-    x, y = torch.randn(6, 4), torch.randint(0, 4, (6,))
-    b, c = compile_c(lambda x, y: F.nll_loss(x, y, reduction="none") * 2)
-    torch.testing.assert_close(c(x, y), F.nll_loss(x, y, reduction="none") * 2)
-    (n,) = [n for n in b.compiled[0].graph.graph.nodes if n.target == aten.nll_loss_forward.default]
-    assert "reduction='none' runs as ATen's kernel" in c_backend.accepts(n, fxforge.Config(codegen="c"))
+def test_a_log_softmax_read_at_one_class_per_row_is_never_stored():
+    """Inference: ``log_softmax(x).gather(...)`` (a token's log-probability) moves the gather up to
+    ``x`` (``SinkGathers``): the row kernel computes the row statistics, no tensor of x's size."""
+    x, y = torch.randn(64, 1000), torch.randint(0, 1000, (64, 1))
+
+    def fn(x, y):
+        return F.log_softmax(x * 2, -1).gather(-1, y) + 1
+
+    b, c = compile_c(fn)
+    torch.testing.assert_close(c(x, y), fn(x, y))
+    (g,) = b.compiled
+    assert not stored_like(g, x), g.source
+    assert all(n.args[0].op == "placeholder" or n.args[0].target == aten.expand.default
+               for n in g.graph.graph.nodes if n.target == aten.gather.default), g.source
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, expr, fake_call, fake_mode_of
+from ..graph import VAL, expr, fake_call, fake_mode_of, inherit_meta, nodes_between
 from ..pipeline import PassResult
 
 aten = torch.ops.aten
@@ -137,6 +137,62 @@ def _softmax_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | N
     return [call(aten.mul.Tensor, (y, call(aten.sub.Tensor, (g, total))))]
 
 
+def _nll_targets(target: torch.Tensor, classes: int, ignore_index: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """An NLL loss's targets with the ignored ones as class 0, checked as eager's loss checks
+    them: the first target outside ``[0, classes)`` that is not ``ignore_index`` raises eager's
+    ``IndexError``.  (``fxforge::nll_targets`` and its out variant.)"""
+    valid = target != ignore_index
+    bad = valid & ((target < 0) | (target >= classes))
+    if bool(bad.any()):
+        raise IndexError(f"Target {int(target[bad][0])} is out of bounds.")
+    safe = target.masked_fill(~valid, 0)
+    return safe if out is None else out.copy_(safe)
+
+
+# fxforge's own operators (a library handle lives as long as its registrations)
+_LIB = torch.library.Library("fxforge", "DEF")
+_LIB.define("nll_targets(Tensor target, int classes, int ignore_index) -> Tensor")
+_LIB.define("nll_targets.out(Tensor target, int classes, int ignore_index, *, Tensor(a!) out) -> Tensor(a!)")
+_LIB.impl("nll_targets", _nll_targets, "CompositeExplicitAutograd")
+_LIB.impl("nll_targets.out", _nll_targets, "CompositeExplicitAutograd")
+_LIB.impl("nll_targets", lambda target, classes, ignore_index: torch.empty_like(target), "Meta")
+
+
+def _nll_loss_forward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
+    """``nll_loss_forward(x, target, weight, reduction, ignore_index)`` -> ``(loss, total_weight)``:
+    each row's score at its target, ``gather(x, -1, target)`` (row 0's for an ignored row, masked
+    out), times ``-weight[target]``; summed (``total_weight``: the weights, or the count, of the
+    rows not ignored), divided by ``total_weight`` for a mean; per row for ``reduction='none'``
+    (``total_weight`` 0, as eager's).  The targets are checked first (``nll_targets``).  The
+    gather reads one score per row: where the scores are computed by pointwise nodes (a
+    log-softmax's ``x - max - log(sum)``), ``SinkGathers`` moves it before them, and the scores
+    need not be stored.  (Static class counts only: the check takes the count as a constant.)"""
+    x, target, weight, reduction, ignore_index = n.args[:5]
+    xv, tv = x.meta[VAL], target.meta[VAL]
+    if (not _float_rows(x) or xv.dim() not in (1, 2) or tv.dtype != torch.int64 or tv.dim() != xv.dim() - 1
+            or (weight is not None and weight.meta[VAL].dtype != xv.dtype) or reduction not in (0, 1, 2)
+            or not isinstance(xv.shape[-1], int)):
+        return None
+    call = functools.partial(fake_call, gm, mode)
+    valid = call(aten.ne.Scalar, (target, ignore_index))
+    safe = call(torch.ops.fxforge.nll_targets.default, (target, xv.shape[-1], ignore_index))
+    picked = call(aten.squeeze.dim, (call(aten.gather.default, (x, -1, call(aten.unsqueeze.default, (safe, -1)))), -1))
+    w = call(aten.index.Tensor, (weight, [safe])) if weight is not None else None
+    loss = call(aten.neg.default, (picked if w is None else call(aten.mul.Tensor, (picked, w)),))
+    loss = call(aten.where.ScalarOther, (valid, loss, 0.0))
+    if reduction == 0 and xv.dim() == 2:
+        return [loss, call(aten.zeros.default, ([],), {"dtype": xv.dtype, "device": xv.device})]
+    if w is None:
+        total = call(aten._to_copy.default, (call(aten.sum.default, (valid,)),), {"dtype": xv.dtype})
+    else:
+        total = call(aten.sum.default, (call(aten.where.ScalarOther, (valid, w, 0.0)),))
+    if reduction != 0:
+        loss = call(aten.sum.default, (loss,))
+    if reduction == 1:
+        loss = call(aten.div.Tensor, (loss, total))
+    return [loss, total]
+
+
 def _nll_loss_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
     """``nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight)`` ->
     ``where(class == target & target != ignore_index, -(g / total_weight) * weight[target], 0)``
@@ -177,8 +233,40 @@ SPLITTERS: dict[str, Callable[[fx.GraphModule, object, fx.Node], list[fx.Node | 
     "aten._log_softmax_backward_data.default": _log_softmax_backward,
     "aten._softmax_backward_data.default": _softmax_backward,
     "aten._native_batch_norm_legit_no_training.default": _batch_norm_inference,
+    "aten.nll_loss_forward.default": _nll_loss_forward,
     "aten.nll_loss_backward.default": _nll_loss_backward,
 }
+
+
+# The splits that run on AOTAutograd's joint graph, before it is partitioned into forward and
+# backward (``split_joint``): the partitioner then sees their pieces, and recomputes cheap ones in
+# the backward instead of saving them.  A log-softmax's gradient reads the log-softmax's output, a
+# tensor the size of its input: split, the backward recomputes it from the input (saved anyway, or
+# an output of the forward) and two values per row.  The NLL loss's gather then moves up to the
+# input (``lowering/gathers.py``), and the forward stores no scores at all.  (A layer norm's
+# gradient stays ATen's kernel, reading the statistics, not the output: split after.)
+BEFORE_PARTITION = ("aten._log_softmax.default", "aten._log_softmax_backward_data.default",
+                    "aten.nll_loss_forward.default", "aten.nll_loss_backward.default")
+
+
+def split_joint(gm: fx.GraphModule, splits: tuple[str, ...]) -> dict:
+    """Apply the ``BEFORE_PARTITION`` splits among ``splits`` (a backend's) to AOTAutograd's joint
+    graph ``gm``, and move gathers up (``SinkGathers``); their nodes take the partitioner's tag
+    of the node they replace.  Returns the passes' stats."""
+    from .gathers import SinkGathers
+
+    early = tuple(s for s in splits if s in BEFORE_PARTITION)
+    if not early:
+        return {}
+    split = SplitForFusion(early)(gm)
+    stats = {"split": split.stats, "sink_gathers": SinkGathers()(gm).stats}
+    if not split.modified:
+        return stats
+    for n in gm.graph.find_nodes(op="call_function", target=aten.detach.default):
+        n.replace_all_uses_with(n.args[0])  # a no-op on values, which would hide a saved value's producer
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return stats
 
 
 class SplitForFusion:
@@ -200,6 +288,7 @@ class SplitForFusion:
             several = isinstance(n.meta.get(VAL), (list, tuple))  # its users pick outputs (getitem)
             if fn is None or mode is None or several and any(u.target is not operator.getitem for u in n.users):
                 continue
+            before = n.prev
             with gm.graph.inserting_before(n):
                 values = fn(gm, mode, n)
                 if values is not None:
@@ -207,6 +296,7 @@ class SplitForFusion:
                     values = [v if v is None else _at_strides(gm, mode, v, w) for v, w in zip(values, wanted)]
             if values is None:
                 continue
+            inherit_meta(nodes_between(before, n), n)
             if several:
                 for u in list(n.users):
                     u.replace_all_uses_with(values[u.args[1]])

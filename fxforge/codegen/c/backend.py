@@ -1,15 +1,15 @@
 """The ``c`` codegen backend: fused C kernels for CPU graphs (the registry's ``c`` entry).
 
 The graph keeps ATen's composite kernels (``decompose="none"``: most composite backward kernels
-run as ATen's vector kernels) but for layer norm, log-softmax and the softmax gradients, split on
-the compiled graph (``splits``, ``lowering/splits.py``); the pointwise chains around them (bias
+run as ATen's vector kernels) but for layer norm, log-softmax, the NLL loss and the softmax
+gradients, split on the compiled graph (``splits``, ``lowering/splits.py``; in training, the loss
+head's on the joint graph, before the partitioner); the pointwise chains around them (bias
 adds, residuals, scaling, masking, GELU and the pointwise backward kernels) and row and column
 reductions become one C function per group, compiled for this CPU with the wrapper's other C
 kernels (``build.py``), its loops split across torch's threads (``kernel.parallel_outer``).
 Matmuls, convolutions, arg reductions and ops without a C lowering run as the ``torch``
-backend's ATen calls into the same planned buffers (``extern``).  Layer norm's gradient, softmax,
-a classification head's NLL loss and embeddings run as hand-written C kernels
-(``templates.py``); the NLL loss's gradient is split into pointwise nodes.
+backend's ATen calls into the same planned buffers (``extern``).  Layer norm's gradient, softmax
+and embeddings run as hand-written C kernels (``templates.py``).
 ``accepts`` runs the emitter on the node itself, as the Triton backend does: the check and the
 emitter cannot disagree (memoized by group structure, ``codegen/probes.py``).
 """

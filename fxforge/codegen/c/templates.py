@@ -8,11 +8,6 @@ mixer step), and two emitted kernels (a row kernel and a column kernel) read the
 The template reads each row once for the row sums and once more for the input's gradient, adding
 each element's share of the column sums to per-column accumulators in that same loop.
 
-A classification head's loss: the negative log-likelihood, one C call instead of one ATen call
-(the log-softmax before it, its gradient and the loss's gradient are split into row kernels and
-pointwise nodes: ``lowering/splits.py``).  A target out of bounds is error 1 of
-``launcher.KERNEL_ERRORS``, raised as eager raises it.
-
 Attention's weights: ``_softmax`` over the last dim (a masked score's weight exactly 0, as
 eager's); its gradient is split into a row kernel.
 
@@ -334,75 +329,6 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     return _row_kernel(name, node, ref, buffer, layout, "softmax", "out", {"x": node.args[0]}, body)
 
 
-def _nll_refusal(node: fx.Node) -> str | None:
-    """``nll_loss_forward(x, target, weight, reduction, ignore_index)``: float rows of class
-    scores, int64 targets, a mean or a sum."""
-    x, target, weight, reduction = node.args[:4]
-    if target.meta[VAL].dtype != torch.int64:
-        return "nll_loss template: int64 targets only"
-    why = _static_floats_refusal("nll_loss", node, skip=target)
-    if why is not None:
-        return why
-    if x.meta[VAL].dim() not in (1, 2) or target.meta[VAL].dim() != x.meta[VAL].dim() - 1:
-        return "nll_loss template: (N, C) scores with (N,) targets, or (C,) with one, only"
-    if reduction not in (1, 2):
-        return "nll_loss template: reduction='none' runs as ATen's kernel"
-    return None
-
-
-def _nll_rows(ts: _Tensors, x: torch.Tensor):
-    """``N``, ``C`` and ``at(key, i, t)``: the element of row ``i``, class ``t`` (``x``),
-    ``i`` (``target``) or ``t`` (``weight``)."""
-    n, c = (int(x.shape[0]), int(x.shape[1])) if x.dim() == 2 else (1, int(x.shape[0]))
-
-    def at(key: str, i: str = "i", t: str = "t") -> str:
-        st = ts.layouts[key][1]
-        if key == "x":
-            off = f"{st[0]}*{i} + {st[1]}*{t}" if len(st) == 2 else f"{st[0]}*{t}"
-        elif key == "target":
-            off = f"{st[0]}*{i}" if st else "0"
-        elif key == "weight":
-            off = f"{st[0]}*{t}"
-        else:
-            off = "0"  # a 0-d value
-        return f"{ts.ptr[key]}[{off}]"
-
-    return n, c, at
-
-
-def _target_checked(at, c: int, ignore_index: int) -> list[str]:
-    """Row ``i``'s target ``t``: ignored rows skipped, one out of bounds is ``KERNEL_ERRORS[1]``."""
-    return [f"const int64_t t = {at('target')};", f"if (t == {ignore_index}) continue;",
-            f"if (t < 0 || t >= {c}) {{ *fx_err = t; return 1; }}"]
-
-
-def nll_loss_forward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
-    """``nll_loss_forward(x, target, weight, reduction, ignore_index)``: ``(loss, total_weight)``,
-    as ATen's CPU kernel: over the rows whose target is not ignored, ``total_weight = sum(w[t])``
-    and ``loss = -sum(x[i, t] * w[t])``, divided by ``total_weight`` for a mean (NaN when every
-    target is ignored); sums in double.  A target out of bounds raises eager's ``IndexError``.
-
-    Why a template: ``x[i, t[i]]`` is a load at an address read from another tensor, and a bad
-    target an error the kernel returns: the IR's loads are at index expressions of the loop nest."""
-    x, target, weight, reduction, ignore_index = node.args[:5]
-    xv = x.meta[VAL]
-    ct = CTYPE[xv.dtype]
-    ts = _Tensors(layout)
-    ts.add("loss", buffer(node, 0), "out", node, 0, node.meta[VAL][0])
-    ts.add("total", buffer(node, 1), "out", node, 1, node.meta[VAL][1])
-    ts.add("x", ref(x), "in", x, None, xv)
-    ts.add("target", ref(target), "in", target, None, target.meta[VAL])
-    if isinstance(weight, fx.Node):
-        ts.add("weight", ref(weight), "in", weight, None, weight.meta[VAL])
-    n, c, at = _nll_rows(ts, xv)
-    w = f"{at('weight')}" if "weight" in ts.ptr else f"({ct})1"
-    lines = ["double sum = 0, total = 0;", f"for (int64_t i = 0; i < {n}; i++)", "{"] + [
-        "    " + l for l in _target_checked(at, c, ignore_index) + [
-            f"const {ct} w = {w};", "total += (double)w;", f"sum += (double)({at('x')} * w);"]] + ["}"]
-    lines += [f"{at('loss')} = ({ct})({'-sum / total' if reduction == 1 else '-sum'});", f"{at('total')} = ({ct})total;"]
-    return ts.kernel(name, "nll_loss forward", lines)
-
-
 def _embedding_refusal(node: fx.Node) -> str | None:
     """``embedding(weight, indices, ...)`` and ``embedding_dense_backward(grad, indices,
     num_weights, padding_idx, scale_grad_by_freq)``: a float (V, D) table, int64 or int32 indices."""
@@ -523,7 +449,6 @@ def arange(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
 TEMPLATES = {
     aten.native_layer_norm_backward.default: (layer_norm_backward_refusal, layer_norm_backward),
     aten._softmax.default: (_softmax_refusal("softmax"), softmax),
-    aten.nll_loss_forward.default: (_nll_refusal, nll_loss_forward),
     aten.embedding.default: (_embedding_refusal, embedding),
     aten.embedding_dense_backward.default: (_embedding_refusal, embedding_backward),
     **{op: (_arange_refusal, arange) for op in _ARANGES},
