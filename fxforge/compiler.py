@@ -25,6 +25,7 @@ from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdenti
 from .lowering.conv_layout import ConvLayout
 from .lowering.matmul_accumulate import MatmulAccumulate
 from .lowering.crops import LowerCrops
+from .lowering.embedding_grads import AccumulateEmbeddingGrads
 from .lowering.gathers import SinkGathers
 from .lowering.permuted_copies import PermutedCopies
 from .lowering.reshaped_cats import CatThroughReshapes
@@ -66,7 +67,7 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind:
         ConvLayout(config.conv_layout),
         *([SplitForFusion(backend.splits)] if backend.splits else []), SinkGathers(),
         *([CatThroughReshapes()] if config.zero_copy else []),
-        *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(), MatmulAccumulate(),
+        *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(), AccumulateEmbeddingGrads(), MatmulAccumulate(),
         LowerCrops(),
         *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
         *config.passes_at("after_lowering"),

@@ -2,9 +2,9 @@
 
 The matrix multiply adds ``c`` as it writes its result (BLAS's ``beta = 1``), instead of a pass of
 its own reading two tensors of the result's size and writing a third.  Training graphs make such
-sums wherever two parts of a gradient meet: a weight tied between a token embedding and a
-language model's head gets the head's ``mm`` plus the embedding's gradient (a 50,265-word
-vocabulary at width 256: three 51 MB tensors for the add alone).
+sums wherever two parts of a gradient meet: a weight read by a matmul and by something else.
+(Where the other part is an embedding's gradient, ``embedding_grads.py``, run first, adds its
+rows into the ``mm``'s result instead.)
 
 It applies where the ``mm``'s value has no other reader, ``c`` has the result's shape, dtype
 (float32 or float64) and strides (no broadcast: a bias broadcast over the rows is already

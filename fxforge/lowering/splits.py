@@ -29,6 +29,7 @@ import torch.fx as fx
 
 from ..graph import VAL, expr, fake_call, fake_mode_of, inherit_meta, nodes_between
 from ..pipeline import PassResult
+from . import ops  # noqa: F401  (fxforge::nll_targets)
 
 aten = torch.ops.aten
 
@@ -137,33 +138,12 @@ def _softmax_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | N
     return [call(aten.mul.Tensor, (y, call(aten.sub.Tensor, (g, total))))]
 
 
-def _nll_targets(target: torch.Tensor, classes: int, ignore_index: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """An NLL loss's targets with the ignored ones as class 0, checked as eager's loss checks
-    them: the first target outside ``[0, classes)`` that is not ``ignore_index`` raises eager's
-    ``IndexError``.  (``fxforge::nll_targets`` and its out variant.)"""
-    valid = target != ignore_index
-    bad = valid & ((target < 0) | (target >= classes))
-    if bool(bad.any()):
-        raise IndexError(f"Target {int(target[bad][0])} is out of bounds.")
-    safe = target.masked_fill(~valid, 0)
-    return safe if out is None else out.copy_(safe)
-
-
-# fxforge's own operators (a library handle lives as long as its registrations)
-_LIB = torch.library.Library("fxforge", "DEF")
-_LIB.define("nll_targets(Tensor target, int classes, int ignore_index) -> Tensor")
-_LIB.define("nll_targets.out(Tensor target, int classes, int ignore_index, *, Tensor(a!) out) -> Tensor(a!)")
-_LIB.impl("nll_targets", _nll_targets, "CompositeExplicitAutograd")
-_LIB.impl("nll_targets.out", _nll_targets, "CompositeExplicitAutograd")
-_LIB.impl("nll_targets", lambda target, classes, ignore_index: torch.empty_like(target), "Meta")
-
-
 def _nll_loss_forward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
     """``nll_loss_forward(x, target, weight, reduction, ignore_index)`` -> ``(loss, total_weight)``:
     each row's score at its target, ``gather(x, -1, target)`` (row 0's for an ignored row, masked
     out), times ``-weight[target]``; summed (``total_weight``: the weights, or the count, of the
     rows not ignored), divided by ``total_weight`` for a mean; per row for ``reduction='none'``
-    (``total_weight`` 0, as eager's).  The targets are checked first (``nll_targets``).  The
+    (``total_weight`` 0, as eager's).  The targets are checked first (``ops.nll_targets``).  The
     gather reads one score per row: where the scores are computed by pointwise nodes (a
     log-softmax's ``x - max - log(sum)``), ``SinkGathers`` moves it before them, and the scores
     need not be stored.  (Static class counts only: the check takes the count as a constant.)"""
