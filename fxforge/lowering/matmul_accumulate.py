@@ -17,54 +17,23 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, expr, fake_call, fake_mode_of
-from ..pipeline import PassResult
-from .node_rewrites import replace
+from ..graph import VAL, expr, fake_call
+from .node_rewrites import AddRewrite
 
 aten = torch.ops.aten
 
 
-def _accumulated(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """(the ``mm``, the other operand) of an ``add`` the rewrite takes, else None."""
-    if n.target is not aten.add.Tensor or n.kwargs.get("alpha", 1) != 1 or len(n.args) != 2:
-        return None
-    for mm, c in (n.args, n.args[::-1]):
-        if not (isinstance(mm, fx.Node) and mm.target is aten.mm.default and len(mm.users) == 1
-                and isinstance(c, fx.Node)):
-            continue
-        want, got, have = n.meta.get(VAL), mm.meta.get(VAL), c.meta.get(VAL)
-        if not all(isinstance(t, torch.Tensor) for t in (want, got, have)):
-            continue
-        if (want.dtype in (torch.float32, torch.float64) and got.dtype == have.dtype == want.dtype
-                and have.dim() == 2 and [expr(s) for s in have.shape] == [expr(s) for s in want.shape]
-                and [expr(s) for s in have.stride()] == [expr(s) for s in want.stride()]):
-            return mm, c
-    return None
-
-
-class MatmulAccumulate:
+class MatmulAccumulate(AddRewrite):
     """Rewrite each ``add(mm(a, b), c)`` it takes into ``addmm(c, a, b)`` (module docstring)."""
 
     name = "matmul_accumulate"
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
-        mode = fake_mode_of(gm)
-        done = 0
-        for n in list(gm.graph.nodes) if mode is not None else ():
-            if n.op != "call_function":
-                continue
-            found = _accumulated(n)
-            if found is None:
-                continue
-            mm, c = found
-            with gm.graph.inserting_before(n):
-                addmm = fake_call(gm, mode, aten.addmm.default, (c, *mm.args))
-            if [expr(s) for s in addmm.meta[VAL].stride()] != [expr(s) for s in n.meta[VAL].stride()]:
-                gm.graph.erase_node(addmm)  # (another layout than the add's: its readers expect that one)
-                continue
-            replace(n, addmm, addmm)
-            gm.graph.erase_node(mm)
-            done += 1
-        if done:
-            gm.recompile()
-        return PassResult(gm, done > 0, {"accumulated": done})
+    def takes(self, term: fx.Node) -> bool:
+        return term.target is aten.mm.default
+
+    def fold(self, gm: fx.GraphModule, mode, add: fx.Node, mm: fx.Node, c: fx.Node) -> fx.Node | None:
+        addmm = fake_call(gm, mode, aten.addmm.default, (c, *mm.args))
+        if [expr(s) for s in addmm.meta[VAL].stride()] != [expr(s) for s in add.meta[VAL].stride()]:
+            gm.graph.erase_node(addmm)  # (another layout than the add's: its readers expect that one)
+            return None
+        return addmm
