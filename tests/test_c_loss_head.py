@@ -1,8 +1,8 @@
 """A classification head's loss on the C backend: ``_log_softmax`` and its gradient split into row
-kernels, the NLL loss's gradient into pointwise ops that fuse with them (``lowering/splits.py``),
-``nll_loss_forward`` as a template (``codegen/c/templates.py``): C kernels instead of ATen calls,
-and a kernel's error code raised as eager's error (a target out of bounds).  Every case compares
-with eager on fresh random inputs."""
+kernels, the NLL loss into a gather of one score per row and its gradient into pointwise ops that
+fuse with them (``lowering/splits.py``, before the partitioner in training): C kernels instead of
+ATen calls, no log-softmax stored by the forward, and eager's error for a target out of bounds.
+Every case compares with eager on fresh random inputs."""
 
 from __future__ import annotations
 

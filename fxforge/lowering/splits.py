@@ -30,6 +30,7 @@ import torch.fx as fx
 from ..graph import VAL, expr, fake_call, fake_mode_of, inherit_meta, nodes_between
 from ..pipeline import PassResult
 from . import ops  # noqa: F401  (fxforge::nll_targets)
+from .gathers import SinkGathers
 
 aten = torch.ops.aten
 
@@ -233,8 +234,6 @@ def split_joint(gm: fx.GraphModule, splits: tuple[str, ...]) -> dict:
     """Apply the ``BEFORE_PARTITION`` splits among ``splits`` (a backend's) to AOTAutograd's joint
     graph ``gm``, and move gathers up (``SinkGathers``); their nodes take the partitioner's tag
     of the node they replace.  Returns the passes' stats."""
-    from .gathers import SinkGathers
-
     early = tuple(s for s in splits if s in BEFORE_PARTITION)
     if not early:
         return {}
