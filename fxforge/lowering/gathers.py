@@ -101,8 +101,8 @@ class SinkGathers:
     name = "sink_gathers"
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
-        mode = fake_mode_of(gm)
-        work = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.gather.default]
+        work = list(gm.graph.find_nodes(op="call_function", target=aten.gather.default))
+        mode = fake_mode_of(gm) if work else None
         moved = 0
         while work and mode is not None:
             g = work.pop()
