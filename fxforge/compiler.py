@@ -23,10 +23,10 @@ from .copies import graph_copy_bytes
 from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.conv_layout import ConvLayout
-from .lowering.matmul_accumulate import MatmulAccumulate
 from .lowering.crops import LowerCrops
 from .lowering.embedding_grads import AccumulateEmbeddingGrads
 from .lowering.gathers import SinkGathers
+from .lowering.matmul_accumulate import MatmulAccumulate
 from .lowering.permuted_copies import PermutedCopies
 from .lowering.reshaped_cats import CatThroughReshapes
 from .lowering.splits import SplitForFusion
@@ -67,8 +67,8 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind:
         ConvLayout(config.conv_layout),
         *([SplitForFusion(backend.splits)] if backend.splits else []), SinkGathers(),
         *([CatThroughReshapes()] if config.zero_copy else []),
-        *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(), AccumulateEmbeddingGrads(), MatmulAccumulate(),
-        LowerCrops(),
+        *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(),
+        AccumulateEmbeddingGrads(), MatmulAccumulate(), LowerCrops(),
         *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
         *config.passes_at("after_lowering"),
         assign, *config.passes_at("after_assignment"),

@@ -18,6 +18,7 @@ Vocabulary used across fxforge:
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -150,7 +151,7 @@ def fake_mode_of(gm: fx.GraphModule):
     """The FakeTensorMode of the graph's values (placeholders first), or None."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    for n in sorted(gm.graph.nodes, key=lambda n: n.op != "placeholder"):
+    for n in itertools.chain(gm.graph.find_nodes(op="placeholder"), gm.graph.nodes):
         for v in _flatten([n.meta.get(VAL)]):
             if isinstance(v, FakeTensor):
                 return v.fake_mode

@@ -60,30 +60,32 @@ def sink(gm: fx.GraphModule, mode, g: fx.Node) -> list[fx.Node] | None:
         return None
     shape, ishape = [expr(s) for s in fv.shape], [expr(s) for s in iv.shape]
     d = dim % len(shape)
-    before = g.prev
-    gathers: list[fx.Node] = []
-    refused = []
-
-    def moved(a):
-        v = a.meta.get(VAL) if isinstance(a, fx.Node) else None
+    # each tensor operand: "keep" (constant along the gathered dim, the index's size or 1
+    # elsewhere: it broadcasts against the gathered ones), "gather", or "expand" then gather
+    plan = {}
+    for a in f.all_input_nodes:
+        v = a.meta.get(VAL)
         if not isinstance(v, torch.Tensor):
-            return a
+            continue
         have = [sympy.Integer(1)] * (len(shape) - v.dim()) + [expr(s) for s in v.shape]
-        if have != shape:
-            if all(h == 1 or (j != d and h == i) for j, (h, i) in enumerate(zip(have, ishape))):
-                return a  # constant along the gathered dim, the index's size or 1 elsewhere: as it is
-            if free_symbols(fv):
-                refused.append(a)  # (an expand to symbolic sizes would need them as nodes)
-                return a
-            a = fake_call(gm, mode, aten.expand.default, (a, list(fv.shape)))
-        gathers.append(fake_call(gm, mode, aten.gather.default, (a, dim, index)))
-        return gathers[-1]
-
+        if have == shape:
+            plan[a] = "gather"
+        elif all(h == 1 or (j != d and h == i) for j, (h, i) in enumerate(zip(have, ishape))):
+            plan[a] = "keep"
+        elif not free_symbols(fv):
+            plan[a] = "expand"
+        else:
+            return None  # (an expand to symbolic sizes would need them as nodes)
+    before = g.prev
+    made: dict[fx.Node, fx.Node] = {}
     with gm.graph.inserting_before(g):
-        args = fx.node.map_aggregate(f.args, moved)
-        kwargs = fx.node.map_aggregate(f.kwargs, moved)
-        out = None if refused else fake_call(gm, mode, f.target, tuple(args), dict(kwargs))
-    if out is None or out.meta[VAL].dtype != g.meta[VAL].dtype or list(out.meta[VAL].shape) != list(g.meta[VAL].shape):
+        for a, how in plan.items():
+            if how != "keep":
+                x = a if how == "gather" else fake_call(gm, mode, aten.expand.default, (a, list(fv.shape)))
+                made[a] = fake_call(gm, mode, aten.gather.default, (x, dim, index))
+        args, kwargs = fx.node.map_arg((f.args, f.kwargs), lambda a: made.get(a, a))
+        out = fake_call(gm, mode, f.target, tuple(args), dict(kwargs))
+    if out.meta[VAL].dtype != g.meta[VAL].dtype or list(out.meta[VAL].shape) != list(g.meta[VAL].shape):
         for n in reversed(nodes_between(before, g)):  # undo: none of them is used yet
             gm.graph.erase_node(n)
         return None
@@ -92,7 +94,7 @@ def sink(gm: fx.GraphModule, mode, g: fx.Node) -> list[fx.Node] | None:
     gm.graph.erase_node(g)
     if not f.users:
         gm.graph.erase_node(f)
-    return gathers
+    return list(made.values())
 
 
 class SinkGathers:

@@ -90,12 +90,15 @@ class AddRewrite:
         raise NotImplementedError
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
-        mode = fake_mode_of(gm)
+        mode = None
         done = 0
-        for n in list(gm.graph.nodes) if mode is not None else ():
+        for n in list(gm.graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor)):
             found = add_terms(n, self.takes)
             if found is None:
                 continue
+            mode = mode or fake_mode_of(gm)  # (looked up once there is something to rewrite)
+            if mode is None:
+                break
             with gm.graph.inserting_before(n):
                 new = self.fold(gm, mode, n, *found)
             if new is None:

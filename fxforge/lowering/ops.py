@@ -31,7 +31,10 @@ def _nll_targets(target: torch.Tensor, classes: int, ignore_index: int, *, out: 
 
 def _embedding_grad_add(self: torch.Tensor, grad: torch.Tensor, indices: torch.Tensor, padding_idx: int, *,
                         out: torch.Tensor | None = None) -> torch.Tensor:
-    out = self.clone() if out is None else out if out.data_ptr() == self.data_ptr() else out.copy_(self)
+    if out is None:
+        out = self.clone()
+    elif out.data_ptr() != self.data_ptr():  # (the same bytes: the memory plan runs it in place)
+        out.copy_(self)
     rows, index = grad.reshape(-1, grad.shape[-1]), indices.reshape(-1)
     if padding_idx >= 0:
         kept = index != padding_idx

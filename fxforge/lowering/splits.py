@@ -10,7 +10,9 @@ decomposed ops' gradients (many nodes and reductions over leading dims).
 Each split writes the op's value with nodes of the same graph (their fake values computed in the
 graph's fake mode, symbolic sizes kept), and the op's users (its ``getitem`` users, for an op of
 several outputs) read them.  Log-softmax and the two softmax gradients split into row
-reductions and pointwise nodes, which a fusing backend runs as one row kernel.  An inference
+reductions and pointwise nodes, which a fusing backend runs as one row kernel; the NLL loss into
+a gather of one score per row, its gradient into pointwise nodes.  The loss head's splits also
+run on AOTAutograd's joint graph, before it is partitioned (``split_joint``).  An inference
 batch norm splits into per-channel pointwise nodes with the running statistics, which fuse with
 the activation and the residual add after it.  (A training batch norm keeps ATen's kernel: its
 statistics reduce over every dim but the channels, which ATen's batch norm computes in one pass

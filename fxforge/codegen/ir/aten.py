@@ -190,7 +190,8 @@ _reg("bitwise_xor.Tensor bitwise_xor.Scalar", Semantics(("self", "other"), lambd
 _reg("bitwise_not.default", Semantics(("self",), lambda a, kw: v.logical_not(a) if a.dtype == torch.bool
                                       else v.unary("invert", a), dtypes="int"))
 
-_reg("where.self where.ScalarOther where.ScalarSelf", Semantics(("condition", "self", "other"), lambda c, a, b, kw: v.where(c, a, b)))
+_reg("where.self where.ScalarOther where.ScalarSelf",
+     Semantics(("condition", "self", "other"), lambda c, a, b, kw: v.where(c, a, b)))
 # float only: an int tensor filled with a float value would be computed in float (eager casts the value)
 _reg("masked_fill.Scalar masked_fill.Tensor", Semantics(("self", "mask", "value"), lambda a, m, x, kw: v.where(m, x, a),
                                                         dtypes="float"))
