@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fxforge.codegen.api import CodegenBackend, GroupCost, Kernel
-from fxforge.codegen.ir import aten as ir_aten, values as ir
+from fxforge.codegen.ir import aten as ir_aten, stmts as stmts_ir, values as ir
 from fxforge.codegen.ir.emitter import Emitter, Unsupported, node_refusal
 from fxforge.codegen.ir.facts import pointwise_facts
 from fxforge.codegen.ir.printer import IndexPrinter, ValuePrinter
@@ -58,32 +58,25 @@ class NumpyValues(ValuePrinter):
         return f"{fn}({', '.join(a)})" if fn else None  # erf, lgamma...: NumPy has none
 
 
+def _print(stmts, values) -> list[str]:
+    """The walk's statements (``ir/stmts.py``) as NumPy lines: every index an array already."""
+    forms = {stmts_ir.Index: lambda s: f"{s.name} = {values.index(s.expr)}",
+             stmts_ir.Load: lambda s: f"{s.name} = {s.ptr}[{values.index(s.offset)}]",
+             stmts_ir.Let: lambda s: f"{s.name} = {values(s.value)}",
+             stmts_ir.Store: lambda s: f"{s.ptr}[{values.index(s.offset)}] = {values(s.value)}",
+             stmts_ir.Line: lambda s: s.text}
+    return [forms[type(s)](s) for s in stmts]  # (no loops: each row is one array)
+
+
 class NumpyEmitter(Emitter):
     values = NumpyValues()
     SIG_DTYPE = NP
-
-    def index_line(self, name, e):
-        return f"{name} = {self.values.index(e)}"
-
-    def emit_load(self, name, ptr, off, dom, dtype):
-        self.body.append(f"{name} = {ptr}[{self.print_offset(off, dom)}]")
-
-    def emit_assign(self, name, v):
-        self.body.append(f"{name} = {self.values(v)}")
-        return ir.Var(name, v.dtype)
-
-    def print_offset(self, e, dom):
-        return self.values.index(e)
-
-    def store(self, n, index, val, v, dom):
-        ptr, off = self.store_target(n, index, val, dom)
-        self.body.append(f"{ptr}[{self.print_offset(off, dom)}] = {self.values(ir.cast(v, val.dtype))}")
 
     def persistent(self):
         return True  # the whole row in one array
 
     def open_persistent(self):
-        self.body.append(f"rindex = np.arange({self.values.index(self.frame.rnumel)})[None, :]")
+        self.body.append(stmts_ir.Line(f"rindex = np.arange({self.values.index(self.frame.rnumel)})[None, :]"))
 
     def fold(self, r, low, acc_dt, persistent):
         if low.strategy == "arg":
@@ -92,10 +85,10 @@ class NumpyEmitter(Emitter):
         block = f"np.broadcast_to({self.values(ir_aten.element(low, x, acc_dt))}, (xnumel, rnumel))"
         name = self.fresh("acc")
         if low.strategy == "combine":
-            self.body.append(f"{name} = {_FOLD[low.combine]}({block}, axis=1, keepdims=True).astype({NP[acc_dt]})")
+            self.body.append(stmts_ir.Line(f"{name} = {_FOLD[low.combine]}({block}, axis=1, keepdims=True).astype({NP[acc_dt]})"))
             return {"acc": ir.Var(name, acc_dt)}
-        self.body.append(f"{name} = np.mean({block}, axis=1, keepdims=True, dtype={NP[acc_dt]})")
-        self.body.append(f"{name}_m2 = np.sum(({block} - {name}) ** 2, axis=1, keepdims=True, dtype={NP[acc_dt]})")
+        self.body += [stmts_ir.Line(f"{name} = np.mean({block}, axis=1, keepdims=True, dtype={NP[acc_dt]})"),
+                      stmts_ir.Line(f"{name}_m2 = np.sum(({block} - {name}) ** 2, axis=1, keepdims=True, dtype={NP[acc_dt]})")]
         return {"mean": ir.Var(name, acc_dt), "m2": ir.Var(f"{name}_m2", acc_dt)}
 
     def launch(self) -> Kernel:
@@ -106,7 +99,7 @@ class NumpyEmitter(Emitter):
         lines += [f"    xnumel, rnumel = {p(fr.xnumel)}, {p(fr.rnumel)}",
                   f"    xindex = np.arange(xnumel){'[:, None]' if fr.reduction else ''}",
                   "    with np.errstate(all='ignore'):  # eager's IEEE results, without NumPy's warnings"]
-        lines += ["        " + l for l in self.body]
+        lines += ["        " + l for l in _print(self.body, self.values)]
         return Kernel(self.name, "\n".join(lines) + "\n", list(self.args), {"np": np, "_flat": _flat},
                       node_count=len(self.nodes), unique_io_buffers=len(self.storages), launch_args=len(self.params))
 

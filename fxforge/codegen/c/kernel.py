@@ -31,10 +31,11 @@ from ...iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported, _trailing
 from ..ir.aten import REDUCTIONS, Reduction
+from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
 from ..ir.values import Value, Var
 from .ops import CTYPE, SIG_DTYPE
 from . import build
-from .printer import CPrinter, values
+from .printer import CStatements, array_decl, c_index, values
 
 # A column kernel walks down its columns (one cache line per row for each vector of columns), so
 # the data it reduces has to stay in cache: a BERT vocabulary bias gradient (256 x 30,522 floats)
@@ -105,50 +106,22 @@ _SCALAR_CTYPE = {"i64": "int64_t", "i1": "bool", "fp32": "float"}
 
 
 @functools.lru_cache(maxsize=4096)
-def _nest_lines(loops: tuple[tuple[str, sympy.Expr], ...], index: str, order: tuple[int, ...] | None = None
-                ) -> tuple[str, ...]:
-    """``CEmitter.open_nest``'s lines, a function of the loops alone: the same nests recur in
-    every kernel a fusion pass probes (printing them is most of a probe's text).  ``order``: the
-    positions of ``loops`` from outermost to innermost (None: as listed); the flat index is
-    row-major over ``loops`` as listed, whatever the order."""
-    p = CPrinter()
-    lines = [f"for (int64_t {v} = 0; {v} < {p(s)}; {v}++)"
-             for v, s in (loops if order is None else [loops[i] for i in order])]
+def flat_index(loops: tuple[tuple[str, sympy.Expr], ...]) -> sympy.Expr:
+    """The row-major flat index over the loop variables of ``loops`` (their sizes)."""
     flat, inner = sympy.Integer(0), sympy.Integer(1)
     for v, s in reversed(loops):
         flat, inner = flat + sympy.Symbol(v, integer=True, nonnegative=True) * inner, inner * s
-    return (*lines, "{", f"    const int64_t {index} = {p(flat)};")
+    return flat
 
 
-def parallel_outer(lines: list[str], loops: int, condition: str | None) -> list[str]:
-    """Loop lines with their first ``loops`` (perfectly nested) ``for`` loops split across threads:
-    an ``omp parallel for`` pragma before the first, ``collapse`` over them all, ``if`` the
-    ``condition`` holds (None: always).  An ``omp simd`` loop split alone becomes one ``parallel
-    for simd`` loop.  Each element or row is still computed by one thread, in one order: the
-    results do not depend on the thread count."""
-    at = min(i for i, l in enumerate(lines) if l.lstrip().startswith("for "))
-    clauses = (f" collapse({loops})" if loops > 1 else "") + (f" if({condition})" if condition else "")
-    if at > 0 and lines[at - 1].strip() == "#pragma omp simd":
-        return _pragma_before(lines[:at - 1] + lines[at:], at - 1, f"parallel for simd{clauses}")
-    return _pragma_before(lines, at, f"parallel for{clauses}")
-
-
-def simd_innermost(lines: list[str], clauses: str = "") -> list[str]:
-    """Loop lines (``for`` lines and what follows them) with an ``omp simd`` pragma before the
-    innermost ``for``: its iterations are independent but for the reductions in ``clauses``.
-    The compiler then vectorizes it without checking at run time that the kernel's pointers do
-    not overlap: past ten such checks it leaves a loop scalar, and a fused kernel of a dozen
-    tensors needs more."""
-    at = max((i for i, l in enumerate(lines) if l.lstrip().startswith("for ")), default=None)
-    if at is None:  # no loop: one element
-        return lines
-    return _pragma_before(lines, at, f"simd {clauses}".rstrip())
-
-
-def _pragma_before(lines: list[str], at: int, omp: str) -> list[str]:
-    """``lines`` with ``#pragma omp <omp>`` before line ``at`` (a ``for``), at its indent."""
-    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
-    return lines[:at] + [f"{indent}#pragma omp {omp}"] + lines[at:]
+def split(nest: Nest, loops: int, condition) -> Nest:
+    """``nest`` with its first ``loops`` loops split across threads under ``condition``
+    (``CEmitter.parallel_condition``: True always, (work, least) when ``work >= least``, None
+    never).  Each element or row is still computed by one thread, in one order: the results do
+    not depend on the thread count."""
+    if condition is not None and loops:
+        nest.parallel, nest.parallel_if = loops, (None if condition is True else condition)
+    return nest
 
 
 @dataclass
@@ -218,18 +191,20 @@ class Scratch:
         self.stack = 0
         self.heap = 0
 
-    def array(self, ctype: str, name: str, dims: tuple[int, ...], itemsize: int) -> str:
-        """The declaration of array ``name``: ``ctype name[d0][d1]...``, or a pointer into the heap block."""
+    def alloc(self, ctype: str, name: str, dims: tuple[int, ...], itemsize: int) -> Array:
+        """Array ``name``: ``ctype name[d0][d1]...`` on the stack, or in the heap block."""
         size = itemsize
         for d in dims:
             size *= d
         if self.stack + size <= STACK_MAX_BYTES:
             self.stack += size
-            return f"{ctype} {name}{''.join(f'[{d}]' for d in dims)};"
+            return Array(name, ctype, tuple(dims))
         at, self.heap = self.heap, self.heap + (size + 63) // 64 * 64
-        inner = "".join(f"[{d}]" for d in dims[1:])
-        return f"{ctype} (*{name}){inner} = ({ctype} (*){inner})(fx_heap + {at});" if inner else \
-            f"{ctype}* {name} = ({ctype}*)(fx_heap + {at});"
+        return Array(name, ctype, tuple(dims), heap_at=at)
+
+    def array(self, ctype: str, name: str, dims: tuple[int, ...], itemsize: int) -> str:
+        """``alloc``'s declaration as a C line."""
+        return array_decl(self.alloc(ctype, name, dims, itemsize))
 
 
 def c_function(params: list[Param], body: list[str], heap: int = 0) -> tuple[str, list[str]]:
@@ -284,16 +259,13 @@ class CEmitter(Emitter):
         self.loop_order: tuple[int, ...] | None = None  # the order their loops nest in (``memory_order``)
         self.rvars: list[tuple[str, sympy.Expr]] = []
         self.columns = False  # the rows are columns (the last dim kept): see fold_columns
-        self.hoisted: list[str] | None = None  # inside a fold's loop: the lines before it (``load``)
-        self.loop_defined: set[str] = set()  # inside a fold's loop: the index locals it defines
-        self.last_offset: sympy.Expr = sympy.Integer(0)  # the offset of the last load emitted
+        self.hoisted: list[Stmt] | None = None  # inside a fold's loop: the statements before it (``load``)
         self.column_accs: dict[tuple, dict[str, Var]] = {}
         self.row_cache: dict[fx.Node, Var | None] = {}  # reduction input -> its row array (None: not yet made)
-        self.fold_span: tuple[int, int] | None = None  # a column kernel's fold loop: its lines in body
+        self.fold_nest: Nest | None = None  # a column kernel's fold loop (``fold_columns``)
         # a column kernel walking its rows in order (``columns_by_rows``): accumulator array -> its
-        # dtype and the line setting its element to the identity
-        self.by_rows: dict[str, tuple[torch.dtype, str]] | None = None
-        self.stores: set[int] = set()  # the lines of body storing a value (outside the folds' loops)
+        # dtype and the statement setting its element to the identity
+        self.by_rows: dict[str, tuple[torch.dtype, Set]] | None = None
         self.tile_axes: tuple[str, int, str, int] | None = None  # the rows' loop and size, the elements' (TILE_ROWS)
         self.tiles: dict[tuple, str] = {}  # (pointer, offset of the block's first row, stride, stored) -> tile
         self.value_names: list[tuple[str, str]] = []  # (local, the node whose value it holds)
@@ -369,31 +341,26 @@ class CEmitter(Emitter):
             self.tiles[key] = f"tile{len(self.tiles)}"
         return f"{self.tiles[key]}[{a} - xb][{b}]"
 
-    def tiled_nest(self, head: list[str], condition: str | None) -> tuple[list[str], list[str]]:
-        """The loop nest ``head`` (``open_nest``) with its rows' loop run ``TILE_ROWS`` rows at a
-        time: the lines opening it (each block's tiles read before its rows) and those closing
-        it (the stored tiles written back after them); the blocks, and the loops around them,
-        split across threads under ``condition`` (``parallel_condition``)."""
+    def tiled_nest(self, top: Nest, condition) -> Nest:
+        """The kernel's nest ``top`` (``open_nest``, its body the kernel's) with its rows' loop
+        run ``TILE_ROWS`` rows at a time: each block's tiles read before its rows, the stored
+        tiles written back after them; the blocks, and the loops around them, split across
+        threads under ``condition`` (``parallel_condition``)."""
         a, rows, b, n = self.tile_axes
         at = [v for v, _ in self.xvars].index(a)
-        fors, inner = head[:len(self.xvars)], head[len(self.xvars):]
-        block = [block_rows("xb", rows, TILE_ROWS)]
-        after = []
+        block: list[Stmt] = [Line(block_rows("xb", rows, TILE_ROWS))]
+        after: list[Stmt] = []
         for (ptr, first, step, stored), tile in self.tiles.items():
-            block.append(self.scratch.array("float", tile, (TILE_ROWS, n), 4))
-            at_first = f"{ptr} + {CPrinter()(first)}"
+            block.append(self.scratch.alloc("float", tile, (TILE_ROWS, n), 4))
+            at_first = f"{ptr} + {c_index(first)}"
             if stored:
-                after.append(f"fx_tile_out8({at_first}, {step}, &{tile}[0][0], {n}, {n}, nb);")
+                after.append(Line(f"fx_tile_out8({at_first}, {step}, &{tile}[0][0], {n}, {n}, nb);"))
             else:
-                block.append(f"fx_tile_in8(&{tile}[0][0], {n}, {at_first}, {step}, {n}, nb);")
-        loops = [f"for (int64_t {a} = xb; {a} < xb + nb; {a}++)"] + fors[at + 1:]
-        if not self.frame.reduction:
-            loops = simd_innermost(loops)
-        opened = fors[:at] + [f"for (int64_t xb = 0; xb < {rows}; xb += {TILE_ROWS})", "{"] + [
-            "    " + l for l in block + loops + inner]
-        if condition is not None:
-            opened = parallel_outer(opened, at + 1, condition or None)
-        return opened, ["    " + l for l in after] + ["}"]
+                block.append(Line(f"fx_tile_in8(&{tile}[0][0], {n}, {at_first}, {step}, {n}, nb);"))
+        rows_loop = Nest([Loop(a, "xb + nb", "xb")] + top.loops[at + 1:], top.body,
+                         simd=None if self.frame.reduction else ())
+        return split(Nest(top.loops[:at] + [Loop("xb", rows, 0, TILE_ROWS)], block + [rows_loop] + after),
+                     at + 1, condition)
 
     def nest(self, shape: list[sympy.Expr], index: sympy.Symbol, prefix: str) -> list[tuple[str, sympy.Expr]]:
         """Loop variables over ``shape`` (size-1 dims have none): they are the coordinates of
@@ -412,9 +379,12 @@ class CEmitter(Emitter):
         return loops
 
     def open_nest(self, loops: list[tuple[str, sympy.Expr]], index: str, order: tuple[int, ...] | None = None
-                  ) -> list[str]:
-        """The ``for`` lines of a nest (in ``order``, ``_nest_lines``) and the flat index they stand for."""
-        return list(_nest_lines(tuple(loops), index, order))
+                  ) -> Nest:
+        """A nest of ``loops`` (variables and sizes, nested in ``order``: positions from outermost
+        to innermost, None as listed) whose body starts by binding ``index`` to the row-major
+        flat index they stand for (over ``loops`` as listed, whatever the order)."""
+        nested = loops if order is None else [loops[i] for i in order]
+        return Nest([Loop(v, size) for v, size in nested], [Index(index, flat_index(tuple(loops)))])
 
     def memory_order(self, sizes: list[sympy.Expr]) -> tuple[int, ...] | None:
         """A pointwise kernel's loops from outermost to innermost in the memory order of its first
@@ -456,22 +426,21 @@ class CEmitter(Emitter):
     def check_int64(self, vals) -> None:
         pass  # every C index is int64_t: no narrower choice to rule out
 
-    def loop(self, body, independent: bool = False, simd: str = "") -> int:
-        """Emit ``body()`` inside the loops over a row's reduced dims, in its own scope.
-        ``simd``: the clauses of an ``omp simd`` pragma on the innermost loop (a fold's
-        accumulators: the compiler may then sum in vector lanes, as eager's kernels do);
-        ``independent`` loops get the pragma without clauses (``simd_innermost``)."""
-        head = self.open_nest(self.rvars, RINDEX)
-        if (simd or independent) and self.rvars:
-            head = simd_innermost(head, simd)
-        self.hoisted, self.body = self.body, [head[-1].strip()]  # loads of row values go before the loop
-        self.loop_defined = set()
+    def loop(self, body, independent: bool = False, simd: tuple[tuple[str, str], ...] = ()) -> Nest:
+        """Emit ``body()`` inside the loops over a row's reduced dims, in its own scope: the nest,
+        at the end of body.  ``simd``: the reductions of a fold's accumulators (operator,
+        accumulator) its innermost loop combines in vector lanes (as eager's kernels sum);
+        ``independent`` loops are vectorized without reductions."""
+        nest = self.open_nest(self.rvars, RINDEX)
+        if simd or independent:
+            nest.simd = simd
+        self.hoisted, self.body = self.body, nest.body  # loads of row values go before the loop
         self.scopes.append({})
         body()
         self.scopes.pop()
-        inner, self.body, self.hoisted = self.body, self.hoisted, None
-        self.body += head[:-1] + ["    " + l for l in inner] + ["}"]
-        return len(head) + len(inner)  # the lines of the loop, at the end of body
+        self.body, self.hoisted = self.hoisted, None
+        self.body.append(nest)
+        return nest
 
     def operand(self, a, shape: tuple, dom: str) -> Value:
         if isinstance(a, fx.Node) and a in self.row_cache and dom == "xr" and shape == shape_of(a.meta[VAL]):
@@ -498,8 +467,8 @@ class CEmitter(Emitter):
             if self.row_cache[a] is not None:  # computing it made the row (an operand read through ``value``)
                 return self.remember(("row", a), v)
             row = self.row_cache[a] = Var(self.fresh("row"), v.dtype)
-            self.hoisted.append(self.scratch.array(CTYPE[v.dtype], row.name, (int(self.frame.rnumel),), v.dtype.itemsize))
-            self.body.append(f"{row.name}[{RINDEX}] = {self.values(v)};")
+            self.hoisted.append(self.scratch.alloc(CTYPE[v.dtype], row.name, (int(self.frame.rnumel),), v.dtype.itemsize))
+            self.body.append(Set(f"{row.name}[{RINDEX}]", v))
         else:
             v = self.emit_assign(self.fresh("c"), Var(f"{row.name}[{RINDEX}]", row.dtype))
         return self.remember(("row", a), v)
@@ -513,10 +482,12 @@ class CEmitter(Emitter):
         before = len(self.body)
         v = super().load(a, shape, dom)
         new = self.body[before:]
-        if len(new) == 1:  # the load alone (no index local made for it): hoisted if its offset
-            # neither varies with the reduced index nor reads a local the loop defines
-            off = self.last_offset
-            if RINDEX not in self.deps_of(off) and not {s.name for s in off.free_symbols} & self.loop_defined:
+        if len(new) == 1 and isinstance(new[0], Load):  # the load alone (no index local made for
+            # it): hoisted if its offset neither varies with the reduced index nor reads a local
+            # the loop defines
+            off = new[0].offset
+            defined = {s.name for s in self.body if isinstance(s, Index)}
+            if RINDEX not in self.deps_of(off) and not {s.name for s in off.free_symbols} & defined:
                 self.hoisted.append(self.body.pop())
                 self.scopes[-2][("load", a, shape, dom)] = v
         return v
@@ -530,11 +501,6 @@ class CEmitter(Emitter):
         self.value_names.append((f"v{len(self.value_names)}", n.name))
         return self.value_names[-1][0]
 
-    def index_line(self, name: str, e: sympy.Expr) -> str:
-        if self.hoisted is not None:
-            self.loop_defined.add(name)
-        return f"const int64_t {name} = {CPrinter()(e)};"
-
     def index_bound(self, sym: sympy.Symbol) -> int | None:
         """Loop variables run over their sizes, xindex and rindex over the row and reduced counts
         (every C loop stays in range): static sizes only."""
@@ -545,24 +511,12 @@ class CEmitter(Emitter):
         size = sympy.sympify(size) if size is not None else None
         return int(size) if size is not None and size.is_Integer else None
 
-    def print_offset(self, e: sympy.Expr, dom: str) -> str:
-        return CPrinter()(e)
-
     def emit_load(self, name: str, ptr: str, off: sympy.Expr, dom: str, dtype: torch.dtype) -> None:
-        self.last_offset = off
-        at = self.tiled(ptr, off, dtype, stored=False) or f"{ptr}[{self.print_offset(off, dom)}]"
-        self.body.append(f"const {CTYPE[dtype]} {name} = {at};")
-
-    def emit_assign(self, name: str, v: Value) -> Var:
-        self.body.append(f"const {CTYPE[v.dtype]} {name} = {self.values(v)};")
-        return Var(name, v.dtype)
+        self.body.append(Load(name, ptr, off, dtype, dom, at=self.tiled(ptr, off, dtype, stored=False)))
 
     def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
         ptr, off = self.store_target(n, index, val, dom)
-        at = self.tiled(ptr, off, val.dtype, stored=True) or f"{ptr}[{self.print_offset(off, dom)}]"
-        if self.hoisted is None:  # (in a fold's loop, body is the loop's own list)
-            self.stores.add(len(self.body))
-        self.body.append(f"{at} = {self.values(ir.cast(v, val.dtype))};")
+        self.body.append(Store(ptr, off, ir.cast(v, val.dtype), dom, at=self.tiled(ptr, off, val.dtype, stored=True)))
 
     # ---------------------------------------------------------------- reductions
 
@@ -578,27 +532,27 @@ class CEmitter(Emitter):
     def combine(self, low: Reduction, acc_dt: torch.dtype, acc: str, nan: str | None, element: Value) -> None:
         """Fold ``element`` into ``acc`` (max/min: the vectorizable compare, NaN tracked in ``nan``)."""
         if nan is None:
-            self.body.append(f"{acc} = {self.values(ir_aten.combine(low, Var(acc, acc_dt), element))};")
+            self.body.append(Set(acc, ir_aten.combine(low, Var(acc, acc_dt), element)))
             return
-        v = self.emit_assign(self.fresh("e"), element).name
-        cmp = ">" if low.combine == "max_nan" else "<"
-        self.body.append(f"{acc} = {v} {cmp} {acc} ? {v} : {acc};")
-        self.body.append(f"{nan} |= {v} != {v};")
+        e, a = self.emit_assign(self.fresh("e"), element), Var(acc, acc_dt)
+        self.body.append(Set(acc, ir.where(ir.compare("gt" if low.combine == "max_nan" else "lt", e, a), e, a)))
+        self.body.append(Set(nan, ir.isnan(e), op="|"))
 
     def open_fold(self, low: Reduction, acc_dt: torch.dtype, track_nan: bool = True) -> tuple[str, str | None]:
         """Declare a combine fold's accumulator (and, for max/min in an ``omp simd`` reduction,
         its NaN flag: the reduction clause needs the plain compare): their names."""
         acc = self.fresh("acc")
-        self.body.append(f"{CTYPE[acc_dt]} {acc} = {self.values(ir_aten.identity(low, acc_dt))};")
+        self.body.append(Let(acc, ir_aten.identity(low, acc_dt), acc_dt, mutable=True))
         if not track_nan or low.combine not in ("max_nan", "min_nan"):
             return acc, None
         nan = self.fresh("nan")
-        self.body.append(f"int {nan} = 0;")
+        self.body.append(Let(nan, ir.Const(0, torch.int32), torch.int32, mutable=True))
         return acc, nan
 
     def close_fold(self, acc: str, nan: str | None, acc_dt: torch.dtype) -> None:
         if nan is not None and acc_dt.is_floating_point:
-            self.body.append(f"{acc} = {nan} ? NAN : {acc};")  # NaN wins, as in eager
+            nan_seen = ir.cast(Var(nan, torch.int32), torch.bool)  # NaN wins, as in eager
+            self.body.append(Set(acc, ir.where(nan_seen, ir.Const(math.nan, acc_dt), Var(acc, acc_dt))))
 
     def fold_columns(self) -> None:
         """Every fold of a column kernel (the last dim kept: sums over the batch, a bias's
@@ -633,7 +587,7 @@ class CEmitter(Emitter):
                 self.column_accs[key] = {"acc": Var(acc, acc_dt)}
             else:
                 acc = self.fresh("acc")
-                self.by_rows[acc] = (acc_dt, f"{acc}[{XINDEX}] = {self.values(ir_aten.identity(low, acc_dt))};")
+                self.by_rows[acc] = (acc_dt, Set(f"{acc}[{XINDEX}]", ir_aten.identity(low, acc_dt)))
                 self.column_accs[key] = {"acc": Var(f"{acc}[{XINDEX}]", acc_dt)}
             folds.append((r, low, acc_dt, self.column_accs[key]["acc"].name))
         full = self.full_outputs()
@@ -644,8 +598,7 @@ class CEmitter(Emitter):
             for n in full:
                 self.store(n, None, n.meta[VAL], self.value(n), "xr")
 
-        n = self.loop(one_pass)
-        self.fold_span = (len(self.body) - n, len(self.body))
+        self.fold_nest = self.loop(one_pass)
 
     def store_full(self, full: list[fx.Node], persistent: bool) -> None:
         if not self.columns:  # a column kernel stored them in its fold loop
@@ -658,7 +611,6 @@ class CEmitter(Emitter):
             if not self.column_accs:
                 self.fold_columns()
             return self.column_accs[(r.inp, r.kind, tuple(r.dims))]
-        ct = CTYPE[acc_dt]
 
         def element() -> Value:
             return self.element(r, low, acc_dt)
@@ -667,66 +619,62 @@ class CEmitter(Emitter):
             acc, nan = self.open_fold(low, acc_dt)
             if nan is not None:
                 op = "max" if low.combine == "max_nan" else "min"
-                self.loop(lambda: self.combine(low, acc_dt, acc, nan, element()),
-                          simd=f"reduction({op}:{acc}) reduction(|:{nan})")
+                self.loop(lambda: self.combine(low, acc_dt, acc, nan, element()), simd=((op, acc), ("|", nan)))
             else:
                 red = "+" if low.combine == "add" else "*"
-                self.loop(lambda: self.combine(low, acc_dt, acc, None, element()), simd=f"reduction({red}:{acc})")
+                self.loop(lambda: self.combine(low, acc_dt, acc, None, element()), simd=((red, acc),))
             self.close_fold(acc, nan, acc_dt)
             return {"acc": Var(acc, acc_dt)}
         total, mean, m2 = self.fresh("sum"), self.fresh("mean"), self.fresh("m2")
-        self.body.append(f"{ct} {total} = 0;")
-        self.loop(lambda: self.body.append(f"{total} = {self.values(ir.add(Var(total, acc_dt), element()))};"),
-                  simd=f"reduction(+:{total})")
-        self.body.append(f"const {ct} {mean} = "
-                         f"{self.values(ir.truediv(Var(total, acc_dt), ir_aten.count(self.frame.rnumel, acc_dt)))};")
-        self.body.append(f"{ct} {m2} = 0;")
+        self.body.append(Let(total, ir.Const(0.0, acc_dt), acc_dt, mutable=True))
+        self.loop(lambda: self.body.append(Set(total, ir.add(Var(total, acc_dt), element()))), simd=(("+", total),))
+        self.body.append(Let(mean, ir.truediv(Var(total, acc_dt), ir_aten.count(self.frame.rnumel, acc_dt)), acc_dt))
+        self.body.append(Let(m2, ir.Const(0.0, acc_dt), acc_dt, mutable=True))
 
         def deviation():
             d = self.emit_assign(self.fresh("d"), ir.sub(element(), Var(mean, acc_dt)))
-            self.body.append(f"{m2} = {m2} + {d.name} * {d.name};")
+            self.body.append(Set(m2, ir.add(Var(m2, acc_dt), ir.mul(d, d))))
 
-        self.loop(deviation, simd=f"reduction(+:{m2})")
+        self.loop(deviation, simd=(("+", m2),))
         return {"mean": Var(mean, acc_dt), "m2": Var(m2, acc_dt)}
 
-    def columns_by_rows(self, head: list[str], condition: str | None) -> list[str] | None:
+    def columns_by_rows(self, top: Nest, condition) -> list[Stmt] | None:
         """A column kernel's body walking the rows in order (``COLUMNS_BY_ROWS_MIN``), or None.
 
-        The body emitted for the walk down each column -- per column: its definitions and
+        The body the walk down each column built -- per column: its definitions and
         accumulators, the fold loop over the rows, then what follows from the folds -- becomes
-        three loop nests: the accumulators (one array element per column) set, then for each
-        row the columns (the vectorized loop) with their definitions and the fold loop's body,
-        then per column its definitions and what follows.  Each column still folds its rows in
-        order: the same sums.  Under ``condition`` (``parallel_condition``) the outermost kept
-        loop is cut into blocks of columns (``column_blocks``), one thread a block: each walks
-        every row's columns of its block, the same sums at any thread count."""
-        if not self.by_rows or self.fold_span is None:  # (decided by fold_columns: COLUMNS_BY_ROWS_MIN...)
+        three nests of the columns' loops (``top``): the accumulators (one array element per
+        column) set, then for each row the columns (the vectorized loop) with their definitions
+        and the fold loop's body, then per column its definitions and what follows.  Each column
+        still folds its rows in order: the same sums.  Under ``condition``
+        (``parallel_condition``) the outermost kept loop is cut into blocks of columns
+        (``column_blocks``), one thread a block: each walks every row's columns of its block,
+        the same sums at any thread count."""
+        if not self.by_rows or self.fold_nest is None:  # (decided by fold_columns: COLUMNS_BY_ROWS_MIN...)
             return None
-        start, end = self.fold_span
-        pre, fold, post = self.body[:start], self.body[start:end], self.body[end:]
+        at = next(i for i, st in enumerate(self.body) if st is self.fold_nest)
+        pre, post = self.body[:at], self.body[at + 1:]
         # what the columns' loops before the fold define (coordinates, hoisted reads), without the
         # stores of row values: those are made once, after the fold
-        defs = [l for i, l in enumerate(pre) if i not in self.stores]
+        defs = [st for st in pre if not isinstance(st, Store)]
         blocks = self.column_blocks() if condition is not None else None
+        loops = top.loops
         if blocks is not None:  # the outermost kept loop over the block's columns alone
             var, size, block = blocks
-            at = next(i for i, l in enumerate(head) if l.lstrip().startswith("for "))
-            head = head[:at] + [f"for (int64_t {var} = xb; {var} < xb + nb; {var}++)"] + head[at + 1:]
+            loops = [Loop(var, "xb + nb", "xb")] + loops[1:]
 
-        def nest(lines: list[str]) -> list[str]:
-            return head + ["    " + l for l in lines] + ["}"]
+        def nest(stmts: list[Stmt]) -> Nest:
+            return Nest(loops, top.body + stmts, simd=top.simd)
 
         columns = int(self.frame.xnumel)
-        opened = fold.index("{") + 1  # the fold loop: its for lines and brace, its body, its brace
-        out = [self.scratch.array(CTYPE[dt], a, (columns,), dt.itemsize) for a, (dt, _) in self.by_rows.items()]
-        walk = nest([init for _, init in self.by_rows.values()])  # acc[xindex] = identity;
-        body = [l[4:] if l.startswith("    ") else l for l in fold[opened:-1]]
-        walk += fold[:opened] + ["    " + l for l in nest(defs + body)] + ["}"]
-        walk += nest(pre + post)
+        out = [self.scratch.alloc(CTYPE[dt], a, (columns,), dt.itemsize) for a, (dt, _) in self.by_rows.items()]
+        walk = [nest([init for _, init in self.by_rows.values()]),  # acc[xindex] = identity;
+                Nest(self.fold_nest.loops, [nest(defs + self.fold_nest.body)]),
+                nest(pre + post)]
         if blocks is None:
             return out + walk
-        loop = parallel_outer([f"for (int64_t xb = 0; xb < {size}; xb += {block})"], 1, condition or None)
-        return out + loop + ["{", "    " + block_rows("xb", size, block)] + ["    " + l for l in walk] + ["}"]
+        return out + [split(Nest([Loop("xb", size, 0, block)], [Line(block_rows("xb", size, block))] + walk),
+                            1, condition)]
 
     def column_blocks(self) -> tuple[str, int, int] | None:
         """How a column kernel walking its rows (``columns_by_rows``) cuts its outermost kept loop
@@ -751,43 +699,41 @@ class CEmitter(Emitter):
         """The node-elements the kernel computes: the elements it iterates times its nodes, plus one."""
         return sympy.expand(self.frame.xnumel * self.frame.rnumel * (len(self.nodes) + 1))
 
-    def parallel_condition(self, work: sympy.Expr) -> str | None:
+    def parallel_condition(self, work: sympy.Expr):
         """When the kernel's outer loops are split across threads (``parallel_min_work`` at the
-        thread count it is built for; ``work``: ``self.work()``): ``""`` always, a C condition on
-        its sizes where they are symbolic, None never."""
+        thread count it is built for; ``work``: ``self.work()``): True always, (its work, the
+        least work) where it is symbolic (split when ``work >= least``), None never."""
         least = parallel_min_work(self.threads)
         if self.scratch.heap or least is None:
             return None  # (one heap block a call, shared: the arrays in it are per row)
         if work.is_Integer:
-            return "" if int(work) >= least else None
-        return f"{CPrinter()(work)} >= {least}"
+            return True if int(work) >= least else None
+        return work, least
 
     def launch(self) -> CEmitted:
-        head = self.open_nest(self.xvars, XINDEX, self.loop_order)
+        top = self.open_nest(self.xvars, XINDEX, self.loop_order)
         # each lane of the vectorized kept loop folds a column; a pointwise kernel's elements are
         # independent (a tiled nest marks its own innermost loop, ``tiled_nest``)
         if self.columns or (not self.frame.reduction and not self.tiles):
-            head = simd_innermost(head)
+            top.simd = ()
         if self.frame.reduction and not self.rvars:  # rows of one element: (xindex, 0) is every element
-            head.append("    const int64_t rindex = 0;")
+            top.body.append(Index(RINDEX, sympy.Integer(0)))
         work = self.work()
         condition = self.parallel_condition(work)
-        by_rows = self.columns_by_rows(head, condition)
-        # the threads share the rows (a row kernel), or every loop but the vectorized innermost one
-        # (that one alone: its elements); a column kernel walking its rows in order, blocks of
-        # its columns (``columns_by_rows``)
-        n = len(self.xvars)
-        outer = n if self.frame.reduction and not self.columns else max(n - 1, min(n, 1))
-        if condition is not None and outer and by_rows is None and not self.tiles:
-            head = parallel_outer(head, outer, condition or None)
+        by_rows = self.columns_by_rows(top, condition)
         if by_rows is not None:
-            body = ["    " + l for l in by_rows]
+            stmts = by_rows
         elif self.tiles:
-            opened, closed = self.tiled_nest(head, condition)
-            body = ["    " + l for l in opened] + ["            " + l for l in self.body] + ["        }"] + [
-                "    " + l for l in closed]
+            top.body += self.body
+            stmts = [self.tiled_nest(top, condition)]
         else:
-            body = ["    " + l for l in head] + ["        " + l for l in self.body] + ["    }"]
+            # the threads share the rows (a row kernel), or every loop but the vectorized innermost
+            # one (that one alone: its elements)
+            n = len(self.xvars)
+            outer = n if self.frame.reduction and not self.columns else max(n - 1, min(n, 1))
+            top.body += self.body
+            stmts = [split(top, outer, condition)]
+        body = CStatements(self.values).lines(stmts, "    ")
         symbol, lines = c_function(self.params, body, self.scratch.heap)
         head = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "
                 "helpers: fxforge/codegen/c/prelude.py)"]

@@ -1,4 +1,4 @@
-"""Index expressions and kernel values (``codegen/ir``) as C.
+"""Index expressions, kernel values and statements (``codegen/ir``) as C.
 
 Indices are ``int64_t`` arithmetic with Python floor semantics (a sign correction where an
 operand may be negative).  Values compute like eager: float32 constants are ``f``-suffixed (the
@@ -12,6 +12,14 @@ nearest float32), integer bitwise results are narrowed back to their type.  Floa
 
 What C lacks here (a float function without a vector version, integer division...) is refused:
 those nodes run as ATen's vector kernels.
+
+Statements (``CStatements``): index locals are ``const int64_t``, loads, lets and stores one line
+each; a nest is its ``for`` lines around one braced body, with an ``omp simd`` pragma on its
+innermost loop where the walk marked it (the compiler then vectorizes it without checking at
+run time that the kernel's pointers do not overlap: past ten such checks it leaves a loop
+scalar, and a fused kernel of a dozen tensors needs more) and an ``omp parallel for`` on its
+outer loops where they are split across threads (``collapse`` over several, ``if`` a condition
+on symbolic sizes); each element or row is still computed by one thread, in one order.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from __future__ import annotations
 import functools
 import math
 
+import sympy
 import torch
 
 from ..ir.printer import IndexPrinter, ValuePrinter
+from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
 from ..ir.values import Const, Op
 from .ops import CTYPE
 
@@ -132,3 +142,77 @@ class CValues(ValuePrinter):
 def values(vector_math: frozenset[str]) -> CValues:
     """The printer for a machine whose C library computes ``vector_math`` on vectors."""
     return CValues(vector_math)
+
+
+@functools.lru_cache(maxsize=8192)
+def c_index(e: sympy.Expr) -> str:
+    """An index expression as C (``CPrinter``): the same few recur in every kernel."""
+    return CPrinter()(e)
+
+
+def _bound(x) -> str:
+    return x if isinstance(x, str) else c_index(sympy.sympify(x))
+
+
+def for_line(loop: Loop) -> str:
+    v = loop.var
+    step = f"{v}++" if loop.step == 1 else f"{v} += {loop.step}"
+    return f"for (int64_t {v} = {_bound(loop.start)}; {v} < {_bound(loop.stop)}; {step})"
+
+
+def array_decl(a: Array) -> str:
+    """``ctype name[d0][d1]...`` on the stack, or a pointer into the kernel's heap block ``fx_heap``."""
+    if a.heap_at is None:
+        return f"{a.ctype} {a.name}{''.join(f'[{d}]' for d in a.dims)};"
+    inner = "".join(f"[{d}]" for d in a.dims[1:])
+    return f"{a.ctype} (*{a.name}){inner} = ({a.ctype} (*){inner})(fx_heap + {a.heap_at});" if inner else \
+        f"{a.ctype}* {a.name} = ({a.ctype}*)(fx_heap + {a.heap_at});"
+
+
+class CStatements:
+    """Kernel statements (``ir/stmts.py``) as C lines (module docstring), values by ``values``."""
+
+    def __init__(self, values: CValues):
+        self.values = values
+
+    def lines(self, stmts: list[Stmt], indent: str = "") -> list[str]:
+        out: list[str] = []
+        for s in stmts:
+            if isinstance(s, Nest):
+                out += self.nest(s, indent)
+            else:
+                out.append(indent + self.line(s))
+        return out
+
+    def line(self, s: Stmt) -> str:
+        if isinstance(s, Index):
+            return f"const int64_t {s.name} = {c_index(s.expr)};"
+        if isinstance(s, Load):
+            return f"const {CTYPE[s.dtype]} {s.name} = {s.at or f'{s.ptr}[{c_index(s.offset)}]'};"
+        if isinstance(s, Store):
+            return f"{s.at or f'{s.ptr}[{c_index(s.offset)}]'} = {self.values(s.value)};"
+        if isinstance(s, Let):
+            return f"{'' if s.mutable else 'const '}{CTYPE[s.dtype]} {s.name} = {self.values(s.value)};"
+        if isinstance(s, Set):
+            return f"{s.target} {s.op}= {self.values(s.value)};"
+        if isinstance(s, Array):
+            return array_decl(s)
+        if isinstance(s, Line):
+            return s.text
+        raise TypeError(f"not a kernel statement: {s!r}")
+
+    def nest(self, s: Nest, indent: str) -> list[str]:
+        fors = [for_line(l) for l in s.loops]
+        pragmas: dict[int, str] = {}
+        if fors and s.simd is not None:
+            pragmas[len(fors) - 1] = " ".join(["simd"] + [f"reduction({op}:{acc})" for op, acc in s.simd])
+        if fors and s.parallel:
+            clauses = (f" collapse({s.parallel})" if s.parallel > 1 else "") + (
+                f" if({c_index(s.parallel_if[0])} >= {s.parallel_if[1]})" if s.parallel_if else "")
+            pragmas[0] = f"parallel for {pragmas[0]}{clauses}" if 0 in pragmas else f"parallel for{clauses}"
+        out = []
+        for i, f in enumerate(fors):
+            if i in pragmas:
+                out.append(f"{indent}#pragma omp {pragmas[i]}")
+            out.append(indent + f)
+        return out + [indent + "{"] + self.lines(s.body, indent + "    ") + [indent + "}"]

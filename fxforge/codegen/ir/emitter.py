@@ -6,10 +6,11 @@ reduced ones), its parameters (tensors, symbolic sizes read off them at launch, 
 index math (coordinates of the flat indices, each tensor read or written at ``sum(coord *
 stride)`` with its own strides, exact divisions folded, ``indexing.py``) and each member's value
 (``codegen/ir``: what an op computes is written there once), in one walk over the members in
-schedule order.  What the text looks like is a language's: its kernel module subclasses
-``Emitter`` and writes the hooks (``index_line``, ``emit_load``, ``emit_assign``,
-``print_offset``, ``store``, ``fold``, ``loop``, ``persistent``, ``open_persistent``, ``launch``),
-with its ``values`` printer and its element types (``SIG_DTYPE``).
+schedule order.  The walk writes the kernel's statements (``stmts.py``: index locals, loads,
+lets, stores, loop nests) into ``body``.  A language's kernel module subclasses ``Emitter`` for
+what differs (``fold``, ``loop``, ``persistent``, ``open_persistent``, and ``emit_load``,
+``emit_assign`` or ``store`` where it places elements its own way), with its ``values`` printer
+and its element types (``SIG_DTYPE``); its ``launch`` prints the statements.
 """
 
 
@@ -29,6 +30,7 @@ from ...iteration import numel as _numel, reduction_of, same_size as _same, shap
 from ..indexing import floor_div, modular
 from ..pyexpr import PyExprPrinter
 from . import aten as ir_aten, values as ir
+from .stmts import Index, Let, Load, Stmt, Store
 from .aten import REDUCTIONS, Reduction
 from .printer import ValuePrinter
 from .values import LOW_PRECISION, Const, Unsupported, Value, Var, compute_dtype
@@ -177,7 +179,7 @@ class Emitter:
         self.sym_names: dict[sympy.Symbol, str] = {}  # graph symbol -> ks param symbol
         self.expr_syms: dict[sympy.Expr, sympy.Symbol] = {}
         self.reads: list[tuple[sympy.Expr, str]] = []  # (fake expr, launch-time read)
-        self.body: list[str] = []
+        self.body: list[Stmt] = []  # the statements of the open scope (``stmts.py``)
         self.tensor_params: dict[tuple[str, int | None], str] = {}
         self.specs: dict[str, tuple] = {}  # tensor parameter -> (dtype, sizes, strides) as traced or planned
         self.int64 = False
@@ -233,7 +235,7 @@ class Emitter:
         e = sympy.sympify(expr(e) if not isinstance(e, sympy.Basic) else e)
         if e.is_Integer:
             return e
-        for s in e.free_symbols:
+        for s in sorted(e.free_symbols, key=str):  # (in one order: the same kernel text in every process)
             if s not in self.sym_names:
                 read = next((r for x, r in self.reads if x == s), None)
                 if read is None:
@@ -300,7 +302,7 @@ class Emitter:
             return e
         deps = self.deps_of(e)
         name = self.fresh("x" if deps == {XINDEX} else "r" if deps == {RINDEX} else "f")
-        self.body.append(self.index_line(name, e))
+        self.body.append(Index(name, e))
         return self.define(name, e, deps)
 
     def define(self, name: str, e: sympy.Expr, deps: set[str]) -> sympy.Symbol:
@@ -624,7 +626,7 @@ class Emitter:
 
     def size_expr(self, e) -> sympy.Expr:
         e = sympy.sympify(e)
-        return e if e.is_Integer else sympy.sympify(e).xreplace({s: self.size(s) for s in e.free_symbols})
+        return e if e.is_Integer else sympy.sympify(e).xreplace({s: self.size(s) for s in sorted(e.free_symbols, key=str)})
 
     def reduce(self, n: fx.Node, persistent: bool) -> None:
         """Emit reduction ``n`` (at the kernel's top level): its row results, stored if it is an
@@ -681,28 +683,19 @@ class Emitter:
 
     # ---------------------------------------------------------------- the language's hooks
 
-    def value_name(self, n: fx.Node) -> str:
-        """The kernel local holding member ``n``'s value."""
-        return f"v_{n.name}"
-
-    def index_line(self, name: str, e: sympy.Expr) -> str:
-        """The line binding the integer local ``name`` to index expression ``e``."""
-        raise NotImplementedError
-
     def emit_load(self, name: str, ptr: str, off: sympy.Expr, dom: str, dtype: torch.dtype) -> None:
         """Bind ``name`` to the element of tensor ``ptr`` at offset ``off``."""
-        raise NotImplementedError
+        self.body.append(Load(name, ptr, off, dtype, dom))
 
     def emit_assign(self, name: str, v: Value) -> Var:
         """Bind ``v`` to the kernel local ``name``."""
-        raise NotImplementedError
-
-    def print_offset(self, e: sympy.Expr, dom: str) -> str:
-        raise NotImplementedError
+        self.body.append(Let(name, v, v.dtype))
+        return Var(name, v.dtype)
 
     def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
         """Store ``v`` as output ``index`` of ``n`` (``val``: its traced value)."""
-        raise NotImplementedError
+        ptr, off = self.store_target(n, index, val, dom)
+        self.body.append(Store(ptr, off, ir.cast(v, val.dtype), dom))
 
     def persistent(self) -> bool:
         """A reduction whose rows are folded without a loop over them."""

@@ -1,10 +1,15 @@
-"""Index expressions and kernel values (``codegen/ir``) as Triton source.
+"""Index expressions, kernel values and statements (``codegen/ir``) as Triton source.
 
 Triton's ``//`` and ``%`` on integers are C-style (truncate toward zero; the remainder takes the
 dividend's sign): where an operand may be negative, ``floor_div``/``floor_mod`` correct the sign
 (Python floor semantics, what sympy's and eager's floor division mean).  Values compute like
 eager: float32 division and square roots are IEEE-rounded (``div_rn``/``sqrt_rn``), math
 functions outside core ``tl`` come from libdevice (``prelude.py``).
+
+Statements (``TritonStatements``) are blocks: a row value is ``[XBLOCK, 1]`` (``[XBLOCK]`` in a
+pointwise kernel), a full value ``[XBLOCK, RBLOCK]``; loads and stores are masked to the rows
+(and the row's elements) in range, their offsets broadcast to the block of their domain.  The
+only loop is a looped reduction's ``for roffset in range(0, rnumel, RBLOCK)``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import sympy
 import torch
 
 from ..ir.printer import IndexPrinter, ValuePrinter
-from ..ir.values import Const, Op
+from ..ir.stmts import Index, Let, Line, Load, Nest, Set, Stmt, Store
+from ..ir.values import Const, Op, Value
 from .ops import TL_DTYPE
 
 
@@ -134,3 +140,67 @@ class TritonValues(ValuePrinter):
 def values(helpers: frozenset[str] | None) -> TritonValues:
     """The printer for kernel modules defining ``helpers`` (None: every helper)."""
     return TritonValues(helpers)
+
+
+class TritonStatements:
+    """Kernel statements (``ir/stmts.py``) as Triton lines (module docstring).  ``reduction``: the
+    kernel has rows of ``RBLOCK`` elements; ``deps_of``: the kernel indices (``xindex``,
+    ``rindex``) an offset varies with."""
+
+    def __init__(self, values: "TritonValues", reduction: bool, deps_of):
+        self.values, self.reduction, self.deps_of = values, reduction, deps_of
+
+    def indices(self, dom: str) -> tuple[str, ...]:
+        return ("xindex",) if dom == "x" else ("xindex", "rindex")
+
+    def mask(self, dom: str) -> str:
+        return "xmask" if dom == "x" else "rmask & xmask"
+
+    def block_shape(self, dom: str) -> str:
+        if not self.reduction:
+            return "[XBLOCK]"
+        return "[XBLOCK, 1]" if dom == "x" else "[XBLOCK, RBLOCK]"
+
+    def block(self, v: Value, dom: str) -> str:
+        """``v`` as a block of the domain's shape (constants become ``tl.full``)."""
+        shape = self.block_shape(dom)
+        if isinstance(v, Const):
+            return f"tl.full({shape}, {self.values.literal(v)}, {TL_DTYPE[v.dtype]})"
+        return f"tl.broadcast_to({self.values(v)}, {shape})"
+
+    def offset(self, e: sympy.Expr, dom: str) -> str:
+        """An element offset as source: a block varying with every index of ``dom``."""
+        out = TritonPrinter()(e)
+        have = self.deps_of(e)
+        for ix in self.indices(dom):
+            if ix not in have:
+                out += f" + 0 * {ix}"
+        return out
+
+    def lines(self, stmts: list[Stmt], indent: str = "") -> list[str]:
+        out: list[str] = []
+        for s in stmts:
+            if isinstance(s, Nest):  # the reduced elements' loop, a block at a time
+                (loop,) = s.loops
+                out.append(f"{indent}for {loop.var} in range({loop.start}, {TritonPrinter()(loop.stop)}, {loop.step}):")
+                out += self.lines(s.body, indent + "    ")
+            else:
+                out.append(indent + self.line(s))
+        return out
+
+    def line(self, s: Stmt) -> str:
+        if isinstance(s, Index):
+            return f"{s.name} = {TritonPrinter()(s.expr)}"
+        if isinstance(s, Load):
+            return f"{s.name} = tl.load({s.ptr} + ({self.offset(s.offset, s.dom)}), mask={self.mask(s.dom)}, other=0)"
+        if isinstance(s, Store):
+            return (f"tl.store({s.ptr} + ({self.offset(s.offset, s.dom)}), {self.block(s.value, s.dom)}, "
+                    f"mask={self.mask(s.dom)})")
+        if isinstance(s, Let):
+            return f"{s.name} = {self.values(s.value)}"
+        if isinstance(s, Set):
+            value = self.values(s.value)
+            return f"{s.target} = {s.target} {s.op} {value}" if s.op else f"{s.target} = {value}"
+        if isinstance(s, Line):
+            return s.text
+        raise TypeError(f"not a Triton kernel statement: {s!r}")

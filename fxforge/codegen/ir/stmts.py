@@ -1,0 +1,142 @@
+"""A kernel's statements: the loop nest, its loads and stores, the locals it binds and the
+accumulators its folds update, as the group walk (``emitter.py``) builds them.
+
+Every kernel language prints these (``codegen/c/printer.py``, ``codegen/triton/printer.py``)
+and nothing reads printed text back: what a language changes about a kernel (a read made once
+before a loop, a nest split across threads, a column kernel walking its rows in order) it
+changes here, on the statements.
+
+* ``Index``: an integer local bound to an index expression (sympy, Python floor semantics);
+* ``Load`` / ``Store``: an element of a tensor parameter at an offset (an index expression in
+  the kernel's indices and locals), in a domain (``"x"``: one per row, ``"xr"``: one per
+  element of the rows);
+* ``Let``: a local bound to a value (``values.py``), ``mutable`` for an accumulator;
+* ``Set``: an accumulator (or an element of a local array) updated;
+* ``Nest``: perfectly nested loops around a body (none: a block of its own), with what a
+  printer may do with them: vectorize the innermost loop (its iterations independent but for the
+  named reductions), split the outer ones across threads;
+* ``Array``: a local array (``Scratch`` in C decides where it lives);
+* ``Line``: a statement a language module wrote in its own words (a helper call) where the
+  vocabulary has none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import sympy
+import torch
+
+from .values import Value
+
+
+@dataclass(eq=False)
+class Index:
+    name: str
+    expr: sympy.Expr
+
+
+@dataclass(eq=False)
+class Load:
+    name: str
+    ptr: str
+    offset: sympy.Expr
+    dtype: torch.dtype
+    dom: str
+    at: str | None = None  # where the language reads the element instead (a C tile's element)
+
+
+@dataclass(eq=False)
+class Store:
+    ptr: str
+    offset: sympy.Expr
+    value: Value  # of the stored dtype
+    dom: str
+    at: str | None = None  # where the language writes the element instead (a C tile's element)
+
+
+@dataclass(eq=False)
+class Let:
+    name: str
+    value: Value
+    dtype: torch.dtype
+    mutable: bool = False
+
+
+@dataclass(eq=False)
+class Set:
+    target: str
+    value: Value
+    op: str = ""  # a compound update: ``target op= value``
+
+
+@dataclass(eq=False)
+class Loop:
+    """``for var in range(start, stop, step)``: bounds are index expressions or the language's
+    own words (a block's bounds)."""
+
+    var: str
+    stop: sympy.Expr | str
+    start: sympy.Expr | str = 0
+    step: int | str = 1
+
+
+@dataclass(eq=False)
+class Nest:
+    loops: list[Loop]  # outermost first; none: the body is a block of its own
+    body: list["Stmt"]
+    # the innermost loop's iterations run side by side in vector lanes: None no, () they are
+    # independent, else the reductions they combine into ((operator, accumulator), ...)
+    simd: tuple[tuple[str, str], ...] | None = None
+    parallel: int = 0  # the outer loops split across threads (collapsed into one iteration space)
+    parallel_if: tuple[sympy.Expr, int] | None = None  # split only when expr >= bound (None: always)
+
+
+@dataclass(eq=False)
+class Array:
+    name: str
+    ctype: str
+    dims: tuple[int, ...]
+    heap_at: int | None = None  # an offset in the kernel's heap block (None: a local array)
+
+
+@dataclass(eq=False)
+class Line:
+    text: str
+
+
+Stmt = Union[Index, Load, Store, Let, Set, Nest, Array, Line]
+
+
+def walk(stmts: list[Stmt]):
+    """Every statement, nests' bodies included, in order."""
+    for s in stmts:
+        yield s
+        if isinstance(s, Nest):
+            yield from walk(s.body)
+
+
+def without_dead_indices(stmts: list[Stmt], defs: dict[sympy.Symbol, sympy.Expr]) -> list[Stmt]:
+    """``stmts`` without the index locals (of ``defs``: local -> expression) that no offset reads,
+    directly or through other locals (coordinates a contiguous access skipped)."""
+    live: set[sympy.Symbol] = set()
+    stack = [x for s in walk(stmts) if isinstance(s, (Load, Store)) for x in s.offset.free_symbols]
+    while stack:
+        x = stack.pop()
+        if x not in live:
+            live.add(x)
+            stack.extend(sympy.sympify(defs.get(x, sympy.Integer(0))).free_symbols)
+    dead = {x.name for x in defs if x not in live}
+
+    def keep(body: list[Stmt]) -> list[Stmt]:
+        out = []
+        for s in body:
+            if isinstance(s, Index) and s.name in dead:
+                continue
+            if isinstance(s, Nest):
+                s = Nest(s.loops, keep(s.body), s.simd, s.parallel, s.parallel_if)
+            out.append(s)
+        return out
+
+    return keep(stmts)
