@@ -28,13 +28,19 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 import torch.fx as fx
 
 from ...graph import VAL, free_symbols, tensors
+from ..ir import values as ir
 from ..ir.emitter import Param
+from ..ir.stmts import Let, Line, Load, Loop, Nest, Set, Stmt, Store
+from ..ir.values import Var
+from . import build
 from .kernel import TILE_ROWS, CEmitted, Scratch, block_rows, c_function, launch_source
 from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
+from .printer import CStatements, c_index, values
 
 aten = torch.ops.aten
 
@@ -89,9 +95,23 @@ def layer_norm_backward_refusal(node: fx.Node) -> str | None:
     return None
 
 
-def _offset(coords: list[str], stride: tuple[int, ...]) -> str:
-    terms = [f"{st}*{c}" for c, st in zip(coords, stride) if st != 0]
-    return " + ".join(terms) or "0"
+def _loop_var(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def _offset(coords: list[sympy.Symbol], stride: tuple[int, ...]) -> sympy.Expr:
+    """The element offset of ``coords`` (loop variables) at ``stride``."""
+    return sympy.Add(*[st * c for c, st in zip(coords, stride) if st != 0])
+
+
+def _loops(sizes, prefix: str = "i") -> tuple[list[Loop], list[sympy.Symbol]]:
+    """Loops over ``sizes`` (variables ``i0``, ``i1``...) and their variables."""
+    return [Loop(f"{prefix}{d}", int(s)) for d, s in enumerate(sizes)], [_loop_var(f"{prefix}{d}") for d in range(len(sizes))]
+
+
+def _elem(ptr: str, off: sympy.Expr, dt: torch.dtype) -> Var:
+    """Element ``off`` of tensor ``ptr`` as a value (a read inside an expression)."""
+    return Var(f"{ptr}[{c_index(off)}]", dt)
 
 
 class _Tensors:
@@ -113,9 +133,11 @@ class _Tensors:
         self.layouts[key] = tuple(int(s) for s in sizes), tuple(int(s) for s in strides)
         self.specs[self.ptr[key]] = (t.dtype, *self.layouts[key])
 
-    def kernel(self, name: str, what: str, lines: list[str]) -> CEmitted:
-        """The kernel ``name`` running ``lines``, and its launch (``what``: the template's name)."""
-        symbol, c_lines = c_function(self.params, ["    " + l for l in lines], self.scratch.heap)
+    def kernel(self, name: str, what: str, stmts: list[Stmt]) -> CEmitted:
+        """The kernel ``name`` running ``stmts`` (printed as every kernel's, ``CStatements``), and
+        its launch (``what``: the template's name)."""
+        body = CStatements(values(build.vector_math())).lines(stmts, "    ")
+        symbol, c_lines = c_function(self.params, body, self.scratch.heap)
         args = list(dict.fromkeys(p.launch for p in self.params))  # a tensor passed twice is one argument
         head = [f"# C kernel {name}_c (template: {what}, fxforge/codegen/c/templates.py)"]
         launch = launch_source(name, args, self.params, [], head + ["# " + l for l in c_lines])
@@ -150,8 +172,9 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     for key, a in ins.items():
         ts.add(key, ref(a), "in", a, None, a.meta[VAL])
 
-    coords = [f"i{d}" for d in range(lead)]
-    row = {}  # key -> offset of the row's first element (C expression; the row tensors)
+    loops, coords = _loops(xv.shape[:lead])
+    j = _loop_var("j")
+    row = {}  # key -> offset of the row's first element (the row tensors)
     col = {}  # key -> stride along the normalized elements
     for key, (sizes, strides) in layouts.items():
         if key in ("mean", "rstd"):
@@ -178,67 +201,76 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     blocked = bool(staged) and block > 1 and all(layouts[k][1][lead - 1] == 1 for k in adjacent) and \
         block * n * xv.element_size() * len(adjacent) <= STAGE_BLOCK_MAX_BYTES
     written = ["dx"] if blocked and "dx" in adjacent else []  # computed into the block, stored by columns
+    dt, f64 = xv.dtype, torch.float64
 
-    def at(key: str) -> str:
+    def where(key: str) -> tuple[str, sympy.Expr]:
+        """The array and offset of element ``j`` of tensor ``key`` (of its current row: a staged one's local copy)."""
         if key in staged or key in written:
-            return f"row_{key}[j]"
-        off = f"{col[key]}*j" if key not in row else f"{row[key]} + {col[key]}*j"
-        return f"{ptr[key]}[{off}]"
+            return f"row_{key}", j
+        return ptr[key], col[key] * j + row.get(key, 0)
 
-    g = f"({at('dy')} * {at('w')})" if "w" in ptr else at("dy")
+    def at(key: str) -> Var:
+        return _elem(*where(key), dt)
+
+    def wide(v) -> ir.Value:
+        return ir.cast(v, f64)
+
+    g = ir.mul(at("dy"), at("w")) if "w" in ptr else at("dy")
+    mu, rs = Var("mu", dt), Var("rs", dt)
     accs = [(key, f"acc_{key}") for key in ("dw", "db") if key in ptr]
-    lines = [ts.scratch.array("double", acc, (n,), 8) for _, acc in accs]
+    stmts: list[Stmt] = [ts.scratch.alloc("double", acc, (n,), 8) for _, acc in accs]
     if accs:
-        lines.append(f"for (int64_t j = 0; j < {n}; j++) {{ {' '.join(f'{acc}[j] = 0;' for _, acc in accs)} }}")
-    loops = [f"for (int64_t i{d} = 0; i{d} < {int(s)}; i{d}++)" for d, s in enumerate(xv.shape[:lead])]
-    body = [f"const {ct} mu = {ptr['mean']}[{row['mean']}];", f"const {ct} rs = {ptr['rstd']}[{row['rstd']}];"]
+        stmts.append(Nest([Loop("j", n)], [Set(f"{acc}[j]", ir.Const(0.0, f64)) for _, acc in accs]))
+    body: list[Stmt] = [Load("mu", ptr["mean"], row["mean"], dt, "x"), Load("rs", ptr["rstd"], row["rstd"], dt, "x")]
     if blocked:
-        body += [f"const {ct}* row_{key} = blk_{key}[i{lead - 1} - ib];" for key in staged]
-        body += [f"{ct}* row_{key} = blk_{key}[i{lead - 1} - ib];" for key in written]
+        body += [Line(f"const {ct}* row_{key} = blk_{key}[i{lead - 1} - ib];") for key in staged]
+        body += [Line(f"{ct}* row_{key} = blk_{key}[i{lead - 1} - ib];") for key in written]
     else:
         for key in staged:
-            body += [ts.scratch.array(ct, f"row_{key}", (n,), isz),
-                     f"for (int64_t j = 0; j < {n}; j++) row_{key}[j] = {ptr[key]}[{row[key]} + {col[key]}*j];"]
+            body += [ts.scratch.alloc(ct, f"row_{key}", (n,), isz),
+                     Nest([Loop("j", n)], [Set(f"row_{key}[j]", _elem(ptr[key], row[key] + col[key] * j, dt))])]
     if "dx" in ptr:
-        body += ["double ds = 0, db = 0;", "#pragma omp simd reduction(+:ds) reduction(+:db)",
-                 f"for (int64_t j = 0; j < {n}; j++)", "{",
-                 f"    const {ct} g = {g};",
-                 f"    ds += (double)(g * {at('x')});",
-                 "    db += (double)g;", "}",
-                 f"const {ct} b = ({ct})((db * (double)mu - ds) * (double)rs * (double)rs * (double)rs / {n}.0);",
-                 f"const {ct} c = ({ct})(-(double)b * (double)mu - db * (double)rs / {n}.0);"]
-    body += [f"for (int64_t j = 0; j < {n}; j++)", "{"]
+        ds, db = Var("ds", f64), Var("db", f64)
+        body += [Let("ds", ir.Const(0.0, f64), f64, mutable=True), Let("db", ir.Const(0.0, f64), f64, mutable=True),
+                 Nest([Loop("j", n)], [Let("g", g, dt), Set("ds", wide(ir.mul(Var("g", dt), at("x"))), op="+"),
+                                       Set("db", wide(Var("g", dt)), op="+")], simd=(("+", "ds"), ("+", "db"))),
+                 Let("b", ir.cast(ir.truediv(ir.mul(ir.mul(ir.mul(ir.sub(ir.mul(db, wide(mu)), ds), wide(rs)), wide(rs)),
+                                                    wide(rs)), ir.Const(float(n), f64)), dt), dt),
+                 Let("c", ir.cast(ir.sub(ir.mul(ir.neg(wide(Var("b", dt))), wide(mu)),
+                                         ir.truediv(ir.mul(db, wide(rs)), ir.Const(float(n), f64))), dt), dt)]
+    per_element: list[Stmt] = []
     if "dx" in ptr:
-        body.append(f"    {at('dx')} = rs * {g} + b * {at('x')} + c;")
+        dx = ir.add(ir.add(ir.mul(rs, g), ir.mul(Var("b", dt), at("x"))), Var("c", dt))
+        per_element.append(Store(*where("dx"), dx, "xr"))
     if "dw" in ptr:
-        body.append(f"    acc_dw[j] += (double)({at('dy')} * (({at('x')} - mu) * rs));")
+        per_element.append(Set("acc_dw[j]", wide(ir.mul(at("dy"), ir.mul(ir.sub(at("x"), mu), rs))), op="+"))
     if "db" in ptr:
-        body.append(f"    acc_db[j] += (double){at('dy')};")
-    body.append("}")
-    body = ["{"] + ["    " + l for l in body] + ["}"]
+        per_element.append(Set("acc_db[j]", wide(at("dy")), op="+"))
+    body.append(Nest([Loop("j", n)], per_element))
     if blocked:  # the last row loop runs block by block: stage the block's rows, then each row
-        i = f"i{lead - 1}"
-        stage = [block_rows("ib", inner, block)]
-        first = {k: _offset(coords[:-1] + ["ib"], layouts[k][1][:lead]) for k in adjacent}  # the block's first row
+        r, ib = _loop_var("r"), _loop_var("ib")
+        stage: list[Stmt] = [Line(block_rows("ib", inner, block))]
+        first = {k: _offset(coords[:-1] + [ib], layouts[k][1][:lead]) for k in adjacent}  # the block's first row
         tiles = ct == "float"
         for key in staged:
-            stage.append(ts.scratch.array(ct, f"blk_{key}", (block, n), isz))
-            stage += [f"fx_tile_in8(&blk_{key}[0][0], {n}, {ptr[key]} + ({first[key]}), {col[key]}, {n}, nb);"] if tiles else [
-                f"for (int64_t j = 0; j < {n}; j++)",
-                f"    for (int64_t r = 0; r < nb; r++) blk_{key}[r][j] = {ptr[key]}[{first[key]} + r + {col[key]}*j];"]
-        stage += [ts.scratch.array(ct, f"blk_{key}", (block, n), isz) for key in written]
-        store = [l for key in written for l in (
-            [f"fx_tile_out8({ptr[key]} + ({first[key]}), {col[key]}, &blk_{key}[0][0], {n}, {n}, nb);"] if tiles else [
-                f"for (int64_t j = 0; j < {n}; j++)",
-                f"    for (int64_t r = 0; r < nb; r++) {ptr[key]}[{first[key]} + r + {col[key]}*j] = blk_{key}[r][j];"])]
-        body = [f"for (int64_t ib = 0; ib < {inner}; ib += {block})", "{"] + ["    " + l for l in stage] + [
-            f"    for (int64_t {i} = ib; {i} < ib + nb; {i}++)"] + ["    " + l for l in body] + [
-            "    " + l for l in store] + ["}"]
-        loops = loops[:-1]
-    lines += loops + body
-    lines += [f"for (int64_t j = 0; j < {n}; j++) {at(key)} = ({ct}){acc}[j];" for key, acc in accs]
-
-    return ts.kernel(name, "layer norm backward", lines)
+            stage.append(ts.scratch.alloc(ct, f"blk_{key}", (block, n), isz))
+            stage.append(Line(f"fx_tile_in8(&blk_{key}[0][0], {n}, {ptr[key]} + ({c_index(first[key])}), {col[key]}, {n}, nb);")
+                         if tiles else Nest([Loop("j", n), Loop("r", "nb")], [
+                             Set(f"blk_{key}[r][j]", _elem(ptr[key], first[key] + r + col[key] * j, dt))]))
+        stage += [ts.scratch.alloc(ct, f"blk_{key}", (block, n), isz) for key in written]
+        store = [Line(f"fx_tile_out8({ptr[key]} + ({c_index(first[key])}), {col[key]}, &blk_{key}[0][0], {n}, {n}, nb);")
+                 if tiles else Nest([Loop("j", n), Loop("r", "nb")], [
+                     Store(ptr[key], first[key] + r + col[key] * j, Var(f"blk_{key}[r][j]", dt), "xr")])
+                 for key in written]
+        i = f"i{lead - 1}"
+        rows_nest = Nest(loops[:-1] + [Loop("ib", inner, 0, block)],
+                         stage + [Nest([Loop(i, "ib + nb", "ib")], body)] + store)
+    else:
+        rows_nest = Nest(loops, body)
+    stmts.append(rows_nest)
+    stmts += [Nest([Loop("j", n)], [Store(ptr[key], col[key] * j, ir.cast(Var(f"{acc}[j]", f64), dt), "xr")])
+              for key, acc in accs]
+    return ts.kernel(name, "layer norm backward", stmts)
 
 
 def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> str | None:
@@ -270,38 +302,30 @@ def _softmax_refusal(what: str):
 
 
 def _rows(ts: _Tensors, ndim: int):
-    """Loops over every row (all dims but the last) and ``at(key, j)``: element ``j`` of the
-    current row of tensor ``key``."""
+    """Loops over every row (all dims but the last) and ``at(key, j)``: the tensor and offset of
+    element ``j`` of the current row of tensor ``key``."""
     lead = ndim - 1
-    coords = [f"i{d}" for d in range(lead)]
     sizes = next(iter(ts.layouts.values()))[0]
-    loops = [f"for (int64_t i{d} = 0; i{d} < {sizes[d]}; i{d}++)" for d in range(lead)]
+    loops, coords = _loops(sizes[:lead])
 
-    def at(key: str, j: str = "j") -> str:
+    def at(key: str, j: sympy.Expr) -> tuple[str, sympy.Expr]:
         strides = ts.layouts[key][1]
-        row = _offset(coords, strides[:lead])
-        return f"{ts.ptr[key]}[{row} + {strides[lead]}*{j}]"
+        return ts.ptr[key], _offset(coords, strides[:lead]) + strides[lead] * j
 
     return loops, at
-
-
-def _exp_nonpositive(ct: str, x: str) -> str:
-    """``exp(x)`` in C type ``ct`` for ``x`` never above 0 (or NaN): float32's is ``fx_expf_neg``."""
-    return f"fx_expf_neg({x})" if ct == "float" else f"exp({x})"
 
 
 def _row_kernel(name: str, node: fx.Node, ref, buffer, layout, what: str, out: str, ins: dict[str, fx.Node],
                 body) -> CEmitted:
     """A row template over the last dim: the node's output ``out`` and inputs ``ins`` (key ->
-    node), one row's lines ``body(ct, n, at)`` (the C type, the row length, ``_rows``' ``at``)."""
+    node), one row's statements ``body(dt, n, at)`` (the dtype, the row length, ``_rows``' ``at``)."""
     first = next(iter(ins.values())).meta[VAL]
     ts = _Tensors(layout)
     ts.add(out, buffer(node, None), "out", node, None, node.meta[VAL])
     for key, a in ins.items():
         ts.add(key, ref(a), "in", a, None, a.meta[VAL])
     loops, at = _rows(ts, first.dim())
-    lines = body(CTYPE[first.dtype], int(first.shape[-1]), at)
-    return ts.kernel(name, what, loops + ["{"] + ["    " + l for l in lines] + ["}"])
+    return ts.kernel(name, what, [Nest(loops, body(first.dtype, int(first.shape[-1]), at))])
 
 
 def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
@@ -313,18 +337,20 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     below float32's normal range (``d < log(FLT_MIN)``; ``fx_expf_neg`` stops at about 1e-38): a
     masked score's weight is exactly 0, as eager's.  A row with a NaN, or of -inf only, is NaN, as
     eager's."""
-    def body(ct: str, n: int, at) -> list[str]:
-        e = _exp_nonpositive(ct, "d")
-        if ct == "float":
-            e = f"d < -FX_EXPF_MIN_ARG ? 0.0f : {e}"
-        return [f"{ct} m = -INFINITY;", "#pragma omp simd reduction(max:m)",
-                f"for (int64_t j = 0; j < {n}; j++) m = m > {at('x')} ? m : {at('x')};",
-                "double s = 0;", "#pragma omp simd reduction(+:s)",
-                f"for (int64_t j = 0; j < {n}; j++)", "{",
-                f"    const {ct} d = {at('x')} - m;", f"    const {ct} e = {e};", f"    {at('out')} = e;",
-                "    s += (double)e;", "}",
-                f"const {ct} r = ({ct})(1.0 / s);",
-                f"for (int64_t j = 0; j < {n}; j++) {at('out')} *= r;"]
+    def body(dt: torch.dtype, n: int, at) -> list[Stmt]:
+        j, f64 = _loop_var("j"), torch.float64
+        x, m, d, e, s = _elem(*at("x", j), dt), Var("m", dt), Var("d", dt), Var("e", dt), Var("s", f64)
+        if dt == torch.float32:  # (the vocabulary's exp is eager's over the whole range: a helper here)
+            exp = Line("const float e = d < -FX_EXPF_MIN_ARG ? 0.0f : fx_expf_neg(d);")
+        else:
+            exp = Let("e", ir.exp(d), dt)
+        return [Let("m", ir.Const(-math.inf, dt), dt, mutable=True),
+                Nest([Loop("j", n)], [Set("m", ir.where(ir.compare("gt", m, x), m, x))], simd=(("max", "m"),)),
+                Let("s", ir.Const(0.0, f64), f64, mutable=True),
+                Nest([Loop("j", n)], [Let("d", ir.sub(x, m), dt), exp, Store(*at("out", j), e, "xr"),
+                                      Set("s", ir.cast(e, f64), op="+")], simd=(("+", "s"),)),
+                Let("r", ir.cast(ir.truediv(ir.Const(1.0, f64), s), dt), dt),
+                Nest([Loop("j", n)], [Store(*at("out", j), ir.mul(_elem(*at("out", j), dt), Var("r", dt)), "xr")])]
 
     return _row_kernel(name, node, ref, buffer, layout, "softmax", "out", {"x": node.args[0]}, body)
 
@@ -350,19 +376,21 @@ def _embedding_refusal(node: fx.Node) -> str | None:
     return None
 
 
-def _index_rows(ts: _Tensors, indices: torch.Tensor, per_index) -> list[str]:
-    """Loops over every index in row-major order (``k``: its value) around the lines
-    ``per_index(row)``, where ``row(key)`` is the offset of the current index's row of tensor
-    ``key`` (the index dims leading its dims)."""
-    coords = [f"i{d}" for d in range(indices.dim())]
-    loops = [f"for (int64_t i{d} = 0; i{d} < {int(indices.shape[d])}; i{d}++)" for d in range(indices.dim())]
-    loops = loops or ["for (int64_t i = 0; i < 1; i++)"]  # one index: still a loop (``continue``)
+def _index_rows(ts: _Tensors, indices: torch.Tensor, per_index) -> Nest:
+    """Loops over every index in row-major order around the statements ``per_index(row, k)``,
+    where ``k`` is the index's value (int64) and ``row(key)`` the offset of the current index's
+    row of tensor ``key`` (the index dims leading its dims)."""
+    loops, coords = _loops(indices.shape)
+    loops = loops or [Loop("i", 1)]  # one index: still a loop (``continue``)
 
-    def row(key: str) -> str:
+    def row(key: str) -> sympy.Expr:
         return _offset(coords, ts.layouts[key][1][:len(coords)])
 
-    body = [f"const int64_t k = {ts.ptr['indices']}[{row('indices')}];"] + per_index(row)
-    return loops + ["{"] + ["    " + l for l in body] + ["}"]
+    k = sympy.Symbol("k", integer=True)
+    read = [Load("k", ts.ptr["indices"], row("indices"), torch.int64, "x")] if indices.dtype == torch.int64 else [
+        Load("ki", ts.ptr["indices"], row("indices"), indices.dtype, "x"),
+        Let("k", ir.cast(Var("ki", indices.dtype), torch.int64), torch.int64)]
+    return Nest(loops, read + per_index(row, k))
 
 
 def embedding(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
@@ -370,8 +398,8 @@ def embedding(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     ``index_select``; an index outside ``[0, V)`` raises eager's ``IndexError`` (error 2 of
     ``launcher.KERNEL_ERRORS``).  ``padding_idx`` only matters to the gradient.
 
-    Why a template: a gather (rows at indices read from another tensor), which the IR's loads
-    cannot say."""
+    Why a template: a gather (rows at indices read from another tensor) that checks each index,
+    which the IR's loads cannot say."""
     weight, indices = node.args[:2]
     wv, iv = weight.meta[VAL], indices.meta[VAL]
     ts = _Tensors(layout)
@@ -379,11 +407,11 @@ def embedding(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     ts.add("weight", ref(weight), "in", weight, None, wv)
     ts.add("indices", ref(indices), "in", indices, None, iv)
     (w0, w1), os = ts.layouts["weight"][1], ts.layouts["out"][1][-1]
-    lines = _index_rows(ts, iv, lambda row: [
-        f"if (k < 0 || k >= {int(wv.shape[0])}) {{ *fx_err = k; return 2; }}",
-        f"for (int64_t j = 0; j < {int(wv.shape[1])}; j++) {ts.ptr['out']}[{row('out')} + {os}*j] = "
-        f"{ts.ptr['weight']}[{w0}*k + {w1}*j];"])
-    return ts.kernel(name, "embedding", lines)
+    j = _loop_var("j")
+    return ts.kernel(name, "embedding", [_index_rows(ts, iv, lambda row, k: [
+        Line(f"if (k < 0 || k >= {int(wv.shape[0])}) {{ *fx_err = k; return 2; }}"),
+        Nest([Loop("j", int(wv.shape[1]))], [
+            Store(ts.ptr["out"], row("out") + os * j, _elem(ts.ptr["weight"], w0 * k + w1 * j, wv.dtype), "xr")])])])
 
 
 def embedding_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
@@ -402,14 +430,14 @@ def embedding_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitte
     ts.add("indices", ref(indices), "in", indices, None, indices.meta[VAL])
     (d0, d1), gs = ts.layouts["dw"][1], ts.layouts["grad"][1][-1]
     rows, cols = int(ov.shape[0]), int(ov.shape[1])
-    ct = CTYPE[ov.dtype]
-    lines = [f"for (int64_t r = 0; r < {rows}; r++)",
-             f"    for (int64_t j = 0; j < {cols}; j++) {ts.ptr['dw']}[{d0}*r + {d1}*j] = ({ct})0;"]
-    lines += _index_rows(ts, indices.meta[VAL], lambda row: [
-        f"if (k == {int(padding_idx)} || k < 0 || k >= {rows}) continue;",
-        f"for (int64_t j = 0; j < {cols}; j++) {ts.ptr['dw']}[{d0}*k + {d1}*j] += "
-        f"{ts.ptr['grad']}[{row('grad')} + {gs}*j];"])
-    return ts.kernel(name, "embedding backward", lines)
+    dw, dt = ts.ptr["dw"], ov.dtype
+    r, j = _loop_var("r"), _loop_var("j")
+    zeros = Nest([Loop("r", rows), Loop("j", cols)], [Store(dw, d0 * r + d1 * j, ir.const(0, dt), "xr")])
+    return ts.kernel(name, "embedding backward", [zeros, _index_rows(ts, indices.meta[VAL], lambda row, k: [
+        Line(f"if (k == {int(padding_idx)} || k < 0 || k >= {rows}) continue;"),
+        Nest([Loop("j", cols)], [Store(dw, d0 * k + d1 * j, ir.add(_elem(dw, d0 * k + d1 * j, dt),
+                                                                     _elem(ts.ptr["grad"], row("grad") + gs * j, dt)),
+                                       "xr")])])])
 
 
 _ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
@@ -441,8 +469,9 @@ def arange(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
     ts = _Tensors(layout)
     ts.add("out", buffer(node, None), "out", node, None, ov)
     (st,) = ts.layouts["out"][1]
-    return ts.kernel(name, "arange", [f"for (int64_t i = 0; i < {ov.numel()}; i++) "
-                                      f"{ts.ptr['out']}[{st}*i] = ({CTYPE[ov.dtype]})({start} + {step}*i);"])
+    i = _loop_var("i")
+    return ts.kernel(name, "arange", [Nest([Loop("i", ov.numel())], [
+        Store(ts.ptr["out"], st * i, ir.cast(ir.Index(start + step * i), ov.dtype), "xr")])])
 
 
 # op -> (why it cannot run as the template, or None; the emitter)
