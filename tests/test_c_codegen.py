@@ -584,15 +584,18 @@ def test_reads_of_row_values_are_made_once_per_row_not_in_the_fold_loops(case):
 
 
 def test_a_column_kernel_with_many_columns_walks_its_rows_in_order():
-    """64 columns (``kernel.COLUMNS_BY_ROWS_MIN``): the rows in order, each row's columns in the
-    vectorized loop folding into one accumulator per column (the same sums as walking down)."""
+    """64 columns (``kernel.COLUMNS_BY_ROWS_MIN``): the rows in order, by blocks of
+    ``kernel.COLUMN_ROW_BLOCK``, each block's columns in the vectorized loop folding into one
+    accumulator per column."""
     a, bias = torch.randn(48, 64), torch.randn(64)
     fn = lambda x, b: (lambda h: (h.sum(0), h * 3, h.amax(0)))((x + b) * b)  # noqa: E731
     b = check(fn, a, bias)
     src = b.compiled[0].source
     assert re.search(r"double acc\d+\[64\];", src) and re.search(r"float acc\d+\[64\];", src), src
-    # the rows' loop holds the columns' vectorized loop
-    assert re.search(r"for \(int64_t ri = 0; ri < 48; ri\+\+\)\n#\s+\{\n#\s+#pragma omp simd\n", src), src
+    # the rows' loop, by blocks of 8 rows, holds the columns' vectorized loop; each column sums
+    # a block in float32 (its part), then adds the part to its double
+    assert re.search(r"for \(int64_t rb = 0; rb < 48; rb \+= 8\)\n#\s+\{\n#\s+#pragma omp simd\n", src), src
+    assert re.search(r"float part\d+ = 0\.0f;", src) and src.count("const int64_t ri = (rb + 7);") == 1, src
     # larger inputs than one call: the same as eager
     check(fn, torch.randn(300, 40), torch.randn(40))
     # a per-column value stored before the fold and several full values stored inside its loop

@@ -31,7 +31,7 @@ from ...iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported, _trailing
 from ..ir.aten import REDUCTIONS, Reduction
-from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
+from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store, walk as walk_stmts
 from ..ir.values import Value, Var
 from .ops import CTYPE, SIG_DTYPE
 from . import build
@@ -54,6 +54,14 @@ ROW_CACHE_MAX_NUMEL = 4096
 # walk down, the accumulators in registers.
 COLUMNS_BY_ROWS_MIN = 32
 COLUMNS_BY_ROWS_MAX_BYTES = 64 << 10
+# Such a kernel folds its rows COLUMN_ROW_BLOCK at a time (static row counts, a fold body of at
+# most COLUMN_ROW_BLOCK_MAX_STMTS statements, unrolled): each column folds the block's rows into
+# a local of the fold's own accumulator type, then that into its array element.  A float32 sum
+# then adds eight floats in vector registers for each double it adds to the array: a bias
+# gradient's column sum (2,048 x 256) took 63 µs folding each row into the double array, 27 µs by
+# blocks (ATen's: 32 µs).  The sums stay in one order, whatever the thread count.
+COLUMN_ROW_BLOCK = 8
+COLUMN_ROW_BLOCK_MAX_STMTS = 48
 # Such a kernel splits across threads by blocks of at least this many columns of its outermost
 # kept loop (``column_blocks``): one vector of float32 at AVX-512's width.
 COLUMN_BLOCK_MIN = 16
@@ -112,6 +120,19 @@ def flat_index(loops: tuple[tuple[str, sympy.Expr], ...]) -> sympy.Expr:
     for v, s in reversed(loops):
         flat, inner = flat + sympy.Symbol(v, integer=True, nonnegative=True) * inner, inner * s
     return flat
+
+
+@dataclass
+class ColumnFold:
+    """A fold of a column kernel walking its rows in order (``CEmitter.columns_by_rows``): its
+    array (one element per column, of ``dtype``) and ``part``, the local (of ``part_dtype``, the
+    fold's own accumulator type) that folds a block of a column's rows before the array element
+    takes it in."""
+
+    low: Reduction
+    dtype: torch.dtype
+    part: str
+    part_dtype: torch.dtype
 
 
 def split(nest: Nest, loops: int, condition) -> Nest:
@@ -263,9 +284,8 @@ class CEmitter(Emitter):
         self.column_accs: dict[tuple, dict[str, Var]] = {}
         self.row_cache: dict[fx.Node, Var | None] = {}  # reduction input -> its row array (None: not yet made)
         self.fold_nest: Nest | None = None  # a column kernel's fold loop (``fold_columns``)
-        # a column kernel walking its rows in order (``columns_by_rows``): accumulator array -> its
-        # dtype and the statement setting its element to the identity
-        self.by_rows: dict[str, tuple[torch.dtype, Set]] | None = None
+        # a column kernel walking its rows in order (``columns_by_rows``): accumulator array -> its fold
+        self.by_rows: dict[str, ColumnFold] | None = None
         self.tile_axes: tuple[str, int, str, int] | None = None  # the rows' loop and size, the elements' (TILE_ROWS)
         self.tiles: dict[tuple, str] = {}  # (pointer, offset of the block's first row, stride, stored) -> tile
         self.value_names: list[tuple[str, str]] = []  # (local, the node whose value it holds)
@@ -567,11 +587,13 @@ class CEmitter(Emitter):
             low = REDUCTIONS[r.kind]
             if low.strategy != "combine":
                 raise Unsupported(f"{r.kind} over leading dims runs as an ATen kernel")
-            kinds.setdefault((r.inp, r.kind, tuple(r.dims)), (r, low, self.accumulator(low, r.inp.meta[VAL].dtype,
-                                                                                        n.meta[VAL].dtype)))
+            dts = r.inp.meta[VAL].dtype, n.meta[VAL].dtype
+            # (the fold's own accumulator type, and this language's: float32 sums in double)
+            kinds.setdefault((r.inp, r.kind, tuple(r.dims)), (r, low, Emitter.accumulator(self, low, *dts),
+                                                              self.accumulator(low, *dts)))
         columns = sympy.sympify(self.frame.xnumel)
         if (columns.is_Integer and int(columns) >= COLUMNS_BY_ROWS_MIN
-                and int(columns) * sum(dt.itemsize for _, _, dt in kinds.values()) <= COLUMNS_BY_ROWS_MAX_BYTES):
+                and int(columns) * sum(dt.itemsize for *_, dt in kinds.values()) <= COLUMNS_BY_ROWS_MAX_BYTES):
             self.by_rows = {}  # the accumulators are arrays: acc[xindex]
         else:  # walking down each column: only over data that stays in cache
             numel = sympy.sympify(self.frame.xnumel_g * self.frame.rnumel_g)
@@ -581,15 +603,16 @@ class CEmitter(Emitter):
                                   f"{COLUMNS_BY_ROWS_MAX_BYTES} bytes, runs as ATen's kernel: walking down columns "
                                   "of data that is not in cache waits on memory at every row")
         folds = []
-        for key, (r, low, acc_dt) in kinds.items():
+        for key, (r, low, part_dt, acc_dt) in kinds.items():
             if self.by_rows is None:
                 acc, _ = self.open_fold(low, acc_dt, track_nan=False)
                 self.column_accs[key] = {"acc": Var(acc, acc_dt)}
-            else:
-                acc = self.fresh("acc")
-                self.by_rows[acc] = (acc_dt, Set(f"{acc}[{XINDEX}]", ir_aten.identity(low, acc_dt)))
+                folds.append((r, low, acc_dt, acc))
+            else:  # the fold loop folds a row into the column's part (``columns_by_rows``)
+                acc, part = self.fresh("acc"), self.fresh("part")
+                self.by_rows[acc] = ColumnFold(low, acc_dt, part, part_dt)
                 self.column_accs[key] = {"acc": Var(f"{acc}[{XINDEX}]", acc_dt)}
-            folds.append((r, low, acc_dt, self.column_accs[key]["acc"].name))
+                folds.append((r, low, part_dt, part))
         full = self.full_outputs()
 
         def one_pass():
@@ -666,11 +689,33 @@ class CEmitter(Emitter):
         def nest(stmts: list[Stmt]) -> Nest:
             return Nest(loops, top.body + stmts, simd=top.simd)
 
+        row = self.fold_nest.body  # one row's fold (``ri`` its row), from the row's index on
+
+        def fold_rows(first: sympy.Expr | None, count: int) -> list[Stmt]:
+            """Rows ``first`` to ``first + count`` of a column folded into its parts, unrolled (None:
+            the row ``ri`` of the loop around), then the parts into the column's array elements."""
+            parts = [Let(f.part, ir_aten.identity(f.low, f.part_dtype), f.part_dtype, mutable=True)
+                     for f in self.by_rows.values()]
+            rows = row if first is None else [Nest([], [Index("ri", first + k)] + row) for k in range(count)]
+            return parts + rows + [
+                Set(f"{acc}[{XINDEX}]", ir_aten.combine(f.low, Var(f"{acc}[{XINDEX}]", f.dtype),
+                                                        ir.cast(Var(f.part, f.part_dtype), f.dtype)))
+                for acc, f in self.by_rows.items()]
+
         columns = int(self.frame.xnumel)
-        out = [self.scratch.alloc(CTYPE[dt], a, (columns,), dt.itemsize) for a, (dt, _) in self.by_rows.items()]
-        walk = [nest([init for _, init in self.by_rows.values()]),  # acc[xindex] = identity;
-                Nest(self.fold_nest.loops, [nest(defs + self.fold_nest.body)]),
-                nest(pre + post)]
+        out = [self.scratch.alloc(CTYPE[f.dtype], a, (columns,), f.dtype.itemsize) for a, f in self.by_rows.items()]
+        walk = [nest([Set(f"{acc}[{XINDEX}]", ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()])]
+        rn, rows = sympy.sympify(self.frame.rnumel), COLUMN_ROW_BLOCK
+        if rn.is_Integer and sum(1 for _ in walk_stmts(row)) <= COLUMN_ROW_BLOCK_MAX_STMTS:
+            whole = int(rn) - int(rn) % rows
+            if whole:
+                walk.append(Nest([Loop("rb", whole, 0, rows)],
+                                 [nest(defs + fold_rows(sympy.Symbol("rb", integer=True, nonnegative=True), rows))]))
+            if int(rn) % rows:
+                walk.append(nest(defs + fold_rows(sympy.Integer(whole), int(rn) % rows)))
+        else:
+            walk.append(Nest(self.fold_nest.loops, [nest(defs + fold_rows(None, 1))]))
+        walk.append(nest(pre + post))
         if blocks is None:
             return out + walk
         return out + [split(Nest([Loop("xb", size, 0, block)], [Line(block_rows("xb", size, block))] + walk),
