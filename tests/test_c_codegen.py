@@ -615,6 +615,18 @@ def test_a_column_kernel_with_many_columns_walks_its_rows_in_order():
     assert em.by_rows and stores == [0, 7, 4], em.body
 
 
+def test_sums_over_all_dims_but_channels_walk_channels_last_memory_as_columns():
+    """A sum over N, H and W of an (N, C, H, W) tensor: channels-last, C is innermost in memory and
+    the kernel folds columns in memory order (its rows by blocks); at the traced NCHW layout W is
+    innermost and reduced: ATen's kernel."""
+    x = torch.randn(5, 40, 6, 7) * 2 + 1
+    fn = lambda x: (x.sum([0, 2, 3]), (x * x).amax([0, 2, 3]))  # noqa: E731
+    src = check(fn, x.to(memory_format=torch.channels_last)).compiled[0].source
+    assert re.search(r"double acc\d+\[40\];", src) and "rb += 8" in src, src
+    b = check(fn, x, c_only=False)
+    assert "torch" in backends(b), backends(b)  # the two reductions
+
+
 @pytest.mark.parametrize("transposed", [True, False])
 def test_a_multi_pass_row_reads_its_inputs_once(transposed):
     """A layer norm over a residual sum (three passes over each row: the sum, the deviations, the

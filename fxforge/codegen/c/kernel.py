@@ -305,8 +305,11 @@ class CEmitter(Emitter):
             self.xvars = self.nest([ks[d] for d in range(len(ks)) if d not in dims], X, "xi")
             self.columns = not _trailing(fr.shape, dims)
             inner = [d for d in range(len(ks)) if ks[d] != 1]
-            if self.columns and inner and inner[-1] in dims:
+            if self.columns and inner and inner[-1] in dims and self.innermost_dim(inner) in dims:
+                # (the last dim reduced with others not next to it, and reduced in memory too: rows
+                # of short runs, whose folds' vector loops would be a few elements long)
                 raise Unsupported("a reduction over the last dim and others not next to it runs as an ATen kernel")
+            # (a channels-last batch norm's sums over N, H and W: columns, C innermost in memory)
             # columns: one flat loop over the reduced dims (a nest inside the vectorized kept loop
             # would keep the compiler from vectorizing it); coordinates from rindex where needed
             self.rvars = [("ri", fr.rnumel)] if self.columns else self.nest([ks[d] for d in dims], R, "ri")
@@ -323,6 +326,14 @@ class CEmitter(Emitter):
                 self.row_cache = {reduction_of(n).inp: None for n in self.reductions}
         self.tile_axes = self.tile_axes_of()
         return fr
+
+    def innermost_dim(self, dims: list[int]) -> int:
+        """Of ``dims`` (of the frame's shape), the one the first reduction's input steps along
+        by the fewest elements (static strides; the last where they are symbolic or tie)."""
+        strides = reduction_of(self.reductions[0]).inp.meta[VAL].stride()
+        if any(type(strides[d]) is not int for d in dims):
+            return dims[-1]
+        return min(reversed(dims), key=lambda d: strides[d])
 
     def tile_axes_of(self) -> tuple[str, int, str, int] | None:
         """The loop over the rows a tile holds and the loop along them, with their sizes
