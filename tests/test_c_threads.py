@@ -1,4 +1,4 @@
-"""C kernels on several threads (``build.openmp``, ``kernel.parallel_outer``): the same bits at any
+"""C kernels on several threads (``build.openmp``, ``kernel.split``): the same bits at any
 thread count, the work split only where it pays, and calls from several Python threads at once."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ gradients, split on the compiled graph (``splits``, ``lowering/splits.py``; in t
 head's on the joint graph, before the partitioner); the pointwise chains around them (bias
 adds, residuals, scaling, masking, GELU and the pointwise backward kernels) and row and column
 reductions become one C function per group, compiled for this CPU with the wrapper's other C
-kernels (``build.py``), its loops split across torch's threads (``kernel.parallel_outer``).
+kernels (``build.py``), its loops split across torch's threads (``kernel.split``).
 Matmuls, convolutions, arg reductions and ops without a C lowering run as the ``torch``
 backend's ATen calls into the same planned buffers (``extern``).  Layer norm's gradient, softmax
 and embeddings run as hand-written C kernels (``templates.py``).

@@ -15,8 +15,12 @@ Token embeddings: ``embedding`` gathers rows (an index out of range is error 2),
 adds each index's row in eager's order; integer ``arange`` fills positions.  Each replaces a
 small ATen call that runs cold in a training step (the demo's: 244 µs a step as ATen calls).
 
-Each template's docstring says why the kernel IR (``codegen/ir``: one frame of rows or columns,
-values computed from loads and constants) cannot express it.
+Each template's docstring says why the kernel IR's group walk (``codegen/ir``: one frame of rows
+or columns, values computed from loads and constants) cannot express it.  A template writes the
+IR's statements itself (``ir/stmts.py``: nests, loads, stores, accumulators, local arrays, its
+arithmetic in the value vocabulary), and the C statement printer prints them as it prints every
+kernel: only an index check's early return, a skipped index and the tile helpers' calls are C
+lines of its own.
 
 A template kernel runs its node alone (``fusion_cost`` keeps it out of groups); shapes must be
 static, float tensors float32 or float64 (indices and targets int64; an embedding's may be
