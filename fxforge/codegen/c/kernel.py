@@ -573,11 +573,11 @@ class CEmitter(Emitter):
         """Declare a combine fold's accumulator (and, for max/min in an ``omp simd`` reduction,
         its NaN flag: the reduction clause needs the plain compare): their names."""
         acc = self.fresh("acc")
-        self.body.append(Let(acc, ir_aten.identity(low, acc_dt), acc_dt, mutable=True))
+        self.body.append(Let(acc, ir_aten.identity(low, acc_dt), mutable=True))
         if not track_nan or low.combine not in ("max_nan", "min_nan"):
             return acc, None
         nan = self.fresh("nan")
-        self.body.append(Let(nan, ir.Const(0, torch.int32), torch.int32, mutable=True))
+        self.body.append(Let(nan, ir.Const(0, torch.int32), mutable=True))
         return acc, nan
 
     def close_fold(self, acc: str, nan: str | None, acc_dt: torch.dtype) -> None:
@@ -660,10 +660,10 @@ class CEmitter(Emitter):
             self.close_fold(acc, nan, acc_dt)
             return {"acc": Var(acc, acc_dt)}
         total, mean, m2 = self.fresh("sum"), self.fresh("mean"), self.fresh("m2")
-        self.body.append(Let(total, ir.Const(0.0, acc_dt), acc_dt, mutable=True))
+        self.body.append(Let(total, ir.Const(0.0, acc_dt), mutable=True))
         self.loop(lambda: self.body.append(Set(total, ir.add(Var(total, acc_dt), element()))), simd=(("+", total),))
-        self.body.append(Let(mean, ir.truediv(Var(total, acc_dt), ir_aten.count(self.frame.rnumel, acc_dt)), acc_dt))
-        self.body.append(Let(m2, ir.Const(0.0, acc_dt), acc_dt, mutable=True))
+        self.body.append(Let(mean, ir.truediv(Var(total, acc_dt), ir_aten.count(self.frame.rnumel, acc_dt))))
+        self.body.append(Let(m2, ir.Const(0.0, acc_dt), mutable=True))
 
         def deviation():
             d = self.emit_assign(self.fresh("d"), ir.sub(element(), Var(mean, acc_dt)))
@@ -705,7 +705,7 @@ class CEmitter(Emitter):
         def fold_rows(first: sympy.Expr | None, count: int) -> list[Stmt]:
             """Rows ``first`` to ``first + count`` of a column folded into its parts, unrolled (None:
             the row ``ri`` of the loop around), then the parts into the column's array elements."""
-            parts = [Let(f.part, ir_aten.identity(f.low, f.part_dtype), f.part_dtype, mutable=True)
+            parts = [Let(f.part, ir_aten.identity(f.low, f.part_dtype), mutable=True)
                      for f in self.by_rows.values()]
             rows = row if first is None else [Nest([], [Index("ri", first + k)] + row) for k in range(count)]
             return parts + rows + [

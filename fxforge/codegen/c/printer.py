@@ -192,7 +192,7 @@ class CStatements:
         if isinstance(s, Store):
             return f"{s.at or f'{s.ptr}[{c_index(s.offset)}]'} = {self.values(s.value)};"
         if isinstance(s, Let):
-            return f"{'' if s.mutable else 'const '}{CTYPE[s.dtype]} {s.name} = {self.values(s.value)};"
+            return f"{'' if s.mutable else 'const '}{CTYPE[s.value.dtype]} {s.name} = {self.values(s.value)};"
         if isinstance(s, Set):
             return f"{s.target} {s.op}= {self.values(s.value)};"
         if isinstance(s, Array):

@@ -235,13 +235,13 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
                      Nest([Loop("j", n)], [Set(f"row_{key}[j]", _elem(ptr[key], row[key] + col[key] * j, dt))])]
     if "dx" in ptr:
         ds, db = Var("ds", f64), Var("db", f64)
-        body += [Let("ds", ir.Const(0.0, f64), f64, mutable=True), Let("db", ir.Const(0.0, f64), f64, mutable=True),
-                 Nest([Loop("j", n)], [Let("g", g, dt), Set("ds", wide(ir.mul(Var("g", dt), at("x"))), op="+"),
+        body += [Let("ds", ir.Const(0.0, f64), mutable=True), Let("db", ir.Const(0.0, f64), mutable=True),
+                 Nest([Loop("j", n)], [Let("g", g), Set("ds", wide(ir.mul(Var("g", dt), at("x"))), op="+"),
                                        Set("db", wide(Var("g", dt)), op="+")], simd=(("+", "ds"), ("+", "db"))),
                  Let("b", ir.cast(ir.truediv(ir.mul(ir.mul(ir.mul(ir.sub(ir.mul(db, wide(mu)), ds), wide(rs)), wide(rs)),
-                                                    wide(rs)), ir.Const(float(n), f64)), dt), dt),
+                                                    wide(rs)), ir.Const(float(n), f64)), dt)),
                  Let("c", ir.cast(ir.sub(ir.mul(ir.neg(wide(Var("b", dt))), wide(mu)),
-                                         ir.truediv(ir.mul(db, wide(rs)), ir.Const(float(n), f64))), dt), dt)]
+                                         ir.truediv(ir.mul(db, wide(rs)), ir.Const(float(n), f64))), dt))]
     per_element: list[Stmt] = []
     if "dx" in ptr:
         dx = ir.add(ir.add(ir.mul(rs, g), ir.mul(Var("b", dt), at("x"))), Var("c", dt))
@@ -347,13 +347,13 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
         if dt == torch.float32:  # (the vocabulary's exp is eager's over the whole range: a helper here)
             exp = Line("const float e = d < -FX_EXPF_MIN_ARG ? 0.0f : fx_expf_neg(d);")
         else:
-            exp = Let("e", ir.exp(d), dt)
-        return [Let("m", ir.Const(-math.inf, dt), dt, mutable=True),
+            exp = Let("e", ir.exp(d))
+        return [Let("m", ir.Const(-math.inf, dt), mutable=True),
                 Nest([Loop("j", n)], [Set("m", ir.where(ir.compare("gt", m, x), m, x))], simd=(("max", "m"),)),
-                Let("s", ir.Const(0.0, f64), f64, mutable=True),
-                Nest([Loop("j", n)], [Let("d", ir.sub(x, m), dt), exp, Store(*at("out", j), e, "xr"),
+                Let("s", ir.Const(0.0, f64), mutable=True),
+                Nest([Loop("j", n)], [Let("d", ir.sub(x, m)), exp, Store(*at("out", j), e, "xr"),
                                       Set("s", ir.cast(e, f64), op="+")], simd=(("+", "s"),)),
-                Let("r", ir.cast(ir.truediv(ir.Const(1.0, f64), s), dt), dt),
+                Let("r", ir.cast(ir.truediv(ir.Const(1.0, f64), s), dt)),
                 Nest([Loop("j", n)], [Store(*at("out", j), ir.mul(_elem(*at("out", j), dt), Var("r", dt)), "xr")])]
 
     return _row_kernel(name, node, ref, buffer, layout, "softmax", "out", {"x": node.args[0]}, body)
@@ -393,7 +393,7 @@ def _index_rows(ts: _Tensors, indices: torch.Tensor, per_index) -> Nest:
     k = sympy.Symbol("k", integer=True)
     read = [Load("k", ts.ptr["indices"], row("indices"), torch.int64, "x")] if indices.dtype == torch.int64 else [
         Load("ki", ts.ptr["indices"], row("indices"), indices.dtype, "x"),
-        Let("k", ir.cast(Var("ki", indices.dtype), torch.int64), torch.int64)]
+        Let("k", ir.cast(Var("ki", indices.dtype), torch.int64))]
     return Nest(loops, read + per_index(row, k))
 
 

@@ -689,7 +689,7 @@ class Emitter:
 
     def emit_assign(self, name: str, v: Value) -> Var:
         """Bind ``v`` to the kernel local ``name``."""
-        self.body.append(Let(name, v, v.dtype))
+        self.body.append(Let(name, v))
         return Var(name, v.dtype)
 
     def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:

@@ -59,8 +59,7 @@ class Store:
 @dataclass(eq=False)
 class Let:
     name: str
-    value: Value
-    dtype: torch.dtype
+    value: Value  # (the local has its dtype)
     mutable: bool = False
 
 
