@@ -161,7 +161,9 @@ def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
 
     def split_then_partition(joint: fx.GraphModule, joint_inputs, **kwargs):
         try:
-            split_joint(joint, splits)
+            stats = split_joint(joint, splits)
+            if stats:
+                log.debug("fxforge: the joint graph's splits before partitioning: %s", stats)
         except Exception as e:  # the splits run again on the compiled graphs, where they can
             if debug:
                 raise

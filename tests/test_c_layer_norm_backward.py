@@ -178,10 +178,11 @@ def test_arrays_past_the_stack_budget_live_in_heap_scratch(case, monkeypatch):
 
 def test_scratch_keeps_a_kernels_stack_arrays_within_the_budget():
     from fxforge.codegen.c.kernel import STACK_MAX_BYTES, Scratch
+    from fxforge.codegen.c.printer import array_decl
 
     s = Scratch()
-    decls = [s.array("float", f"a{i}", (8, 1024), 4) for i in range(6)]  # 32 KiB each
+    decls = [array_decl(s.alloc("float", f"a{i}", (8, 1024), 4)) for i in range(6)]  # 32 KiB each
     on_stack = [d for d in decls if "fx_heap" not in d]
     assert len(on_stack) * 32 * 1024 <= STACK_MAX_BYTES < (len(on_stack) + 1) * 32 * 1024
     assert decls[-1] == "float (*a5)[1024] = (float (*)[1024])(fx_heap + 32768);" and s.heap == 2 * 32768
-    assert s.array("double", "d", (3,), 8) == "double* d = (double*)(fx_heap + 65536);"
+    assert array_decl(s.alloc("double", "d", (3,), 8)) == "double* d = (double*)(fx_heap + 65536);"

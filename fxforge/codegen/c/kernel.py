@@ -31,11 +31,11 @@ from ...iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported, _trailing
 from ..ir.aten import REDUCTIONS, Reduction
-from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store, walk as walk_stmts
+from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store, walk
 from ..ir.values import Value, Var
 from .ops import CTYPE, SIG_DTYPE
 from . import build
-from .printer import CStatements, array_decl, c_index, values
+from .printer import CStatements, c_index, values
 
 # A column kernel walks down its columns (one cache line per row for each vector of columns), so
 # the data it reduces has to stay in cache: a BERT vocabulary bias gradient (256 x 30,522 floats)
@@ -57,9 +57,9 @@ COLUMNS_BY_ROWS_MAX_BYTES = 64 << 10
 # Such a kernel folds its rows COLUMN_ROW_BLOCK at a time (static row counts, a fold body of at
 # most COLUMN_ROW_BLOCK_MAX_STMTS statements, unrolled): each column folds the block's rows into
 # a local of the fold's own accumulator type, then that into its array element.  A float32 sum
-# then adds eight floats in vector registers for each double it adds to the array: a bias
-# gradient's column sum (2,048 x 256) took 63 µs folding each row into the double array, 27 µs by
-# blocks (ATen's: 32 µs).  The sums stay in one order, whatever the thread count.
+# then adds eight floats in vector registers for each double it adds to the array (figures:
+# bench/results/compile-time.md, fifth round).  The sums stay in one order, whatever the thread
+# count.  (Unrolled: a block loop of run-time length inside the vector loop stays scalar.)
 COLUMN_ROW_BLOCK = 8
 COLUMN_ROW_BLOCK_MAX_STMTS = 48
 # Such a kernel splits across threads by blocks of at least this many columns of its outermost
@@ -223,10 +223,6 @@ class Scratch:
         at, self.heap = self.heap, self.heap + (size + 63) // 64 * 64
         return Array(name, ctype, tuple(dims), heap_at=at)
 
-    def array(self, ctype: str, name: str, dims: tuple[int, ...], itemsize: int) -> str:
-        """``alloc``'s declaration as a C line."""
-        return array_decl(self.alloc(ctype, name, dims, itemsize))
-
 
 def c_function(params: list[Param], body: list[str], heap: int = 0) -> tuple[str, list[str]]:
     """The C function running ``body`` (indented lines, after its parameters are read) and its
@@ -250,12 +246,12 @@ def c_function(params: list[Param], body: list[str], heap: int = 0) -> tuple[str
 SCRATCH_ERROR = 3  # a kernel's return when its heap scratch cannot be allocated (launcher.KERNEL_ERRORS)
 
 
-def block_rows(start: str, rows: int, block: int) -> str:
+def block_rows(start: str, rows: int, block: int) -> Line:
     """``nb``, the rows of the block of ``rows`` starting at row ``start`` (``block``, the last one
-    fewer where ``rows`` is no multiple of it), as a C line."""
+    fewer where ``rows`` is no multiple of it), as a C statement."""
     if rows % block == 0:
-        return f"const int64_t nb = {block};"
-    return f"const int64_t nb = {rows} - {start} < {block} ? {rows} - {start} : {block};"
+        return Line(f"const int64_t nb = {block};")
+    return Line(f"const int64_t nb = {rows} - {start} < {block} ? {rows} - {start} : {block};")
 
 
 def launch_source(name: str, args: list[str], params: list[Param], prologue: list[str], head: list[str]) -> str:
@@ -379,7 +375,7 @@ class CEmitter(Emitter):
         threads under ``condition`` (``parallel_condition``)."""
         a, rows, b, n = self.tile_axes
         at = [v for v, _ in self.xvars].index(a)
-        block: list[Stmt] = [Line(block_rows("xb", rows, TILE_ROWS))]
+        block: list[Stmt] = [block_rows("xb", rows, TILE_ROWS)]
         after: list[Stmt] = []
         for (ptr, first, step, stored), tile in self.tiles.items():
             block.append(self.scratch.alloc("float", tile, (TILE_ROWS, n), 4))
@@ -678,9 +674,10 @@ class CEmitter(Emitter):
         The body the walk down each column built -- per column: its definitions and
         accumulators, the fold loop over the rows, then what follows from the folds -- becomes
         three nests of the columns' loops (``top``): the accumulators (one array element per
-        column) set, then for each row the columns (the vectorized loop) with their definitions
-        and the fold loop's body, then per column its definitions and what follows.  Each column
-        still folds its rows in order: the same sums.  Under ``condition``
+        column) set, then for each block of rows (``COLUMN_ROW_BLOCK``) the columns (the vectorized
+        loop) with their definitions and the fold loop's body for each row of the block, then per
+        column its definitions and what follows.  Each column folds its rows in one order.  Under
+        ``condition``
         (``parallel_condition``) the outermost kept loop is cut into blocks of columns
         (``column_blocks``), one thread a block: each walks every row's columns of its block,
         the same sums at any thread count."""
@@ -715,21 +712,21 @@ class CEmitter(Emitter):
 
         columns = int(self.frame.xnumel)
         out = [self.scratch.alloc(CTYPE[f.dtype], a, (columns,), f.dtype.itemsize) for a, f in self.by_rows.items()]
-        walk = [nest([Set(f"{acc}[{XINDEX}]", ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()])]
-        rn, rows = sympy.sympify(self.frame.rnumel), COLUMN_ROW_BLOCK
-        if rn.is_Integer and sum(1 for _ in walk_stmts(row)) <= COLUMN_ROW_BLOCK_MAX_STMTS:
-            whole = int(rn) - int(rn) % rows
+        nests = [nest([Set(f"{acc}[{XINDEX}]", ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()])]
+        rn, per_block = sympy.sympify(self.frame.rnumel), COLUMN_ROW_BLOCK
+        if rn.is_Integer and sum(1 for _ in walk(row)) <= COLUMN_ROW_BLOCK_MAX_STMTS:
+            whole = int(rn) - int(rn) % per_block
             if whole:
-                walk.append(Nest([Loop("rb", whole, 0, rows)],
-                                 [nest(defs + fold_rows(sympy.Symbol("rb", integer=True, nonnegative=True), rows))]))
-            if int(rn) % rows:
-                walk.append(nest(defs + fold_rows(sympy.Integer(whole), int(rn) % rows)))
+                rb = sympy.Symbol("rb", integer=True, nonnegative=True)
+                nests.append(Nest([Loop("rb", whole, 0, per_block)], [nest(defs + fold_rows(rb, per_block))]))
+            if int(rn) % per_block:
+                nests.append(nest(defs + fold_rows(sympy.Integer(whole), int(rn) % per_block)))
         else:
-            walk.append(Nest(self.fold_nest.loops, [nest(defs + fold_rows(None, 1))]))
-        walk.append(nest(pre + post))
+            nests.append(Nest(self.fold_nest.loops, [nest(defs + fold_rows(None, 1))]))
+        nests.append(nest(pre + post))
         if blocks is None:
-            return out + walk
-        return out + [split(Nest([Loop("xb", size, 0, block)], [Line(block_rows("xb", size, block))] + walk),
+            return out + nests
+        return out + [split(Nest([Loop("xb", size, 0, block)], [block_rows("xb", size, block)] + nests),
                             1, condition)]
 
     def column_blocks(self) -> tuple[str, int, int] | None:

@@ -30,7 +30,7 @@ import math
 import sympy
 import torch
 
-from ..ir.printer import IndexPrinter, ValuePrinter
+from ..ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
 from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
 from ..ir.values import Const, Op
 from .ops import CTYPE
@@ -169,20 +169,11 @@ def array_decl(a: Array) -> str:
         f"{a.ctype}* {a.name} = ({a.ctype}*)(fx_heap + {a.heap_at});"
 
 
-class CStatements:
+class CStatements(StatementPrinter):
     """Kernel statements (``ir/stmts.py``) as C lines (module docstring), values by ``values``."""
 
     def __init__(self, values: CValues):
         self.values = values
-
-    def lines(self, stmts: list[Stmt], indent: str = "") -> list[str]:
-        out: list[str] = []
-        for s in stmts:
-            if isinstance(s, Nest):
-                out += self.nest(s, indent)
-            else:
-                out.append(indent + self.line(s))
-        return out
 
     def line(self, s: Stmt) -> str:
         if isinstance(s, Index):

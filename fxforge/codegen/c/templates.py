@@ -253,7 +253,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     body.append(Nest([Loop("j", n)], per_element))
     if blocked:  # the last row loop runs block by block: stage the block's rows, then each row
         r, ib = _loop_var("r"), _loop_var("ib")
-        stage: list[Stmt] = [Line(block_rows("ib", inner, block))]
+        stage: list[Stmt] = [block_rows("ib", inner, block)]
         first = {k: _offset(coords[:-1] + [ib], layouts[k][1][:lead]) for k in adjacent}  # the block's first row
         tiles = ct == "float"
         for key in staged:

@@ -22,6 +22,7 @@ from torch.utils._sympy.functions import FloorDiv
 from torch.utils._sympy.printers import ExprPrinter
 
 from ..pyexpr import ReadableArith, _delimited
+from .stmts import Nest, Stmt
 from .values import COMPOSITES, Const, Index, Op, Unsupported, Value, Var, expand
 
 
@@ -128,4 +129,21 @@ class ValuePrinter:
 
     def op(self, x: Op, args: list[str]) -> str | None:
         """``x`` with its arguments rendered as ``args``, or None where the language lacks it."""
+        raise NotImplementedError
+
+
+class StatementPrinter:
+    """Kernel statements (``stmts.py``) as indented source lines: a language gives ``line`` (one
+    statement) and ``nest`` (a nest's lines, its body through ``lines`` one level in)."""
+
+    def lines(self, stmts: list[Stmt], indent: str = "") -> list[str]:
+        out: list[str] = []
+        for s in stmts:
+            out += self.nest(s, indent) if isinstance(s, Nest) else [indent + self.line(s)]
+        return out
+
+    def line(self, s: Stmt) -> str:
+        raise NotImplementedError
+
+    def nest(self, s: Nest, indent: str) -> list[str]:
         raise NotImplementedError

@@ -20,7 +20,7 @@ import math
 import sympy
 import torch
 
-from ..ir.printer import IndexPrinter, ValuePrinter
+from ..ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
 from ..ir.stmts import Index, Let, Line, Load, Nest, Set, Stmt, Store
 from ..ir.values import Const, Op, Value
 from .ops import TL_DTYPE
@@ -142,7 +142,7 @@ def values(helpers: frozenset[str] | None) -> TritonValues:
     return TritonValues(helpers)
 
 
-class TritonStatements:
+class TritonStatements(StatementPrinter):
     """Kernel statements (``ir/stmts.py``) as Triton lines (module docstring).  ``reduction``: the
     kernel has rows of ``RBLOCK`` elements; ``deps_of``: the kernel indices (``xindex``,
     ``rindex``) an offset varies with."""
@@ -177,16 +177,11 @@ class TritonStatements:
                 out += f" + 0 * {ix}"
         return out
 
-    def lines(self, stmts: list[Stmt], indent: str = "") -> list[str]:
-        out: list[str] = []
-        for s in stmts:
-            if isinstance(s, Nest):  # the reduced elements' loop, a block at a time
-                (loop,) = s.loops
-                out.append(f"{indent}for {loop.var} in range({loop.start}, {TritonPrinter()(loop.stop)}, {loop.step}):")
-                out += self.lines(s.body, indent + "    ")
-            else:
-                out.append(indent + self.line(s))
-        return out
+    def nest(self, s: Nest, indent: str) -> list[str]:
+        """The reduced elements' loop, a block at a time."""
+        (loop,) = s.loops
+        head = f"{indent}for {loop.var} in range({loop.start}, {TritonPrinter()(loop.stop)}, {loop.step}):"
+        return [head] + self.lines(s.body, indent + "    ")
 
     def line(self, s: Stmt) -> str:
         if isinstance(s, Index):
