@@ -14,7 +14,7 @@ import torch
 from fxforge.codegen.api import CodegenBackend, GroupCost, Kernel
 from fxforge.codegen.ir import aten as ir_aten, stmts as stmts_ir, values as ir
 from fxforge.codegen.ir.emitter import Emitter, Unsupported, node_refusal
-from fxforge.codegen.ir.facts import pointwise_facts
+from fxforge.codegen.ir.facts import checked_cost, pointwise_facts
 from fxforge.codegen.ir.printer import IndexPrinter, ValuePrinter
 from fxforge.iteration import shape_of
 
@@ -125,11 +125,10 @@ def accepts(node, config):
 
 
 def fusion_cost(nodes, outputs, config):
-    try:
+    def probe():
         k = _emit(nodes, outputs)
-    except (Unsupported, NotImplementedError) as e:
-        return f"numpy: {e}"
-    return GroupCost(num_args=k.num_args, unique_io_buffers=k.unique_io_buffers)
+        return GroupCost(num_args=k.num_args, unique_io_buffers=k.unique_io_buffers)
+    return checked_cost(nodes, outputs, config, "numpy", None, probe)  # (no rules of its own)
 
 
 def compile_group(group, ctx):

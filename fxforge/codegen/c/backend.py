@@ -24,12 +24,12 @@ from ...graph import VAL, node_kind, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..ir.emitter import Unsupported, node_refusal
-from ..ir.facts import pointwise_cost
+from ..ir.facts import checked_cost
 from ..probes import memoized
 from ..registry import C_MAX_KERNEL_ARGS
 from .build import CUnit, compiler
 from .launcher import refusal
-from .kernel import CEmitter
+from .kernel import CEmitter, frame_refusal
 from .ops import CTYPE
 from .templates import template_of
 
@@ -80,16 +80,12 @@ def writes_views(node: fx.Node, config: Config) -> bool:
 
 
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
-    cost = pointwise_cost(nodes, outputs)  # from the members' facts, where they decide it (no template's op)
-    if cost is not None:
-        return cost
     computed = [n for n in nodes if node_kind(n) == "compute"]
     if len(computed) > 1 and any(template_of(n) for n in computed):
         return "c: a template kernel (templates.py) runs alone"
-    try:
-        return _probe(nodes, outputs)
-    except (Unsupported, NotImplementedError) as e:
-        return f"c: {e}"
+    # from the members' facts where they decide it (``ir/facts.py``; C's own rules,
+    # ``kernel.frame_refusal``), else from the emitter
+    return checked_cost(nodes, outputs, config, "c", frame_refusal, lambda: _probe(nodes, outputs))
 
 
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import operator
 from dataclasses import dataclass, field
 
 import sympy
@@ -29,7 +30,8 @@ import torch.fx as fx
 from ...graph import VAL, expr
 from ...iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
-from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported, _trailing
+from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported
+from ..ir.rows import Frame, trailing
 from ..ir.aten import REDUCTIONS, Reduction
 from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store, walk
 from ..ir.values import Value, Var
@@ -265,6 +267,83 @@ def launch_source(name: str, args: list[str], params: list[Param], prologue: lis
     return "\n".join(lines + [f"    {name}_c({', '.join(launch)})"]) + "\n"
 
 
+def accumulator(low: Reduction, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
+    """The type a C fold of ``low`` accumulates in: float32 sums and moments in double (the row is
+    folded in order, not in a tree)."""
+    acc = ir_aten.accumulator_dtype(low, in_dt, out_dt)
+    return torch.float64 if acc == torch.float32 and low.accumulate in ("sum", "moments") else acc
+
+
+def innermost_dim(reductions: list[fx.Node], dims: list[int]) -> int:
+    """Of ``dims`` (of the frame's shape), the one the first reduction's input steps along by the
+    fewest elements (static strides; the last where they are symbolic or tie)."""
+    strides = reduction_of(reductions[0]).inp.meta[VAL].stride()
+    if any(type(strides[d]) is not int for d in dims):
+        return dims[-1]
+    return min(reversed(dims), key=lambda d: strides[d])
+
+
+def column_folds(reductions: list[fx.Node]) -> dict[tuple, tuple]:
+    """A column kernel's folds, one per (input, kind, dims): the reduction, its lowering, the
+    fold's own accumulator type and C's (float32 sums in double)."""
+    kinds = {}
+    for n in reductions:
+        r = reduction_of(n)
+        low = REDUCTIONS[r.kind]
+        dts = r.inp.meta[VAL].dtype, n.meta[VAL].dtype
+        kinds.setdefault((r.inp, r.kind, tuple(r.dims)),
+                         (r, low, ir_aten.accumulator_dtype(low, *dts), accumulator(low, *dts)))
+    return kinds
+
+
+def columns_by_rows(fr: Frame, kinds: dict[tuple, tuple]) -> bool:
+    """A column kernel walks its rows in order, its accumulators an array per fold
+    (``COLUMNS_BY_ROWS_MIN``), rather than down each column."""
+    columns = sympy.sympify(fr.xnumel_g)
+    return (columns.is_Integer and int(columns) >= COLUMNS_BY_ROWS_MIN
+            and int(columns) * sum(dt.itemsize for *_, dt in kinds.values()) <= COLUMNS_BY_ROWS_MAX_BYTES)
+
+
+def frame_refusal(fr: Frame, reductions: list[fx.Node], nodes: list[fx.Node], dom) -> str | None:
+    """Why a C kernel does not run the group of compute members ``nodes`` in frame ``fr``, beyond
+    the rules every language keeps (``ir/rows.py``), or None.  ``dom(n)``: a member's domain.
+    ``CEmitter`` raises it as it builds the frame; the fusion facts ask it of a candidate group
+    (``facts.group_cost``): the two cannot disagree."""
+    if not fr.reduction:
+        return None
+    if any(REDUCTIONS[reduction_of(n).kind].strategy == "arg" for n in reductions):
+        return "arg reductions (argmax, max.dim...) run as ATen kernels"
+    dims = fr.layouts[fr.shape]
+    if trailing(fr.shape, dims):
+        return None
+    inner = [d for d, s in enumerate(fr.shape) if s != 1]
+    if inner and inner[-1] in dims and innermost_dim(reductions, inner) in dims:
+        # (the last dim reduced with others not next to it, and reduced in memory too: rows of
+        # short runs, whose folds' vector loops would be a few elements long)
+        return "a reduction over the last dim and others not next to it runs as an ATen kernel"
+    # (a channels-last batch norm's sums over N, H and W: columns, C innermost in memory)
+    for n in reductions:
+        if REDUCTIONS[reduction_of(n).kind].strategy != "combine":
+            return f"{reduction_of(n).kind} over leading dims runs as an ATen kernel"
+    if not columns_by_rows(fr, column_folds(reductions)):  # walking down each column: data in cache only
+        numel = sympy.sympify(fr.xnumel_g * fr.rnumel_g)
+        if not (numel.is_Integer and int(numel) <= COLUMN_MAX_NUMEL):
+            return (f"a column reduction over more than {COLUMN_MAX_NUMEL} elements (or a symbolic count), with "
+                    f"fewer than {COLUMNS_BY_ROWS_MIN} columns or more accumulators than {COLUMNS_BY_ROWS_MAX_BYTES} "
+                    "bytes, runs as ATen's kernel: walking down columns of data that is not in cache waits on "
+                    "memory at every row")
+    # every fold and every value per element in one pass (``fold_columns``): none of those
+    # values may need a fold's result
+    after = set(reductions)
+    for n in nodes:
+        if n not in after and any((a.args[0] if a.target is operator.getitem else a) in after
+                                  for a in n.all_input_nodes):
+            if dom(n) == "xr":
+                return f"{n.name} is read before its reduction ran (a column kernel folds in one pass)"
+            after.add(n)
+    return None
+
+
 class CEmitter(Emitter):
     SIG_DTYPE = SIG_DTYPE
 
@@ -299,13 +378,10 @@ class CEmitter(Emitter):
         if fr.reduction:
             dims = fr.layouts[fr.shape]
             self.xvars = self.nest([ks[d] for d in range(len(ks)) if d not in dims], X, "xi")
-            self.columns = not _trailing(fr.shape, dims)
-            inner = [d for d in range(len(ks)) if ks[d] != 1]
-            if self.columns and inner and inner[-1] in dims and self.innermost_dim(inner) in dims:
-                # (the last dim reduced with others not next to it, and reduced in memory too: rows
-                # of short runs, whose folds' vector loops would be a few elements long)
-                raise Unsupported("a reduction over the last dim and others not next to it runs as an ATen kernel")
-            # (a channels-last batch norm's sums over N, H and W: columns, C innermost in memory)
+            self.columns = not trailing(fr.shape, dims)
+            why = frame_refusal(fr, self.reductions, self.nodes, self.dom)
+            if why is not None:
+                raise Unsupported(why)
             # columns: one flat loop over the reduced dims (a nest inside the vectorized kept loop
             # would keep the compiler from vectorizing it); coordinates from rindex where needed
             self.rvars = [("ri", fr.rnumel)] if self.columns else self.nest([ks[d] for d in dims], R, "ri")
@@ -322,14 +398,6 @@ class CEmitter(Emitter):
                 self.row_cache = {reduction_of(n).inp: None for n in self.reductions}
         self.tile_axes = self.tile_axes_of()
         return fr
-
-    def innermost_dim(self, dims: list[int]) -> int:
-        """Of ``dims`` (of the frame's shape), the one the first reduction's input steps along
-        by the fewest elements (static strides; the last where they are symbolic or tie)."""
-        strides = reduction_of(self.reductions[0]).inp.meta[VAL].stride()
-        if any(type(strides[d]) is not int for d in dims):
-            return dims[-1]
-        return min(reversed(dims), key=lambda d: strides[d])
 
     def tile_axes_of(self) -> tuple[str, int, str, int] | None:
         """The loop over the rows a tile holds and the loop along them, with their sizes
@@ -548,9 +616,7 @@ class CEmitter(Emitter):
     # ---------------------------------------------------------------- reductions
 
     def accumulator(self, low: Reduction, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:
-        """float32 sums and moments accumulate in double (the row is folded in order, not in a tree)."""
-        acc = super().accumulator(low, in_dt, out_dt)
-        return torch.float64 if acc == torch.float32 and low.accumulate in ("sum", "moments") else acc
+        return accumulator(low, in_dt, out_dt)
 
     def element(self, r, low: Reduction, acc_dt: torch.dtype) -> Value:
         """The element of reduction ``r``'s input that the open fold loop reads, as its accumulator type."""
@@ -586,29 +652,11 @@ class CEmitter(Emitter):
         gradient, a mean over tokens...) in one loop over the reduced elements, with the full
         outputs stored in the same loop: the innermost kept loop around it is the vectorized one
         (``launch``), each lane folding its own column (max/min with ``FX_MAX_NAN``: no reduction
-        clause to satisfy).  Values derived from a fold's result cannot be full outputs here:
-        that raises ``Unsupported`` (read before its reduction ran)."""
-        kinds = {}
-        for n in self.reductions:
-            r = reduction_of(n)
-            low = REDUCTIONS[r.kind]
-            if low.strategy != "combine":
-                raise Unsupported(f"{r.kind} over leading dims runs as an ATen kernel")
-            dts = r.inp.meta[VAL].dtype, n.meta[VAL].dtype
-            # (the fold's own accumulator type, and this language's: float32 sums in double)
-            kinds.setdefault((r.inp, r.kind, tuple(r.dims)), (r, low, Emitter.accumulator(self, low, *dts),
-                                                              self.accumulator(low, *dts)))
-        columns = sympy.sympify(self.frame.xnumel)
-        if (columns.is_Integer and int(columns) >= COLUMNS_BY_ROWS_MIN
-                and int(columns) * sum(dt.itemsize for *_, dt in kinds.values()) <= COLUMNS_BY_ROWS_MAX_BYTES):
+        clause to satisfy).  Values per element derived from a fold's result cannot be computed
+        in that one pass: ``frame_refusal`` refuses them."""
+        kinds = column_folds(self.reductions)  # (frame_refusal took the other strategies)
+        if columns_by_rows(self.frame, kinds):
             self.by_rows = {}  # the accumulators are arrays: acc[xindex]
-        else:  # walking down each column: only over data that stays in cache
-            numel = sympy.sympify(self.frame.xnumel_g * self.frame.rnumel_g)
-            if not (numel.is_Integer and int(numel) <= COLUMN_MAX_NUMEL):
-                raise Unsupported(f"a column reduction over more than {COLUMN_MAX_NUMEL} elements (or a symbolic "
-                                  f"count), with fewer than {COLUMNS_BY_ROWS_MIN} columns or more accumulators than "
-                                  f"{COLUMNS_BY_ROWS_MAX_BYTES} bytes, runs as ATen's kernel: walking down columns "
-                                  "of data that is not in cache waits on memory at every row")
         folds = []
         for key, (r, low, part_dt, acc_dt) in kinds.items():
             if self.by_rows is None:
@@ -635,8 +683,6 @@ class CEmitter(Emitter):
             super().store_full(full, persistent)
 
     def fold(self, r, low: Reduction, acc_dt: torch.dtype, persistent: bool) -> dict[str, Var]:
-        if low.strategy == "arg":
-            raise Unsupported("arg reductions (argmax, max.dim...) run as ATen kernels")
         if self.columns:
             if not self.column_accs:
                 self.fold_columns()

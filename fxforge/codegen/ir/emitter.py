@@ -33,6 +33,7 @@ from . import aten as ir_aten, values as ir
 from .stmts import Index, Let, Load, Stmt, Store
 from .aten import REDUCTIONS, Reduction
 from .printer import ValuePrinter
+from .rows import Frame, check_operand, check_rows, domain, frame_of, leading, trailing
 from .values import LOW_PRECISION, Const, Unsupported, Value, Var, compute_dtype
 
 INT32_MAX = 2**31 - 1
@@ -50,18 +51,6 @@ class Param:
 
 def _is_int(e: sympy.Expr) -> bool:
     return sympy.sympify(e).is_Integer
-
-
-def _trailing(shape: tuple, dims: list[int]) -> bool:
-    """The reduced dims are the last ones: row i holds the flat elements [i * rnumel, (i+1) * rnumel)."""
-    return list(dims) == list(range(len(shape) - len(dims), len(shape)))
-
-
-def _leading(shape: tuple, dims: list[int]) -> bool:
-    """The reduced dims come before every kept dim but those of size 1: row i (a position in the
-    kept dims) is the column of elements i, i + xnumel, i + 2 xnumel..."""
-    kept = [d for d in range(len(shape)) if d not in dims and shape[d] != 1]
-    return not kept or not dims or min(kept) > max(dims)
 
 
 def _contiguous(shape: list, stride: list) -> bool:
@@ -117,23 +106,6 @@ ORDER_KEEPING_VIEWS = {
     aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
     aten.flatten.using_ints, aten.expand.default,
 }
-
-
-@dataclass
-class Frame:
-    """A kernel's loop nest.  Pointwise: one flat index ``xindex`` over ``xnumel`` elements.
-    Reduction: rows ``xindex`` over the kept dims of ``shape`` (the first reduction's input)
-    times ``rindex`` over its reduced dims; ``layouts`` maps
-    each reduction input shape to its reduced dims.  ``xnumel``/``rnumel`` are over kernel
-    parameters, ``xnumel_g``/``rnumel_g`` over the graph's symbols."""
-
-    reduction: bool
-    xnumel: sympy.Expr
-    rnumel: sympy.Expr
-    xnumel_g: sympy.Expr
-    rnumel_g: sympy.Expr
-    shape: tuple
-    layouts: dict
 
 
 @dataclass(frozen=True)
@@ -366,9 +338,9 @@ class Emitter:
             xc = self.coords([ks[d] for d in kept], X)
             rc = self.coords([ks[d] for d in layout], R)
             c = {**dict(zip(kept, xc)), **dict(zip(layout, rc))}
-            if _trailing(shape, layout):  # row-major: row xindex holds [xindex * rnumel, ...)
+            if trailing(shape, layout):  # row-major: row xindex holds [xindex * rnumel, ...)
                 self.flat_of[tuple(c[d] for d in range(len(shape)))] = (tuple(ks), X * self.frame.rnumel + R)
-            elif _leading(shape, layout):  # columns: element (xindex, rindex) at rindex * xnumel + xindex
+            elif leading(shape, layout):  # columns: element (xindex, rindex) at rindex * xnumel + xindex
                 self.flat_of[tuple(c[d] for d in range(len(shape)))] = (tuple(ks), R * self.frame.xnumel + X)
             return c
         return dict(enumerate(self.coords(ks, self.flat_index())))
@@ -429,20 +401,8 @@ class Emitter:
         return a
 
     def dom(self, n: fx.Node) -> str:
-        """"x": one value per row; "xr": one per element of the rows (reduction kernels only)."""
-        if not self.frame.reduction:
-            return "x"
-        if n.target is operator.getitem:
-            return self.dom(n.args[0])
-        if n in self.reductions:
-            return "x"
-        numel = _numel(shape_of(n.meta[VAL]))
-        if _same(numel, self.frame.xnumel_g):
-            return "x"
-        if _same(numel, self.frame.xnumel_g * self.frame.rnumel_g):
-            return "xr"
-        raise Unsupported(f"{n.name} has {numel} elements; the kernel runs "
-                          f"{self.frame.xnumel_g} rows x {self.frame.rnumel_g}")
+        """"x": one value per row; "xr": one per element of the rows (``rows.domain``)."""
+        return domain(self.frame, n, self.reductions)
 
     def load(self, a: fx.Node, shape: tuple, dom: str) -> Value:
         """Tensor ``a``, read from memory for a value of ``shape`` in ``dom`` (broadcast as eager)."""
@@ -469,22 +429,6 @@ class Emitter:
         self.emit_load(name, ptr, off, dom, val.dtype)
         return self.remember(key, ir.cast(Var(name, val.dtype), compute_dtype(val.dtype)))
 
-    def check_rows(self, a: fx.Node, shape: tuple) -> None:
-        """A row value ``a`` broadcast into a full value of ``shape`` must give each element its
-        own row's value: ``shape`` is a reduction's input and ``a`` has its kept dims, in place."""
-        fr = self.frame
-        layout = fr.layouts.get(shape)
-        if layout is None and _trailing(fr.shape, fr.layouts[fr.shape]):
-            # rows are runs of rnumel consecutive elements: the dims of ``shape`` after the first
-            # k, whose sizes multiply to rnumel, run within a row
-            k = next((k for k in range(len(shape) + 1) if _same(_numel(shape[k:]), fr.rnumel_g)), None)
-            layout = None if k is None else list(range(k, len(shape)))
-        ashape = shape_of(a.meta[VAL])
-        lead = len(shape) - len(ashape)
-        if layout is None or lead < 0 or not all(
-                _same(ashape[j - lead] if j >= lead else 1, 1 if j in layout else shape[j]) for j in range(len(shape))):
-            raise Unsupported(f"{a.name} {list(ashape)} is not one value per row of {list(shape)}")
-
     def operand(self, a: Any, shape: tuple, dom: str) -> Value:
         """Argument ``a`` of a member computing a value of ``shape`` in ``dom``."""
         if not isinstance(a, fx.Node):
@@ -494,11 +438,7 @@ class Emitter:
         if not self.internal(a):
             return self.load(a, shape, dom)
         v = self.value(a)
-        have = self.dom(a)
-        if have == "x" and dom == "xr":
-            self.check_rows(a, shape)
-        elif have != dom:
-            raise Unsupported(f"{a.name}: a full value read per row")
+        check_operand(self.frame, a, self.dom(a), shape, dom)
         return v
 
     def value(self, n: fx.Node):
@@ -519,7 +459,7 @@ class Emitter:
             if n.target in ORDER_KEEPING_VIEWS and _same(numel, bnumel):
                 return self.remember(("v", n), v)
             if n.target == aten.expand.default and self.dom(base) == "x" and self.dom(n) == "xr":
-                self.check_rows(base, shape_of(n.meta[VAL]))
+                check_rows(self.frame, base, shape_of(n.meta[VAL]))
                 return self.remember(("v", n), v)
             raise Unsupported(f"{n.target} of a value computed in the kernel")
         shape, dom = shape_of(n.meta[VAL]), self.dom(n)
@@ -600,29 +540,9 @@ class Emitter:
                 self.store(n, None, n.meta[VAL], self.value(n), "xr")
         store() if persistent else self.loop(store, independent=True)
 
-    def frame_of(self) -> "Frame":
-        if not self.reductions:
-            shapes = [shape_of(n.meta[VAL]) for n in self.order if isinstance(n.meta.get(VAL), torch.Tensor)]
-            numel = _numel(shapes[0])
-            if any(not _same(_numel(s), numel) for s in shapes):
-                raise Unsupported("pointwise group with different element counts")
-            return Frame(False, self.size_expr(numel), sympy.Integer(1), numel, sympy.Integer(1), shapes[0], {})
-        def layout(n):  # input shape, reduced dims (size-1 dims count as kept: one coordinate, 0)
-            r = reduction_of(n)
-            s = shape_of(r.inp.meta[VAL])
-            return s, [d for d in r.dims if s[d] != 1]
-
-        shape, dims = layout(self.reductions[0])
-        layouts = {shape: dims}
-        xg = _numel([s for d, s in enumerate(shape) if d not in dims])
-        rg = _numel([s for d, s in enumerate(shape) if d in dims])
-        for n in self.reductions[1:]:
-            s, ds = layout(n)
-            same_rows = _same(_numel([x for d, x in enumerate(s) if d in ds]), rg) and _same(_numel(s), xg * rg)
-            if layouts.get(s, ds) != ds or not (s in layouts or (same_rows and _trailing(s, ds) and _trailing(shape, dims))):
-                raise Unsupported(f"reductions over different rows: {list(shape)} dims {dims} and {list(s)} dims {ds}")
-            layouts[s] = ds
-        return Frame(True, self.size_expr(xg), self.size_expr(rg), xg, rg, shape, layouts)
+    def frame_of(self) -> Frame:
+        """The group's loop nest (``rows.frame_of``), its sizes over the kernel's parameters."""
+        return frame_of(self.order, self.reductions, self.size_expr)
 
     def size_expr(self, e) -> sympy.Expr:
         e = sympy.sympify(e)

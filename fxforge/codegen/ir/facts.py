@@ -1,38 +1,45 @@
-"""What a group's kernel needs, from each member's facts, without walking the group.
+"""What a group's kernel needs, from its members' facts, without building the kernel.
 
 The fusion pass asks a backend for the cost of every candidate merge (``fusion_cost``): a chain
-growing one node at a time would have the emitter walk groups of 2, 3, ... 64 nodes.  For groups
-of static pointwise nodes the walk's answer follows from per-node facts combined as sets, in
-O(the group's nodes):
+growing one node at a time would have the emitter build kernels for groups of 2, 3, ... 64 nodes.
+For a group of static pointwise nodes and reductions the emitter's answer follows from facts of
+its members, in O(the group's nodes and their reads) (``group_cost``):
 
-* such a group is one flat loop over its element count: the emitter refuses it only when the
-  counts differ (every member was accepted alone: its op, dtypes and printing are the same
-  inside a group, where its operands are values instead of loads);
-* its launch arguments are one pointer per tensor its members' semantics read from outside
-  (``aten.read_nodes``; each node outside the group one tensor), one per output it stores, and
-  one per runtime scalar read; its io buffers, the tensors read and stored.
+* whether it is one kernel: the rules of its loop nest (``rows.py``, which the emitter builds
+  by), and the language's own (C: ``kernel.frame_refusal``, which its emitter raises).  Every
+  member was accepted alone: its op, dtypes and printing are the same inside a group, where its
+  operands are values instead of loads;
+* its launch arguments: one pointer per tensor its members read from outside (``aten.read_nodes``;
+  each node outside the group one tensor), one per tensor it stores, and one per runtime scalar
+  read; its io buffers, the tensors read and stored.
 
-Groups with reductions, views or symbolic sizes are the emitter's to answer (None here).  In debug
-mode the wrapper checks every fused group's answer against the kernel emitted for it
-(``Wrapper.check_cost``).
+Groups with views among their members, or symbolic sizes, are the emitter's to answer
+(``checked_cost``).  In debug mode ``checked_cost`` asks the emitter about every group and raises
+where the two disagree, and the wrapper checks every fused group's cost against the kernel
+emitted for it (``Wrapper.check_cost``).
 
-Each node's facts are found once per graph (``pointwise_facts``, kept with the probes' summaries in
-the graph module's meta while a ``PassManager`` runs).  A backend offering ``pointwise_facts`` as
-its ``fusion_facts`` lets the fusion pass keep each group's facts (``PointwiseFacts``) and merge
-them with the groups: a merge then costs its groups' reads, not their members.
+Static pointwise groups go further: each node's facts are found once per graph
+(``pointwise_facts``, kept with the probes' summaries in the graph module's meta while a
+``PassManager`` runs).  A backend offering ``pointwise_facts`` as its ``fusion_facts`` lets the
+fusion pass keep each group's facts (``PointwiseFacts``) and merge them with the groups: a merge
+then costs its groups' reads, not their members.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.fx as fx
 
-from ...graph import PROBES, VAL, free_symbols, node_kind
-from ...iteration import kind_of
+from ...graph import PROBES, VAL, free_symbols, node_kind, tensors
+from ...iteration import kind_of, reduction_of, shape_of
 from ..api import GroupCost
 from .aten import read_nodes
+from .rows import check_operand, domain, frame_of
+from .values import Unsupported
 
 
 @dataclass(frozen=True)
@@ -84,17 +91,79 @@ def _facts(n: fx.Node) -> PointwiseFacts | None:
     return PointwiseFacts(v.numel(), tensors, frozenset(read) - tensors)
 
 
-def pointwise_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None) -> GroupCost | None:
-    """The cost of a group of static pointwise nodes with one element count (``outputs``: those
-    used outside; None or empty: every member), or None: the emitter must answer."""
+def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
+               refusal: Callable[..., str | None] | None = None) -> GroupCost | str | None:
+    """The cost of a group of static pointwise nodes and reductions (``outputs``: those used
+    outside; None or empty: every member), why its kernel cannot be emitted (a str), or None:
+    the emitter must answer (views among the members, symbolic sizes, another kind of node).
+
+    The group is checked against the rules its kernel's frame keeps (``rows.py``: the rows every
+    reduction shares, each member's domain, each operand read in its reader's domain) and the
+    language's own (``refusal(frame, reductions, nodes, dom)``: C's ``frame_refusal``), which the
+    emitter raises as it builds the kernel; every member was accepted alone, so its op, dtypes
+    and printing hold inside the group, where its operands are values instead of loads.  Its
+    launch arguments are then a pointer per tensor read from outside and per tensor stored, and
+    one per runtime scalar read.  O(the group's nodes and their reads): no kernel is built."""
     members = set(nodes)
-    group = None
+    reductions = []
     for n in nodes:
-        facts = pointwise_facts(n)
-        if facts is None:
+        if node_kind(n) != "compute" or any(free_symbols(t) for t in tensors(n.meta.get(VAL))):
             return None
-        group = facts if group is None else group.merge(facts, members)
-        if group is None:
+        kind = kind_of(n)
+        if kind == "reduction":
+            reductions.append(n)
+        elif kind != "pointwise":
             return None
-    stored = [n for n in outputs if n in members] if outputs else nodes
-    return None if group is None else group.cost(len(stored))
+    tensors_read: set[fx.Node] = set()
+    scalars: set[fx.Node] = set()
+    try:
+        fr = frame_of(nodes, reductions)
+        dom = {n: domain(fr, n, reductions) for n in nodes}
+        for n in nodes:
+            if n in reductions:
+                r = reduction_of(n)
+                shape, want, read = shape_of(r.inp.meta[VAL]), "xr", [r.inp]
+            else:
+                shape, want, read = shape_of(n.meta[VAL]), dom[n], read_nodes(n)
+                if read is None:
+                    return None
+            for a in read:
+                if a is n:
+                    continue
+                if not isinstance(a.meta.get(VAL), torch.Tensor):
+                    scalars.add(a)
+                    continue
+                source = a.args[0] if a.target is operator.getitem and a.args[0] in members else a
+                if source in members:
+                    check_operand(fr, a, dom[source], shape, want)
+                elif free_symbols(a.meta[VAL]):  # its sizes become the kernel's parameters
+                    return None
+                else:
+                    tensors_read.add(a)
+        why = refusal(fr, reductions, nodes, dom.__getitem__) if refusal is not None else None
+    except Unsupported as e:
+        return str(e)
+    if why is not None:
+        return why
+    stored = sum(len(tensors(n.meta[VAL])) for n in ([n for n in outputs if n in members] if outputs else nodes))
+    return GroupCost(num_args=len(tensors_read) + stored + len(scalars), unique_io_buffers=len(tensors_read) + stored)
+
+
+def checked_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None, config, language: str,
+                 refusal: Callable[..., str | None] | None, probe: Callable[[], GroupCost]) -> GroupCost | str:
+    """A backend's ``fusion_cost``: ``group_cost`` where the facts decide, else ``probe()`` (the
+    emitter run on the group; raises where it refuses).  In debug mode both answer and must
+    agree: on refusing, and on the cost."""
+    cost = group_cost(nodes, outputs, refusal)
+    if isinstance(cost, str):
+        cost = f"{language}: {cost}"
+    if cost is None or config.debug:
+        try:
+            want = probe()
+        except (Unsupported, NotImplementedError) as e:
+            want = f"{language}: {e}"
+        if cost is None:
+            return want
+        if isinstance(cost, str) != isinstance(want, str) or (not isinstance(cost, str) and cost != want):
+            raise AssertionError(f"fusion facts of {[n.name for n in nodes]} give {cost!r}, the emitter {want!r}")
+    return cost

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import collections
 
-import torch
 import torch.fx as fx
 
 from ...config import Config
 from ...graph import VAL, tensors
 from ...plan import Group
 from ..api import GroupCost, Kernel, KernelContext
-from ..ir.facts import pointwise_cost
+from ..ir.facts import checked_cost
 from ..probes import memoized
 from . import cache
 from .autotune import Tuner
@@ -79,14 +78,9 @@ def writes_views(node: fx.Node, config: Config) -> bool:
 
 
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost | str:
-    """The emitted kernel's launch arguments and storages, or why no single kernel can be emitted."""
-    cost = pointwise_cost(nodes, outputs)  # from the members' facts, where they decide it
-    if cost is not None:
-        return cost
-    try:
-        return _probe(nodes, outputs)
-    except (Unsupported, NotImplementedError) as e:
-        return f"triton: {e}"
+    """The emitted kernel's launch arguments and storages, or why no single kernel can be emitted:
+    from the members' facts where they decide it (``ir/facts.py``), else from the emitter."""
+    return checked_cost(nodes, outputs, config, "triton", None, lambda: _probe(nodes, outputs))
 
 
 def load_kernel(em: Emitted, mode: str | None = None):

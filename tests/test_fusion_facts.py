@@ -1,0 +1,156 @@
+"""Fusion decisions from the members' facts (fxforge/codegen/ir/facts.py): for any group the facts
+answer, they say what the emitter says (refused or not, and the kernel's cost), and the fusion
+pass asks the emitter nothing for the groups they answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+from hypothesis import given, settings
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fxforge
+from fxforge.codegen.c import backend as c_backend, build
+from fxforge.codegen.c.kernel import CEmitter, frame_refusal
+from fxforge.codegen.ir.emitter import Unsupported
+from fxforge.codegen.ir.facts import group_cost
+from fxforge.codegen.triton import backend as triton_backend
+from fxforge.codegen.triton.kernel import TritonEmitter
+from fxforge.compiler import compile_graph
+from fxforge.graph import node_kind
+from fxforge.iteration import kind_of
+from fxforge.plan import group_outputs
+from fxforge.testing import graphs, profile
+
+needs_cc = pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine")
+LANGUAGES = {"c": (CEmitter, frame_refusal, c_backend), "triton": (TritonEmitter, None, triton_backend)}
+
+
+def _emitted(language: str, nodes: list[fx.Node], outputs) -> tuple[int, int] | str:
+    """What the language's emitter says of the group: (launch arguments, io buffers), or why not."""
+    emitter = LANGUAGES[language][0]
+    try:
+        k = emitter("probe", lambda n: n.name, lambda n, i: f"{n.name}_{i}", nodes, outputs).emit()
+    except (Unsupported, NotImplementedError) as e:
+        return str(e)
+    return len(k.params), k.unique_io_buffers
+
+
+def _facts(language: str, nodes: list[fx.Node], outputs) -> tuple[int, int] | str | None:
+    cost = group_cost(nodes, outputs, LANGUAGES[language][1])
+    return cost if cost is None or isinstance(cost, str) else (cost.num_args, cost.unique_io_buffers)
+
+
+def _windows(gm: fx.GraphModule, language: str, cfg) -> list[list[fx.Node]]:
+    """Candidate groups: every run of 2 to 4 consecutive fusible nodes the backend accepts alone."""
+    backend = LANGUAGES[language][2]
+    run, out = [], []
+    for n in gm.graph.nodes:
+        ok = (n.op == "call_function" and node_kind(n) == "compute" and kind_of(n) in ("pointwise", "reduction")
+              and backend.accepts(n, cfg) is None)
+        run = run + [n] if ok else []
+        out += [run[-k:] for k in range(2, 5) if len(run) >= k]
+    return out
+
+
+def _agree(gm: fx.GraphModule, language: str) -> int:
+    """Check every candidate group of ``gm``; the number the facts answered."""
+    cfg = fxforge.Config(codegen=language)
+    answered = 0
+    outs = {n for n in gm.graph.nodes if n.op == "output" for n in n.all_input_nodes}
+    for nodes in _windows(gm, language, cfg):
+        for outputs in (None, group_outputs(nodes, outs)):
+            facts = _facts(language, nodes, outputs)
+            if facts is None:
+                continue
+            answered += 1
+            want = _emitted(language, nodes, outputs)
+            names = [n.name for n in nodes]
+            assert isinstance(facts, str) == isinstance(want, str), (names, facts, want)
+            if not isinstance(want, str):
+                assert facts == want, (names, facts, want)
+    return answered
+
+
+@needs_cc
+@settings(profile(), max_examples=40, deadline=None)
+@given(graphs(ops=("unary", "binary", "reduction", "var_mean", "convert"),
+              exclude=("remainder", "sign"), dtypes=(torch.float32, torch.int64), max_ops=8, max_dim=4))
+def test_facts_say_what_the_c_emitter_says(example):
+    _agree(example[0], "c")
+
+
+@settings(profile(), max_examples=25, deadline=None)
+@given(graphs(ops=("unary", "binary", "reduction", "var_mean", "convert"),
+              exclude=("remainder", "sign"), dtypes=(torch.float32,), max_ops=8, max_dim=4))
+def test_facts_say_what_the_triton_emitter_says(example):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")  # (CPU tensors: the backend accepts them under the interpreter)
+        _agree(example[0], "triton")
+
+
+def _traced(fn, *args) -> fx.GraphModule:
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+@needs_cc
+@pytest.mark.parametrize("case, refused", [
+    # rows: a softmax's max, exp and sum, and the division by the sum
+    ("softmax", None),
+    # columns (the last dim kept): a sum over the batch, and a value per element after it
+    ("column_sum_then_scale", None),
+    ("column_centered", "read before its reduction ran"),
+    # rows of different shapes
+    ("rows_and_columns", "reductions over different rows"),
+])
+def test_reduction_groups_answered_alike(case, refused):
+    x = torch.randn(64, 48)
+    fns = {
+        "softmax": lambda a: (a - a.amax(1, keepdim=True)).exp() / (a - a.amax(1, keepdim=True)).exp().sum(1, keepdim=True),
+        "column_sum_then_scale": lambda a: a.sum(0) * 0.5,
+        "column_centered": lambda a: a - a.sum(0),
+        "rows_and_columns": lambda a: a.sum(0).sum() + a.sum(1).sum(),
+    }
+    gm = _traced(fns[case], x)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and kind_of(n) in ("pointwise", "reduction")]
+    outs = {n for n in gm.graph.nodes if n.op == "output" for n in n.all_input_nodes}
+    outputs = group_outputs(nodes, outs)
+    facts, want = _facts("c", nodes, outputs), _emitted("c", nodes, outputs)
+    assert facts is not None
+    if refused is None:
+        assert facts == want and not isinstance(facts, str)
+    else:
+        assert isinstance(facts, str) and refused in facts and isinstance(want, str), (facts, want)
+
+
+@needs_cc
+def test_fusion_runs_no_emitter_for_the_groups_facts_answer(monkeypatch):
+    """Layer norms and softmaxes (two row reductions) in a chain of blocks: every merge is answered by the facts; the
+    emitter runs for the nodes alone (memoized by structure) and for the kernels, not per merge."""
+    def f(x, w):
+        for _ in range(6):
+            h = torch.nn.functional.layer_norm(x, (64,), w, None)
+            e = (h - h.amax(-1, keepdim=True)).exp()
+            x = x + e / e.sum(-1, keepdim=True) * 2.0
+        return x
+
+    x, w = torch.randn(32, 64), torch.randn(64)
+    gm = _traced(f, x, w)
+    runs = []
+    real = CEmitter.emit
+    monkeypatch.setattr(CEmitter, "emit", lambda self: runs.append((self.name, len(self.nodes))) or real(self))
+    asked = []
+    real_checked = c_backend.checked_cost
+
+    def spy(nodes, outputs, config, language, refusal, probe):
+        asked.append(sum(kind_of(n) == "reduction" for n in nodes))
+        return real_checked(nodes, outputs, config, language, refusal, probe)
+
+    monkeypatch.setattr(c_backend, "checked_cost", spy)
+    c = compile_graph(gm, fxforge.Config(codegen="c", debug=False))
+    torch.testing.assert_close(c(x, w), f(x, w), rtol=1e-4, atol=1e-4)
+    assert asked and max(asked) >= 2, asked  # groups with reductions were asked about
+    # the emitter ran on nodes alone (accepts) and on the kernels, never on a candidate merge
+    merged_probes = [size for name, size in runs if name == "probe" and size > 1]
+    assert not merged_probes, merged_probes
