@@ -43,14 +43,16 @@ def _facts(language: str, nodes: list[fx.Node], outputs) -> tuple[int, int] | st
 
 
 def _windows(gm: fx.GraphModule, language: str, cfg) -> list[list[fx.Node]]:
-    """Candidate groups: every run of 2 to 4 consecutive fusible nodes the backend accepts alone."""
+    """Candidate groups: every run of 2 to 5 consecutive nodes, each a view or a fusible node the
+    backend accepts alone, with at least two of the latter."""
     backend = LANGUAGES[language][2]
     run, out = [], []
     for n in gm.graph.nodes:
-        ok = (n.op == "call_function" and node_kind(n) == "compute" and kind_of(n) in ("pointwise", "reduction")
-              and backend.accepts(n, cfg) is None)
+        view = n.op == "call_function" and node_kind(n) == "view"
+        ok = view or (n.op == "call_function" and node_kind(n) == "compute"
+                      and kind_of(n) in ("pointwise", "reduction") and backend.accepts(n, cfg) is None)
         run = run + [n] if ok else []
-        out += [run[-k:] for k in range(2, 5) if len(run) >= k]
+        out += [run[-k:] for k in range(2, 6) if len(run) >= k and sum(node_kind(m) == "compute" for m in run[-k:]) >= 2]
     return out
 
 
@@ -75,14 +77,14 @@ def _agree(gm: fx.GraphModule, language: str) -> int:
 
 @needs_cc
 @settings(profile(), max_examples=40, deadline=None)
-@given(graphs(ops=("unary", "binary", "reduction", "var_mean", "convert"),
+@given(graphs(ops=("unary", "binary", "reduction", "var_mean", "convert", "view"),
               exclude=("remainder", "sign"), dtypes=(torch.float32, torch.int64), max_ops=8, max_dim=4))
 def test_facts_say_what_the_c_emitter_says(example):
     _agree(example[0], "c")
 
 
 @settings(profile(), max_examples=25, deadline=None)
-@given(graphs(ops=("unary", "binary", "reduction", "var_mean", "convert"),
+@given(graphs(ops=("unary", "binary", "reduction", "var_mean", "convert", "view"),
               exclude=("remainder", "sign"), dtypes=(torch.float32,), max_ops=8, max_dim=4))
 def test_facts_say_what_the_triton_emitter_says(example):
     with pytest.MonkeyPatch.context() as mp:

@@ -27,7 +27,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ...graph import VAL, expr
+from ...graph import VAL, expr, node_kind
 from ...iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported
@@ -305,8 +305,9 @@ def columns_by_rows(fr: Frame, kinds: dict[tuple, tuple]) -> bool:
 
 
 def frame_refusal(fr: Frame, reductions: list[fx.Node], nodes: list[fx.Node], dom) -> str | None:
-    """Why a C kernel does not run the group of compute members ``nodes`` in frame ``fr``, beyond
-    the rules every language keeps (``ir/rows.py``), or None.  ``dom(n)``: a member's domain.
+    """Why a C kernel does not run the group of ``nodes`` (its members in schedule order) in frame
+    ``fr``, beyond the rules every language keeps (``ir/rows.py``), or None.  ``dom(n)``: a
+    computed member's domain.
     ``CEmitter`` raises it as it builds the frame; the fusion facts ask it of a candidate group
     (``facts.group_cost``): the two cannot disagree."""
     if not fr.reduction:
@@ -338,7 +339,7 @@ def frame_refusal(fr: Frame, reductions: list[fx.Node], nodes: list[fx.Node], do
     for n in nodes:
         if n not in after and any((a.args[0] if a.target is operator.getitem else a) in after
                                   for a in n.all_input_nodes):
-            if dom(n) == "xr":
+            if node_kind(n) == "compute" and dom(n) == "xr":
                 return f"{n.name} is read before its reduction ran (a column kernel folds in one pass)"
             after.add(n)
     return None
@@ -379,7 +380,7 @@ class CEmitter(Emitter):
             dims = fr.layouts[fr.shape]
             self.xvars = self.nest([ks[d] for d in range(len(ks)) if d not in dims], X, "xi")
             self.columns = not trailing(fr.shape, dims)
-            why = frame_refusal(fr, self.reductions, self.nodes, self.dom)
+            why = frame_refusal(fr, self.reductions, self.order, self.dom)
             if why is not None:
                 raise Unsupported(why)
             # columns: one flat loop over the reduced dims (a nest inside the vectorized kept loop

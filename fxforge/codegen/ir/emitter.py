@@ -26,14 +26,14 @@ import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
-from ...iteration import numel as _numel, reduction_of, same_size as _same, shape_of
+from ...iteration import reduction_of, shape_of
 from ..indexing import floor_div, modular
 from ..pyexpr import PyExprPrinter
 from . import aten as ir_aten, values as ir
 from .stmts import Index, Let, Load, Stmt, Store
 from .aten import REDUCTIONS, Reduction
 from .printer import ValuePrinter
-from .rows import Frame, check_operand, check_rows, domain, frame_of, leading, trailing
+from .rows import Frame, check_operand, check_view, domain, frame_of, leading, trailing
 from .values import LOW_PRECISION, Const, Unsupported, Value, Var, compute_dtype
 
 INT32_MAX = 2**31 - 1
@@ -101,11 +101,6 @@ R = sympy.Symbol(RINDEX, integer=True, nonnegative=True)
 
 # Views that keep the row-major order of their input's elements (same element count): a value the
 # kernel computes at flat position i is the view's value at flat position i.
-ORDER_KEEPING_VIEWS = {
-    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
-    aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
-    aten.flatten.using_ints, aten.expand.default,
-}
 
 
 @dataclass(frozen=True)
@@ -451,17 +446,9 @@ class Emitter:
         if n in self.reductions:
             raise Unsupported(f"{n.name} is read before its reduction ran")
         if node_kind(n) == "view":
-            if not isinstance(n.meta[VAL], torch.Tensor):  # a split's pieces are views of a computed value
-                raise Unsupported(f"{n.target} (views of several pieces) of a value computed in the kernel")
-            base = aliased_input(n)
-            v = self.value(base)
-            numel, bnumel = _numel(shape_of(n.meta[VAL])), _numel(shape_of(base.meta[VAL]))
-            if n.target in ORDER_KEEPING_VIEWS and _same(numel, bnumel):
-                return self.remember(("v", n), v)
-            if n.target == aten.expand.default and self.dom(base) == "x" and self.dom(n) == "xr":
-                check_rows(self.frame, base, shape_of(n.meta[VAL]))
-                return self.remember(("v", n), v)
-            raise Unsupported(f"{n.target} of a value computed in the kernel")
+            v = self.value(aliased_input(n))
+            check_view(self.frame, n, self.dom)
+            return self.remember(("v", n), v)
         shape, dom = shape_of(n.meta[VAL]), self.dom(n)
         v = ir_aten.lower(n, lambda a: self.operand(a, shape, dom), self.scalar)
         dt = n.meta[VAL].dtype

@@ -13,8 +13,7 @@ its members, in O(the group's nodes and their reads) (``group_cost``):
   each node outside the group one tensor), one per tensor it stores, and one per runtime scalar
   read; its io buffers, the tensors read and stored.
 
-Groups with views among their members, or symbolic sizes, are the emitter's to answer
-(``checked_cost``).  In debug mode ``checked_cost`` asks the emitter about every group and raises
+Groups with symbolic sizes are the emitter's to answer (``checked_cost``).  In debug mode ``checked_cost`` asks the emitter about every group and raises
 where the two disagree, and the wrapper checks every fused group's cost against the kernel
 emitted for it (``Wrapper.check_cost``).
 
@@ -34,11 +33,11 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ...graph import PROBES, VAL, free_symbols, node_kind, tensors
+from ...graph import PROBES, VAL, aliased_input, free_symbols, node_kind, tensors
 from ...iteration import kind_of, reduction_of, shape_of
 from ..api import GroupCost
 from .aten import read_nodes
-from .rows import check_operand, domain, frame_of
+from .rows import check_operand, check_view, domain, frame_of
 from .values import Unsupported
 
 
@@ -93,60 +92,92 @@ def _facts(n: fx.Node) -> PointwiseFacts | None:
 
 def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
                refusal: Callable[..., str | None] | None = None) -> GroupCost | str | None:
-    """The cost of a group of static pointwise nodes and reductions (``outputs``: those used
-    outside; None or empty: every member), why its kernel cannot be emitted (a str), or None:
-    the emitter must answer (views among the members, symbolic sizes, another kind of node).
+    """The cost of a group of static pointwise nodes and reductions, with the views between them
+    (``outputs``: those used outside; None or empty: every computed member), why its kernel
+    cannot be emitted (a str), or None: the emitter must answer (symbolic sizes, another kind of
+    node).
 
     The group is checked against the rules its kernel's frame keeps (``rows.py``: the rows every
-    reduction shares, each member's domain, each operand read in its reader's domain) and the
-    language's own (``refusal(frame, reductions, nodes, dom)``: C's ``frame_refusal``), which the
-    emitter raises as it builds the kernel; every member was accepted alone, so its op, dtypes
-    and printing hold inside the group, where its operands are values instead of loads.  Its
-    launch arguments are then a pointer per tensor read from outside and per tensor stored, and
-    one per runtime scalar read.  O(the group's nodes and their reads): no kernel is built."""
+    reduction shares, each member's domain, each operand read in its reader's domain, each view
+    of a computed value keeping its elements) and the language's own (``refusal(frame,
+    reductions, nodes, dom)``: C's ``frame_refusal``), which the emitter raises as it builds the
+    kernel; every member was accepted alone, so its op, dtypes and printing hold inside the
+    group, where its operands are values instead of loads.  Its launch arguments are then a
+    pointer per tensor read from outside (a member view of one reads the tensor it views) and
+    per tensor stored, and one per runtime scalar read.  O(the group's nodes and their reads):
+    no kernel is built."""
     members = set(nodes)
-    reductions = []
+    computed, reductions = [], []
     for n in nodes:
-        if node_kind(n) != "compute" or any(free_symbols(t) for t in tensors(n.meta.get(VAL))):
+        k = node_kind(n)
+        if k not in ("compute", "view") or any(free_symbols(t) for t in tensors(n.meta.get(VAL))):
             return None
+        if k == "view":
+            continue
+        computed.append(n)
         kind = kind_of(n)
         if kind == "reduction":
             reductions.append(n)
         elif kind != "pointwise":
             return None
+
+    def internal(a: fx.Node) -> bool:  # (the emitter's ``internal``)
+        if a in members:
+            return node_kind(a) == "compute" or internal(aliased_input(a))
+        return a.target is operator.getitem and a.args[0] in members
+
     tensors_read: set[fx.Node] = set()
     scalars: set[fx.Node] = set()
     try:
         fr = frame_of(nodes, reductions)
-        dom = {n: domain(fr, n, reductions) for n in nodes}
-        for n in nodes:
+        doms: dict[fx.Node, str] = {}
+
+        def dom(n: fx.Node) -> str:
+            if n not in doms:
+                doms[n] = domain(fr, n, reductions)
+            return doms[n]
+
+        viewed: set[fx.Node] = set()
+        for n in computed:
             if n in reductions:
                 r = reduction_of(n)
                 shape, want, read = shape_of(r.inp.meta[VAL]), "xr", [r.inp]
             else:
-                shape, want, read = shape_of(n.meta[VAL]), dom[n], read_nodes(n)
+                shape, want, read = shape_of(n.meta[VAL]), dom(n), read_nodes(n)
                 if read is None:
                     return None
             for a in read:
                 if a is n:
                     continue
-                if not isinstance(a.meta.get(VAL), torch.Tensor):
+                val = a.meta.get(VAL)
+                if not isinstance(val, torch.Tensor):
                     scalars.add(a)
-                    continue
-                source = a.args[0] if a.target is operator.getitem and a.args[0] in members else a
-                if source in members:
-                    check_operand(fr, a, dom[source], shape, want)
-                elif free_symbols(a.meta[VAL]):  # its sizes become the kernel's parameters
-                    return None
-                else:
-                    tensors_read.add(a)
-        why = refusal(fr, reductions, nodes, dom.__getitem__) if refusal is not None else None
+                elif internal(a):
+                    v = a
+                    while v in members and node_kind(v) == "view" and v not in viewed:
+                        viewed.add(v)
+                        check_view(fr, v, dom)
+                        v = aliased_input(v)
+                    check_operand(fr, a, dom(a), shape, want)
+                else:  # read from memory: the tensor outside that it is, or that a member view views
+                    root = a
+                    while root in members:
+                        root = aliased_input(root)
+                    rval = root.meta.get(VAL)
+                    if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
+                        raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
+                    if free_symbols(rval) or free_symbols(val):  # its sizes become the kernel's parameters
+                        return None
+                    tensors_read.add(root)
+        why = refusal(fr, reductions, nodes, dom) if refusal is not None else None
     except Unsupported as e:
         return str(e)
     if why is not None:
         return why
-    stored = sum(len(tensors(n.meta[VAL])) for n in ([n for n in outputs if n in members] if outputs else nodes))
-    return GroupCost(num_args=len(tensors_read) + stored + len(scalars), unique_io_buffers=len(tensors_read) + stored)
+    stored = [n for n in outputs if n in set(computed)] if outputs else computed
+    n_stored = sum(len(tensors(n.meta[VAL])) for n in stored)
+    return GroupCost(num_args=len(tensors_read) + n_stored + len(scalars),
+                     unique_io_buffers=len(tensors_read) + n_stored)
 
 
 def checked_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None, config, language: str,

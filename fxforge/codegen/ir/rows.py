@@ -22,9 +22,18 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ...graph import VAL
+from ...graph import VAL, aliased_input
 from ...iteration import numel as _numel, reduction_of, same_size as _same, shape_of
 from .values import Unsupported
+
+aten = torch.ops.aten
+# Views that keep a value's elements in order: a member computed in the kernel viewed so has the
+# same value per element (``check_view``).
+ORDER_KEEPING_VIEWS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
+    aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
+    aten.flatten.using_ints, aten.expand.default,
+}
 
 
 @dataclass
@@ -125,3 +134,17 @@ def check_operand(fr: Frame, a: fx.Node, have: str, shape: tuple, want: str) -> 
         check_rows(fr, a, shape)
     elif have != want:
         raise Unsupported(f"{a.name}: a full value read per row")
+
+
+def check_view(fr: Frame, n: fx.Node, dom: Callable[[fx.Node], str]) -> None:
+    """A member view ``n`` of a value computed in the kernel: the same elements in the same
+    order, or a row value expanded along the reduced dims.  ``dom(n)``: a member's domain."""
+    if not isinstance(n.meta[VAL], torch.Tensor):  # a split's pieces are views of a computed value
+        raise Unsupported(f"{n.target} (views of several pieces) of a value computed in the kernel")
+    base = aliased_input(n)
+    if n.target in ORDER_KEEPING_VIEWS and _same(_numel(shape_of(n.meta[VAL])), _numel(shape_of(base.meta[VAL]))):
+        return
+    if n.target == aten.expand.default and dom(base) == "x" and dom(n) == "xr":
+        check_rows(fr, base, shape_of(n.meta[VAL]))
+        return
+    raise Unsupported(f"{n.target} of a value computed in the kernel")
