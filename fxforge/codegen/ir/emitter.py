@@ -94,13 +94,9 @@ def node_refusal(node: fx.Node, dtypes, language: str, masked_outputs: bool = Fa
     return None
 
 
-aten = torch.ops.aten
 XINDEX, RINDEX = "xindex", "rindex"
 X = sympy.Symbol(XINDEX, integer=True, nonnegative=True)
 R = sympy.Symbol(RINDEX, integer=True, nonnegative=True)
-
-# Views that keep the row-major order of their input's elements (same element count): a value the
-# kernel computes at flat position i is the view's value at flat position i.
 
 
 @dataclass(frozen=True)
