@@ -15,6 +15,8 @@ log = logging.getLogger("fxforge")
 
 # Calls whose generated code failed (each re-run eagerly) before a graph runs eagerly for good.
 MAX_FAILURES = 3
+# Whether a profiler (torch.profiler, torch.autograd.profiler) is recording: one check per call.
+_profiling = torch._C._autograd._profiler_enabled
 
 
 class GeneratedCodeError(RuntimeError):
@@ -62,6 +64,7 @@ class Compiled:
         self,
         fn: Callable[[list], Any],
         *,
+        profiled: Callable[[], Callable[[list], Any]] | None = None,
         source: str,
         stats: dict,
         kernels: list[KernelInfo],
@@ -73,6 +76,8 @@ class Compiled:
         communicates: bool = False,
     ):
         self._fn = fn
+        # ``call_profiled``, made on first use: ``fn`` with each kernel in a profiler range
+        self._load_profiled = profiled
         self.source = source
         self.stats = stats
         self.kernels = kernels
@@ -116,15 +121,17 @@ class Compiled:
             args.clear()
             return out
         kept = list(args) if (self._holds_inputs or not self._proven) and self._eager is not None else None
+        # under torch.profiler (or torch.autograd.profiler), each kernel in a range of its own
+        fn = self._fn if self._load_profiled is None or not _profiling() else self._load_profiled()
         try:
             # Graphs are ATen-level and functional: autograd, if any, happens outside them
             # (AOTAutograd), and out= ops refuse inputs that require grad.  AOTAutograd runs a
             # training step's graphs with grad off already: no context to enter then (1-2 µs)
             if torch.is_grad_enabled():
                 with torch.no_grad():
-                    out = self._fn(args)
+                    out = fn(args)
             else:
-                out = self._fn(args)
+                out = fn(args)
         except Exception as e:
             if self._debug:
                 raise

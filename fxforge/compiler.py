@@ -182,9 +182,9 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
         verify_memory_plan(memory)
     stage("memory_plan")
     plan = Plan(sched, groups, memory)
-    w = wrapper.generate(gm, plan, registry, config)
+    w = wrapper.generate(gm, plan, registry, config, graph=f"{kind}-{graph_id}")
     stage("codegen")
-    fn = w.load(f"<fxforge-{kind}-{graph_id}>")
+    fn, profiled = w.load(f"<fxforge-{kind}-{graph_id}>")
     stage("load")
 
     arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas if a.symmetric is None
@@ -224,6 +224,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
     kernels = [KernelInfo(k.name, k.backend, k.node_count, k.num_args, k.unique_io_buffers) for k in w.kernels]
     compiled = Compiled(
         fn,
+        profiled=profiled,
         source=w.source,
         stats=stats,
         kernels=kernels,

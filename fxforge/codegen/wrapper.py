@@ -28,6 +28,10 @@ together with the last of its buffers, so its storage is freed as soon as no buf
 live (a later view of a buffer keeps it alive as long as needed).
 A kernel whose backend fails to compile it falls back to eager calls for its nodes.
 
+A second function, ``call_profiled``, is ``call`` with each kernel call inside a profiler range
+named after the kernel (``kernel_range``); it is compiled and used only for calls made while a
+profiler records (``Compiled.call_boxed``).
+
 Kept arenas (``plan.memory.kept_bytes``: static sizes, ``Config.keep_arenas``): the arenas sit
 at their own offsets in one block, and every view of a buffer in them is made once, by
 ``_arenas()``; ``call`` takes them (``runtime.KeptArenas``) and unpacks them at its start, and
@@ -81,19 +85,36 @@ class Wrapper:
     kernels: list[Kernel]
     # Groups whose kernel failed to compile and ran as fallbacks instead: (group id, reason).
     demoted: list[tuple[int, str]] = field(default_factory=list)
+    # ``call_profiled(args)``: ``call`` with each kernel call inside a profiler range named after
+    # the kernel (``KERNEL_RANGE``), compiled the first time a call runs under a profiler.
+    profiled_source: str = ""
 
     def load(self, filename: str):
-        """Compile the source; the returned ``call(args)`` runs the graph."""
-        code = compile(self.source, filename, "exec")
-        linecache.cache[filename] = (len(self.source), None, self.source.splitlines(True), filename)
+        """Compile the source; returns ``call(args)``, which runs the graph, and a function
+        returning ``call_profiled`` (compiled on its first use, into the same namespace)."""
         ns = dict(self.globals)
-        exec(code, ns)
-        return ns["call"]
+        exec(_compiled(self.source, filename), ns)
+        profiled: list = []
+
+        def load_profiled():
+            if not profiled:
+                exec(_compiled(self.profiled_source, filename + "-profiled"), ns)
+                profiled.append(ns["call_profiled"])
+            return profiled[0]
+
+        return ns["call"], load_profiled
+
+
+def _compiled(source: str, filename: str):
+    """``source`` compiled, its lines kept where tracebacks and debuggers look for them."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return compile(source, filename, "exec")
 
 
 class _Builder:
-    def __init__(self, gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config):
+    def __init__(self, gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph"):
         self.gm, self.plan, self.registry, self.config = gm, plan, registry, config
+        self.graph = graph
         self.taken = {n.name for n in gm.graph.nodes} | {"torch", "operator", "math", "call", "args"}
         self.globals: dict[str, Any] = {"torch": torch, "operator": operator, "math": math}
         self.const_names: dict[int, str] = {}
@@ -102,6 +123,7 @@ class _Builder:
         self.lines: list[str] = []
         self.kernels: list[Kernel] = []
         self.kernel_sources: list[str] = []
+        self.kernel_lines: dict[int, str] = {}  # index in ``lines`` of a kernel call -> its profiler range
         self.demoted: list[tuple[int, str]] = []
         self.demoted_nodes: set[fx.Node] = set()
         self.node_names = {n.name for n in gm.graph.nodes}
@@ -587,14 +609,26 @@ class _Builder:
             src += [ks.rstrip("\n"), "", ""]
         if self.kept:
             src += self.setup_source()
-            names = ", ".join(["_block", *self.kept_names])
-            take = ["_views = _kept.take()", "try:"]
-            inner = [f"{names}, = _views"] + (["_block.fill_(255)  # poison: NaN for floats"] if self.config.poison_arena
-                                              else [])
-            body = take + ["    " + l for l in inner + body] + ["finally:", "    _kept.give(_views)"]
-        src.append("def call(args):")
-        src += ["    " + l for l in head + body]
-        return Wrapper("\n".join(src) + "\n", self.globals, self.kernels, self.demoted)
+
+        def function(name: str, body: list[str]) -> list[str]:
+            if self.kept:
+                names = ", ".join(["_block", *self.kept_names])
+                take = ["_views = _kept.take()", "try:"]
+                inner = [f"{names}, = _views"] + (["_block.fill_(255)  # poison: NaN for floats"]
+                                                  if self.config.poison_arena else [])
+                body = take + ["    " + l for l in inner + body] + ["finally:", "    _kept.give(_views)"]
+            return [f"def {name}(args):"] + ["    " + l for l in head + body]
+
+        profiled = []
+        for i, line in enumerate(body):
+            if i in self.kernel_lines:
+                profiled += [f"with {KERNEL_RANGE}({self.kernel_lines[i]!r}):", "    " + line]
+            else:
+                profiled.append(line)
+        self.globals[KERNEL_RANGE] = torch.profiler.record_function
+        src += function("call", body)
+        return Wrapper("\n".join(src) + "\n", self.globals, self.kernels, self.demoted,
+                       "\n".join(function("call_profiled", profiled)) + "\n")
 
     def setup_source(self) -> list[str]:
         """``_arenas()``: the block holding every arena, and the buffer views in them, made once
@@ -668,6 +702,7 @@ class _Builder:
         self.kernels.append(k)
         self.kernel_sources.append(k.source)
         call = f"{k.name}({', '.join(k.args)})"
+        self.kernel_lines[len(self.lines)] = kernel_range(self.graph, k, g)
         if k.returns:
             self.lines.append(f"{', '.join(k.returns)}{',' if len(k.returns) == 1 else ''} = {call}")
             self.bound.update(k.returns)
@@ -676,6 +711,21 @@ class _Builder:
                     self.guard_layout(n)
         else:
             self.lines.append(call)
+
+
+# The profiler range each kernel call of ``call_profiled`` runs in.
+KERNEL_RANGE = "_kernel_range"
+# Ops named in a kernel's range, at most (then "...").
+RANGE_OPS = 6
+
+
+def kernel_range(graph: str, k: Kernel, g: Group) -> str:
+    """The profiler range of kernel ``k`` (group ``g``) of ``graph``: ``fxforge forward-0
+    kernel3 [c] add, mul, gelu``, its group's distinct ops in schedule order."""
+    ops = list(dict.fromkeys(op_display(n.target).split(".")[1] if isinstance(n.target, torch._ops.OpOverload)
+                             else op_display(n.target) for n in g.nodes if node_kind(n) == "compute"))
+    shown = ", ".join(ops[:RANGE_OPS]) + (", ..." if len(ops) > RANGE_OPS else "")
+    return f"fxforge {graph} {k.name} [{k.backend}] {shown}"
 
 
 def _has_nodes(args) -> bool:
@@ -700,8 +750,9 @@ def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
     return obj
 
 
-def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config) -> Wrapper:
-    return _Builder(gm, plan, registry, config).build()
+def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph") -> Wrapper:
+    """The wrapper of ``gm`` (``graph``: its name in profiler ranges, ``forward-0``...)."""
+    return _Builder(gm, plan, registry, config, graph).build()
 
 
 # Views that are only a layout (sizes, strides, offset) of their base's elements: the wrapper
