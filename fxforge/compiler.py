@@ -36,7 +36,8 @@ from .passes.memory import arena_intervals, arena_peak_bytes, plan_memory, symme
 from .passes.padcat import ZeroCopyCatPad
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .passes.symmetric import LowerAllReduceToSymmetric, PlaceSymmetric
-from .pipeline import PassError, PassManager
+from .pipeline import PassError, PassManager, pass_name
+from .progress import Progress
 from .plan import Group, Plan, group_outputs
 from .report.hooks import on_compiled
 from .report.record import PassRecorder
@@ -128,8 +129,17 @@ def compile_graph(
     passes: Sequence | None = None,
 ) -> Compiled:
     """Compile an ATen-level GraphModule whose nodes carry ``meta["val"]``."""
-    with _older_objects_frozen():
-        return _compile_graph(gm, config, kind, registry or DEFAULT_REGISTRY, passes)
+    progress = Progress(kind, count_compute_nodes(gm), enabled=config.progress)
+    try:
+        with _older_objects_frozen():
+            return _compile_graph(gm, config, kind, registry or DEFAULT_REGISTRY, passes, progress)
+    finally:
+        progress.close()
+
+
+# The stage that follows each of ``_compile_graph``'s stages (the progress line names it).
+_NEXT_STAGE = {"passes": "schedule", "schedule": "memory plan", "memory_plan": "kernels and wrapper",
+               "codegen": "loading"}
 
 
 @contextlib.contextmanager
@@ -148,8 +158,8 @@ def _older_objects_frozen():
         gc.unfreeze()
 
 
-def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None
-                   ) -> Compiled:
+def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
+                   progress: Progress) -> Compiled:
     t0 = time.perf_counter()
     nodes_in = count_compute_nodes(gm)
     eager_peak = peak_bytes(gm, program_order(gm))
@@ -162,11 +172,18 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
         now = time.perf_counter()
         stages[name] = now - clock
         clock = now
+        progress.stage(_NEXT_STAGE.get(name, name))
 
     graph_id = next(_graph_ids)
     recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
-    pm = PassManager(passes if passes is not None else default_passes(config, registry, gm, kind), debug=config.debug,
-                     observer=recorder)
+    pass_list = list(passes if passes is not None else default_passes(config, registry, gm, kind))
+    following = iter([f"pass {pass_name(p)}" for p in pass_list] + ["schedule"])
+
+    def observe(name: str, g: fx.GraphModule) -> None:  # (after each pass: the report's, the progress line's)
+        recorder(name, g)
+        progress.stage(next(following, "schedule"))
+
+    pm = PassManager(pass_list, debug=config.debug, observer=observe)
     gm, records = pm(gm)
     if config.debug and passes is None and config.passes_at("after_fusion"):
         _check_groups(gm, config, registry)

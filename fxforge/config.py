@@ -102,6 +102,10 @@ class Config:
     passes: Any = ()
     # Verify the graph between passes (lint, metadata, re-propagated fake values) and the plan.
     debug: bool = field(default_factory=lambda: _env_flag("FXFORGE_DEBUG"))
+    # A compile running longer than about 2 s shows one progress line on stderr, where stderr is a
+    # terminal (progress.py).  FXFORGE_PROGRESS=0 turns it off.
+    progress: bool = field(default_factory=lambda: os.environ.get("FXFORGE_PROGRESS", "").strip().lower()
+                           not in ("0", "false", "no", "off"))
 
     def __post_init__(self) -> None:
         _choice("decompose", self.decompose, ("auto", "none", "core"))
@@ -121,7 +125,7 @@ class Config:
         a = self.alignment
         if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a & (a - 1):
             raise ValueError(f"Config.alignment={a!r}: expected a power of two (an int such as 16 or 64)")
-        for knob in ("autotune", "inplace", "arena_windows", "zero_copy", "poison_arena", "debug"):
+        for knob in ("autotune", "inplace", "arena_windows", "zero_copy", "poison_arena", "debug", "progress"):
             v = getattr(self, knob)
             if not isinstance(v, bool):
                 raise ValueError(f"Config.{knob}={v!r}: expected True or False (a bool, not {type(v).__name__})")
