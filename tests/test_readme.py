@@ -1,4 +1,5 @@
-"""The README's examples marked ``<!-- runs in tests/test_readme.py -->`` run as written."""
+"""The examples of the README and of docs/ marked ``<!-- runs in tests/test_readme.py -->`` run as
+written."""
 
 from __future__ import annotations
 
@@ -9,17 +10,29 @@ import sys
 
 import pytest
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+DOCS = sorted(os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
 MARKER = "<!-- runs in tests/test_readme.py -->"
+# README lines at most (a guide; the reference is in docs/)
+README_MAX_LINES = 350
 
 
-def examples() -> list[str]:
-    text = open(README, encoding="utf-8").read()
-    return re.findall(re.escape(MARKER) + r"\n```python\n(.*?)```", text, flags=re.S)
+def examples(paths=(README, *DOCS)) -> list[str]:
+    out = []
+    for path in paths:
+        text = open(path, encoding="utf-8").read()
+        out += re.findall(re.escape(MARKER) + r"\n```python\n(.*?)```", text, flags=re.S)
+    return out
 
 
 def test_readme_marks_its_runnable_examples():
-    assert len(examples()) >= 3
+    assert len(examples([README])) >= 3
+    text = open(README, encoding="utf-8").read()
+    assert text.count("\n") <= README_MAX_LINES
+    # every python block of the README runs: here, or with torchrun (tests/test_partition.py)
+    blocks = re.findall(r"(?:<!-- [^\n]* -->\n)?```python\n", text)
+    assert all(b.startswith("<!-- runs ") for b in blocks), blocks
 
 
 @pytest.mark.parametrize("index", range(len(examples())))
