@@ -126,7 +126,7 @@ class Compiled:
         try:
             # Graphs are ATen-level and functional: autograd, if any, happens outside them
             # (AOTAutograd), and out= ops refuse inputs that require grad.  AOTAutograd runs a
-            # training step's graphs with grad off already: no context to enter then (1-2 µs)
+            # training step's graphs with grad off already: no context to enter then
             if torch.is_grad_enabled():
                 with torch.no_grad():
                     out = fn(args)

@@ -263,7 +263,7 @@ class _Builder:
         region of a cat or pad, a tensor an ATen kernel returned).  A returned one is made so too
         where its storage is its own among what the caller holds (``private_returns``): it is no
         autograd view of its base (as an ``_unsafe_view``), so AOTAutograd saves it for the
-        backward as it is where it would detach a view first (0.3 µs each).  A returned view of
+        backward as it is where it would detach a view first.  A returned view of
         an input, or sharing its storage with another returned value, keeps its op: it shares
         its base's version counter, so writing to one of them in place is seen by autograd's
         checks of the other, as in eager."""

@@ -8,7 +8,7 @@ Called with the wrapper's tensors and sizes, it reads each tensor's data pointer
 C entry point (``torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr``; a tensor of
 another type than ``torch.Tensor``/``nn.Parameter`` through its ``data_ptr()`` method, so that a
 tensor without storage raises a Python error), converts the sizes, and runs the kernel with the
-GIL released: 0.09 µs a call with 4 tensors against 1.4 µs through ``ctypes``.  A kernel returning nonzero
+GIL released: about a tenth of a call through ``ctypes``.  A kernel returning nonzero
 raises the Python error ``KERNEL_ERRORS`` names (a class target out of bounds: eager's
 ``IndexError``).
 
@@ -331,7 +331,7 @@ def launcher() -> Any:
         module = _load_extension(shared_object(launcher_source(), include))
     except (CompileError, ImportError, OSError) as e:
         log.warning("fxforge: the C kernel launcher failed to build or load; calling the kernels through "
-                    "ctypes (1-2 µs more a call)")
+                    "ctypes (slower calls)")
         log.debug("fxforge: the C kernel launcher: %s", e)
         return None
     module._bind(data_ptr, torch.Tensor, torch.nn.Parameter)

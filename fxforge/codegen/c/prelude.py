@@ -8,16 +8,14 @@ not vectorized without ``-ffast-math``, which would also reorder eager's arithme
   ``exp(r)`` on ``|r| <= ln2/2`` (fused multiply-adds, written out: ``fmaf``); ``n`` is read from
   the rounding constant's bits and ``2**n`` applied in two multiplies (by ``2**(n -+ 64)`` and
   ``2**(+-64)``), so results overflow to ``inf``, round into the subnormals and below them to 0 as
-  ``expf``'s do; within 1 ulp of ``expf`` on [-106, 89] (35 µs for 131,072 elements on one
-  thread, was 48 with ``2**n`` built in two halves; ATen's SLEEF kernel takes 19).
+  ``expf``'s do; within 1 ulp of ``expf`` on [-106, 89].
 * ``fx_expf_neg``: the same for ``x <= 0`` with one multiply and no overflow or subnormal care
-  (25 µs): ``fx_erff``'s ``exp(-x*x)`` and the log-softmax template's ``exp(x - max)``.
+  (faster): ``fx_erff``'s ``exp(-x*x)`` and the log-softmax template's ``exp(x - max)``.
 * ``fx_tanhf``: an odd polynomial below 0.625 in magnitude, ``1 - 2 / (exp(2|x|) + 1)`` above.
 * ``fx_erff``: Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7, as eager's vectorized
-  CPU ``erf``), through ``fx_expf_neg``: GELU runs at ATen's speed (32k elements: 16.7 µs against
-  ATen's 22.1 µs; 131k: 64 µs against 54 µs in isolation, 64 against 118 µs inside a training step).
+  CPU ``erf``), through ``fx_expf_neg``: GELU runs at about ATen's speed.
 * ``fx_gelu_gradf``: the exact GELU's derivative, ``Phi(x) + x phi(x)``, with one ``exp`` for both
-  terms (131k elements: 57 µs, 72 with two; ATen's ``gelu_backward`` takes 107).
+  terms.
 
 * ``fx_tile_in8`` / ``fx_tile_out8``: a tile of 8 rows moved between a tensor read or stored
   across its rows (element ``j`` of row ``x`` at ``x + s*j``: a transposed value) and a local

@@ -13,7 +13,7 @@ eager's); its gradient is split into a row kernel.
 
 Token embeddings: ``embedding`` gathers rows (an index out of range is error 2), its gradient
 adds each index's row in eager's order; integer ``arange`` fills positions.  Each replaces a
-small ATen call that runs cold in a training step (the demo's: 244 µs a step as ATen calls).
+small ATen call that runs cold in a training step.
 
 Each template's docstring says why the kernel IR's group walk (``codegen/ir``: one frame of rows
 or columns, values computed from loads and constants) cannot express it.  A template writes the
