@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
+from . import logs
 from .codegen import wrapper
 from .codegen.registry import DEFAULT_REGISTRY, Registry
 from .compiled import STAT_KEYS, Compiled, KernelInfo
@@ -253,6 +254,10 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
         communicates=bool(stats["collectives"]),
     )
     compiled.report_data = recorder.finish(w.kernels)
+    if logs.PLAN.isEnabledFor(logging.INFO):
+        logs.PLAN.info("fxforge: memory plan of the %s graph %d\n%s", kind, graph_id, memory.dump())
+    if logs.CODE.isEnabledFor(logging.INFO):
+        logs.CODE.info("fxforge: generated code of the %s graph %d\n%s", kind, graph_id, w.source)
     log.debug("fxforge: compiled %s graph %d: %d nodes, %d kernels, %d fallbacks, %.3f s", kind, graph_id,
               nodes_in, stats["kernels"], stats["fallback_nodes"], stats["compile_seconds"])
     on_compiled(compiled)  # compile watchers; tlparse artifacts when TORCH_TRACE is set
