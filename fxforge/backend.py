@@ -29,6 +29,7 @@ class Backend:
     def __init__(self, config: Config | None = None, *, registry: Registry | None = None):
         self.config = config or Config()
         self.registry = registry or DEFAULT_REGISTRY
+        self.registry.check(self.config)  # (a wrong backend name fails here, not at the first compile)
         self.compiled: list[Compiled] = []
         # Graphs whose compile failed and that run as AOTAutograd's eager graph: (kind, reason).
         self.failures: list[tuple[str, str]] = []

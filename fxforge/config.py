@@ -26,7 +26,8 @@ def _env_flag(name: str) -> bool:
 
 @dataclass(frozen=True)
 class Config:
-    # Codegen backend: "auto" (triton on CUDA, torch on CPU), "torch", "triton", or any registered name.
+    # Codegen backend: "auto" (triton on CUDA, c or torch on CPU), "torch", "c", "triton", or any name of
+    # the registry the entry point uses (checked there: Registry.check).
     codegen: str = "auto"
     # Decompositions before lowering: "auto" (per backend), "none" (ATen as traced), "core" (core ATen).
     decompose: str = "auto"
@@ -239,10 +240,11 @@ def _pass_points(passes: Any) -> tuple:
 
 
 def _codegen(name: Any, max_kernel_args: float) -> str:
+    """A backend's name in the form one takes; whether a registry holds it is checked by the
+    entry point that uses the Config, against its own registry (``Registry.check``)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"Config.codegen={name!r}: expected 'auto' or a registered backend name such as 'torch'")
-    if name == "auto":
-        return name
+    return name
     from .codegen.registry import DEFAULT_REGISTRY
 
     if name not in DEFAULT_REGISTRY.names():

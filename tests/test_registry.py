@@ -8,7 +8,7 @@ import torch
 
 import fxforge
 from fxforge import CodegenBackend, Config, Kernel
-from fxforge.codegen.registry import DEFAULT_REGISTRY
+from fxforge.codegen.registry import DEFAULT_REGISTRY, Registry
 
 
 # ---- a toy backend, as a third party would write it (the README shows the same) ----
@@ -77,11 +77,18 @@ def test_registered_backend_selectable_by_name_globally():
 def test_unknown_backend_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown codegen backend 'nope'.*torch"):
         DEFAULT_REGISTRY.get("nope")
+    # checked against the registry the entry point uses, when the entry point gets the Config
     with pytest.raises(ValueError, match="Config.codegen='nope': unknown codegen backend.*torch.*register_backend"):
-        Config(codegen="nope")
+        fxforge.backend(Config(codegen="nope"))
     # each registered backend is listed with what it declares it does
     with pytest.raises(ValueError, match=r"torch \(ATen out= calls.*triton \(Triton kernels"):
-        Config(codegen="nope")
+        fxforge.compile_exported(torch.export.export(torch.nn.ReLU(), (torch.randn(2),)), Config(codegen="nope"))
+    # a registry of one's own: its names are valid there, and only there
+    reg = Registry()
+    reg.register(DEFAULT_REGISTRY.get("torch"))
+    with pytest.raises(ValueError, match="unknown codegen backend.*torch"):
+        fxforge.backend(Config(codegen="c"), registry=reg)
+    assert fxforge.backend(Config(codegen="torch"), registry=reg).registry is reg
 
 
 def test_auto_picks_c_on_cpu_and_torch_without_a_compiler(monkeypatch):

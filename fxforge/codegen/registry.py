@@ -58,10 +58,32 @@ class Registry:
             )
         return self._backends[name]
 
+    def check(self, config: Config) -> None:
+        """``config``'s backend is one of this registry's, and its kernel-argument bound holds:
+        a ValueError naming the knob otherwise (every entry point checks the Config it is given
+        against the registry it uses)."""
+        name = config.codegen
+        if name == "auto":
+            return
+        if name not in self._backends:
+            raise ValueError(
+                f"Config.codegen={name!r}: unknown codegen backend; expected 'auto' or one of: "
+                f"{self.describe()} (register yours with fxforge.register_backend first, or pass your "
+                "registry to the entry point)"
+            )
+        bound = self._backends[name].max_kernel_args
+        if bound is not None and config.max_kernel_args > bound:
+            raise ValueError(
+                f"Config.max_kernel_args={config.max_kernel_args!r}: the {name} backend's kernels take at most {bound} "
+                f"launch arguments; set max_kernel_args <= {bound} (with codegen='auto' the lower limit applies by "
+                "itself)"
+            )
+
     def select(self, config: Config, device_types: Iterable[str]) -> CodegenBackend:
         """The backend ``config.codegen`` names, or for "auto" the highest-priority available
         backend targeting every device type of the graph (ties: the one registered first)."""
         devices = frozenset(device_types) or frozenset({"cpu"})
+        self.check(config)
         if config.codegen != "auto":
             b = self.get(config.codegen)
             why = b.unavailable(devices) if b.unavailable is not None else None
