@@ -103,6 +103,10 @@ class Config:
     passes: Any = ()
     # Verify the graph between passes (lint, metadata, re-propagated fake values) and the plan.
     debug: bool = field(default_factory=lambda: _env_flag("FXFORGE_DEBUG"))
+    # Called with every kernel a compile builds (``codegen.api.Kernel``; its ``detail``: what the
+    # backend emitted, in its own terms), as it is built: for tools that need every kernel (a kernel
+    # dump, a test's record).  None: nothing is called.
+    on_kernel: Any = None
     # A compile running longer than about 2 s shows one progress line on stderr, where stderr is a
     # terminal (progress.py).  FXFORGE_PROGRESS=0 turns it off.
     progress: bool = field(default_factory=lambda: os.environ.get("FXFORGE_PROGRESS", "").strip().lower()
@@ -130,6 +134,8 @@ class Config:
             v = getattr(self, knob)
             if not isinstance(v, bool):
                 raise ValueError(f"Config.{knob}={v!r}: expected True or False (a bool, not {type(v).__name__})")
+        if self.on_kernel is not None and not callable(self.on_kernel):
+            raise ValueError(f"Config.on_kernel={self.on_kernel!r}: expected None or a function taking each Kernel")
         if self.report_dir is not None:
             if not isinstance(self.report_dir, (str, os.PathLike)):
                 raise ValueError(f"Config.report_dir={self.report_dir!r}: expected a directory path (str) or None")

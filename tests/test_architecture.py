@@ -384,3 +384,15 @@ def test_a_backend_bounds_its_kernels_arguments():
     assert kernel_args_limit(c, Config(max_kernel_args=math.inf)) == C_MAX_KERNEL_ARGS
     assert kernel_args_limit(c, Config(max_kernel_args=12)) == 12
     assert kernel_args_limit(DEFAULT_REGISTRY.get("torch"), Config(max_kernel_args=math.inf)) == math.inf
+
+
+def test_on_kernel_sees_every_kernel_as_it_is_built():
+    seen = []
+    b = fxforge.backend(Config(codegen="torch", on_kernel=seen.append))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8, requires_grad=True)
+    torch.compile(model, backend=b)(x).sum().backward()
+    assert [(k.name, k.backend) for k in seen] == [(k.name, k.backend) for c in b.compiled for k in c.kernels]
+    assert len(b.compiled) == 2 and all(k.source for k in seen)
+    with pytest.raises(ValueError, match="on_kernel=3"):
+        Config(on_kernel=3)

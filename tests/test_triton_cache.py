@@ -88,8 +88,8 @@ def _warnings(caplog) -> list[str]:
 def test_cache_private_atomic_and_corrupted_file_recompiled(cache):
     import torch
 
-    from fxforge.codegen.triton import backend as tb, prelude
-    from triton_helpers import run_compiled
+    from fxforge.codegen.triton import prelude
+    from triton_helpers import GENERATED, run_compiled
 
     d = cache.cache_dir()
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
@@ -99,7 +99,7 @@ def test_cache_private_atomic_and_corrupted_file_recompiled(cache):
         return a * 3.25 - 1.0
 
     run_compiled(f, x)
-    em = tb.GENERATED[-1]
+    em = GENERATED[-1]
     path = cache.module_path(prelude.module_text(em.kernel_source, "interp"))
     assert os.path.dirname(path) == d
     assert not stat.S_IMODE(os.stat(path).st_mode) & 0o077

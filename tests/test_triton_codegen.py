@@ -30,7 +30,8 @@ pytest.importorskip("triton")
 
 from fxforge.codegen.triton import aot, backend as tb, cache, kernel as tk, launch, prelude  # noqa: E402
 from fxforge.codegen.triton.printer import TritonPrinter, floor_div, floor_mod  # noqa: E402
-from triton_helpers import aot_check_new, fallbacks, run_compiled, triton_kernels, triton_nodes  # noqa: E402
+from triton_helpers import (GENERATED, aot_check_new, fallbacks, run_compiled, triton_config, triton_kernels,  # noqa: E402
+                            triton_nodes)
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod  # noqa: E402
 
 for _knob in ("recompile_limit", "cache_size_limit"):
@@ -205,10 +206,10 @@ def test_bool_params_change_between_calls():
         m.meta["val"] = torch.ops.aten.mul.Scalar(fake, True)
         w.meta["val"] = torch.ops.aten.add.Tensor(m.meta["val"], fake)
     gm = fx.GraphModule(torch.nn.Module(), g)
-    start = len(tb.GENERATED)
-    c = compile_graph(gm, fxforge.Config(codegen="triton", debug=True))
+    start = len(GENERATED)
+    c = compile_graph(gm, triton_config())
     assert c.stats["fallback_nodes"] == 0 and c.stats["kernels"] == 1 and c.stats["fused_nodes"] == 2
-    em = tb.GENERATED[start]
+    em = GENERATED[start]
     assert any(p.sig == "i1" for p in em.params)  # a bool kernel parameter, not a constant
     t = torch.randn(4, 3)
     for f in (True, False, True, False):
@@ -224,7 +225,7 @@ def test_reductions_persistent():
     check(lambda a: (a.sum(), a.mean(0), a.prod(1), a.amin(1, keepdim=True), a.argmin(0), a.argmax(), a.var(1),
                          torch.var_mean(a, 0), torch.var_mean(a, 1, correction=0, keepdim=True), a.max(1), a.min(0),
                          (a > 0).any(1), (a > 0).all(), a.std(0)), x, atol=1e-5, rtol=1e-4)
-    kinds = {em.kind for em in list(tb.GENERATED)[-20:]}
+    kinds = {em.kind for em in list(GENERATED)[-20:]}
     assert "persistent_reduction" in kinds
     check(lambda a: (a.sum((0, 2)), a.mean((1,)), a.amax((0, 2), keepdim=True), a.sum(1, dtype=torch.float64)), torch.randn(3, 4, 5))
     check(lambda a: (a.sum(1), a.prod(0), a.amax(1), a.argmax(1)), torch.randint(-5, 5, (4, 6)))
@@ -236,10 +237,10 @@ def test_reductions_looped(monkeypatch):
     x = torch.randn(3, 11)
     x[1, 7] = 5.0
     x[1, 9] = 5.0  # tie: the first index wins
-    start = len(tb.GENERATED)
+    start = len(GENERATED)
     check(lambda a: (a.sum(1), a.mean(1), a.amax(1), a.amin(1), a.prod(1), a.argmax(1), a.argmin(1), a.var(1),
                      torch.var_mean(a, 1), a.max(1), (a > 0).any(1)), x, atol=1e-5, rtol=1e-4)
-    assert {em.kind for em in list(tb.GENERATED)[start:]} - {"pointwise"} == {"looped_reduction"}
+    assert {em.kind for em in list(GENERATED)[start:]} - {"pointwise"} == {"looped_reduction"}
 
 
 def _softmax(a):
@@ -258,7 +259,7 @@ def _rms_norm(a, w):  # LLaMA's: mean of squares, rsqrt, scale
 
 
 def _kinds(since: int) -> list[str]:
-    return [em.kind for em in list(tb.GENERATED)[since:]]
+    return [em.kind for em in list(GENERATED)[since:]]
 
 
 @pytest.mark.parametrize("looped", [False, True])
@@ -272,7 +273,7 @@ def test_reduction_and_epilogue_run_as_one_kernel(monkeypatch, looped):
     x, w, bias = torch.randn(2, 3, 10), torch.randn(10), torch.randn(10)
     for fn, args, tol in [(_softmax, (x,), 1e-5), (_layer_norm, (x, w, bias), 1e-4), (_rms_norm, (x, w), 1e-4),
                           (_softmax, (x.to(torch.bfloat16),), 1e-2), (_layer_norm, (x.half(), w.half(), bias.half()), 1e-2)]:
-        start = len(tb.GENERATED)
+        start = len(GENERATED)
         b = check(fn, *args, atol=tol, rtol=tol)
         assert triton_kernels(b) == 1, (fn.__name__, _kinds(start))
         assert _kinds(start)[-1] == kind
@@ -330,9 +331,9 @@ def test_transposed_internal_value_is_refused_and_correct():
 
 def test_dynamic_row_length_layer_norm_loops():
     torch._dynamo.reset()
-    b = fxforge.backend(fxforge.Config(codegen="triton", debug=True))
+    b = fxforge.backend(triton_config())
     cf = torch.compile(_layer_norm, backend=b, fullgraph=True, dynamic=True)
-    start = len(tb.GENERATED)
+    start = len(GENERATED)
     for n in (5, 9, 33):
         x, w, bias = torch.randn(3, n), torch.randn(n), torch.randn(n)
         torch.testing.assert_close(cf(x, w, bias), _layer_norm(x, w, bias), atol=1e-5, rtol=1e-4)
@@ -346,16 +347,16 @@ def test_dynamic_sizes_one_compile():
         return (a * b).sum(-1), torch.sigmoid(a) - b, a.amax(0)
 
     torch._dynamo.reset()
-    b = fxforge.backend(fxforge.Config(codegen="triton", debug=True))
+    b = fxforge.backend(triton_config())
     cf = torch.compile(f, backend=b, fullgraph=True, dynamic=True)
-    start = len(tb.GENERATED)
+    start = len(GENERATED)
     for n in (3, 5, 9):
         a, w = torch.randn(n, 6), torch.randn(n, 6)
         got = cf(a, w)
         torch.testing.assert_close(got, f(a, w))
     assert len(b.compiled) == 1
     assert triton_nodes(b) == 5 and not fallbacks(b)
-    ems = list(tb.GENERATED)[start:]
+    ems = list(GENERATED)[start:]
     assert any(p.name.startswith("ks") for em in ems for p in em.params)  # sizes are kernel arguments
     aot_check_new(start)
 
@@ -375,7 +376,7 @@ def test_ops_triton_refuses_run_as_torch_extern_calls_into_planned_buffers():
     assert assign["stats"]["extern_nodes"] == 2
     # what neither backend runs is an eager fallback, with both reasons
     b = check(lambda a: torch.mm(a, a) + 1, x, fallback_ok=True,
-              config=fxforge.Config(codegen="triton", debug=True, fallback_ops=["aten.mm"]))
+              config=triton_config(fallback_ops=["aten.mm"]))
     assert list(fallbacks(b).values()) == ["listed in Config.fallback_ops"]
     b = check(lambda a: _no_out_form(a) + 1, x, fallback_ok=True)
     (reason,) = fallbacks(b).values()
@@ -419,7 +420,7 @@ def test_cache_private_atomic_and_corrupted_file_recompiled():
         return a * 3.25 - 1.0
 
     run_compiled(f, x)
-    em = tb.GENERATED[-1]
+    em = GENERATED[-1]
     path = cache.module_path(prelude.module_text(em.kernel_source, "interp"))
     assert os.path.dirname(path) == d
     with open(path, "w") as fh:
@@ -481,8 +482,8 @@ def test_fused_pointwise_group_rounds_like_eager():
     for dt in (torch.float32, torch.bfloat16):
         x, y = torch.randn(4, 6, dtype=dt), torch.randn(6, dtype=dt)
         gm = make_fx(f, tracing_mode="fake")(x, y)
-        cfg = fxforge.Config(codegen="triton", debug=True)
-        start = len(tb.GENERATED)
+        cfg = triton_config()
+        start = len(GENERATED)
         c = compile_graph(gm, cfg)  # the fusion pass puts all six pointwise nodes in one group
         assert c.stats["kernels"] == 1 and c.stats["fallback_nodes"] == 0
         assert c.kernels[0].node_count == 6
@@ -601,8 +602,8 @@ def test_random_graphs_fuse_into_triton_kernels_that_match_eager(example):
     """Random pointwise/reduction/view graphs: fusion forms groups, the emitter lowers each as one
     kernel or fusion is refused with the emitter's reason; results match eager either way."""
     gm, inputs = example
-    cfg = fxforge.Config(codegen="triton", debug=True)
-    start = len(tb.GENERATED)
+    cfg = triton_config()
+    start = len(GENERATED)
     check_pass(lambda g: None, gm, inputs, runner=lambda g, xs: compile_graph(g, cfg)(*xs))
     aot_check_new(start)
 
@@ -617,11 +618,11 @@ def test_autotune_times_candidates_once_and_reuses_the_choice_from_disk(monkeypa
     timed = []  # the configurations timed, in order
     real_time = autotune._time
     monkeypatch.setattr(autotune, "_time", lambda launch, c, *a: timed.append(c) or real_time(launch, c, *a))
-    cfg = fxforge.Config(codegen="triton", debug=True, autotune=True)
+    cfg = triton_config(autotune=True)
     x = torch.randn(4, 40)
     b, out = run_compiled(_softmax, x, config=cfg)
     torch.testing.assert_close(out, _softmax(x))
-    em = tb.GENERATED[-1]
+    em = GENERATED[-1]
     assert len(em.configs) > 1 and timed == em.configs  # every candidate once, the default first
     files = list((tmp_path / "triton").glob("tune_*.json"))
     assert len(files) == 1

@@ -7,13 +7,27 @@ capability check, so setting it before the first compile is enough (tests use a 
 
 from __future__ import annotations
 
+import collections
 import hashlib
 
 import torch
 
 import fxforge
 from fxforge.codegen.triton import aot
-from fxforge.codegen.triton.backend import GENERATED
+
+# What the Triton backend emitted for every kernel compiled through ``triton_config`` (its
+# ``Config.on_kernel``), in order; bounded.
+GENERATED: collections.deque = collections.deque(maxlen=4096)
+
+
+def record(kernel) -> None:
+    if kernel.backend == "triton":
+        GENERATED.append(kernel.detail)
+
+
+def triton_config(**knobs) -> fxforge.Config:
+    """``Config(codegen="triton", debug=True, **knobs)`` recording every Triton kernel in ``GENERATED``."""
+    return fxforge.Config(codegen="triton", debug=True, on_kernel=record, **knobs)
 
 _aot_checked: dict[str, dict] = {}
 
@@ -36,7 +50,7 @@ def run_compiled(fn, *args, dynamic=False, config=None, aot_check=None):
     if aot_check is None:
         aot_check = not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     torch._dynamo.reset()
-    b = fxforge.backend(config or fxforge.Config(codegen="triton", debug=True))
+    b = fxforge.backend(config or triton_config())
     start = len(GENERATED)
     out = torch.compile(fn, backend=b, fullgraph=True, dynamic=dynamic)(*args)
     if aot_check:

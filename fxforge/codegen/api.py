@@ -45,6 +45,9 @@ class Kernel:
     returns: list[str] = field(default_factory=list)
     # The backend that compiled it (filled in by the wrapper from the group).
     backend: str = ""
+    # What the backend emitted, in its own terms, for tools (``Config.on_kernel``): the Triton
+    # backend's ``Emitted`` (kernel source, kind, parameters); None where a backend says nothing.
+    detail: Any = None
 
     @property
     def num_args(self) -> int:

@@ -482,6 +482,8 @@ class _Builder:
             self.demoted.append((g.id, reason))
             return None
         k.backend = g.backend
+        if self.config.on_kernel is not None:
+            self.config.on_kernel(k)
         if self.config.debug:
             self.check_cost(backend, g, k)
         self.globals.update(k.globals)

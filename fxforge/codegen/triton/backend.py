@@ -9,7 +9,6 @@ returns the launch function as the group's ``Kernel``.
 
 from __future__ import annotations
 
-import collections
 
 import torch.fx as fx
 
@@ -27,7 +26,6 @@ from .ops import SIG_DTYPE
 from .prelude import helper_names, interpreting, module_text
 
 # Every kernel emitted in this process (newest last): what tests and `aot.check_kernel` sweep.
-GENERATED: collections.deque[Emitted] = collections.deque(maxlen=4096)
 
 
 def unavailable(device_types: frozenset[str]) -> str | None:
@@ -94,7 +92,6 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     em = TritonEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, autotune=ctx.config.autotune,
                  layout=ctx.layout).emit()
     fn = load_kernel(em)
-    GENERATED.append(em)
     scope = {f"{em.name}_triton": fn}
     if ctx.config.autotune:
         scope[f"{em.name}_tuner"] = Tuner(cache.source_key(em.kernel_source), em.configs, em.n_out)
@@ -107,4 +104,5 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
         unique_io_buffers=em.unique_io_buffers,
         launch_args=len(em.params),
         backend="triton",
+        detail=em,
     )
