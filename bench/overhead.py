@@ -1,4 +1,4 @@
-"""Per-call overhead on small models (issue 18): fxforge vs eager, aot_eager and Inductor, and
+"""Per-call overhead on small models: fxforge vs eager, aot_eager and Inductor, and
 where fxforge's time per call goes.
 
     python bench/overhead.py                            # every case, Markdown to stdout
@@ -19,7 +19,7 @@ Cases (every contender gets its own ``copy.deepcopy`` of the same seeded model, 
 Modes: ``inference`` (``no_grad``, eval) and ``train`` (grads set to None, forward, loss,
 ``backward()``; no optimizer).  Every contender runs with one torch thread (``--threads``).
 
-What is measured (bench/README.md, "Per-call overhead (issue 18)", says it in full):
+What is measured (bench/README.md, "Per-call overhead", says it in short):
 
 1. **time per call**: ``measure.interleaved_medians`` over eager, ``aot_eager``, fxforge and
    Inductor, all compiled with ``torch.compile`` and alive together, called round-robin; minor page

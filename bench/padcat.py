@@ -4,7 +4,7 @@
 
 Cases (graphs built here, random float32 inputs, codegen torch, inference):
 
-* the four micro cases of issue 14 (64x48 operands, every cat/pad input computed in the graph);
+* four micro cases (64x48 operands, every cat/pad input computed in the graph);
 * LLaMA's rotary embedding at llama-2l's sizes (batch 2, seq 128, 4 heads of 64), with
   transformers' own code: ``LlamaRotaryEmbedding`` (``cat((freqs, freqs))``) and
   ``apply_rotary_pos_emb`` on projected q and k (``rotate_half``: ``cat((-x2, x1))``);
