@@ -274,6 +274,36 @@ class Mixer(nn.Module):
         return logits if y is None else F.cross_entropy(logits, y)
 
 
+class Chain(nn.Module):
+    """``n`` tiny pointwise ops in a row, values kept bounded: a graph whose time is all per-op
+    and per-call overhead."""
+
+    def __init__(self, n: int = 200):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x):
+        for i in range(self.n):
+            k = i % 8
+            if k == 0:
+                x = torch.sin(x)
+            elif k == 1:
+                x = x * 1.5
+            elif k == 2:
+                x = x + 0.25
+            elif k == 3:
+                x = torch.tanh(x)
+            elif k == 4:
+                x = torch.sigmoid(x)
+            elif k == 5:
+                x = x - 0.5
+            elif k == 6:
+                x = torch.relu(x) + x
+            else:
+                x = torch.abs(x) * 0.75
+        return x
+
+
 class BigActivation(nn.Module):
     def __init__(self, d: int = 768):
         super().__init__()
@@ -310,6 +340,28 @@ class _WithLoss(nn.Module):
         return logits if y is None else F.cross_entropy(logits, y)
 
 
+def _mixer_small() -> Model:
+    """The 4-block mixer at its defaults (d 64, 16 tokens, batch 8 of tokens): milliseconds a step."""
+    def build():
+        torch.manual_seed(0)
+        return Mixer()
+
+    def inputs(device, train):
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(8, 16, 64, generator=g).to(device)
+        return {"x": x, "y": torch.randint(0, CLASSES, (8,), generator=g).to(device)} if train else {"x": x}
+
+    return Model("mixer-small", build, inputs, lambda out: out, lambda out: out, 4, 64, needs_transformers=False)
+
+
+def _chain(n: int = 200) -> Model:
+    def inputs(device, train):
+        return {"x": torch.randn(8, 32, generator=torch.Generator().manual_seed(1)).to(device)}
+
+    return Model("chain", lambda: Chain(n), inputs, lambda out: out.sum(), lambda out: out, n, 32,
+                 needs_transformers=False, modes=("inference",))
+
+
 def _big_activation(shape=(64, 512, 768)) -> Model:
     def build():
         torch.manual_seed(0)
@@ -328,6 +380,9 @@ def _big_activation(shape=(64, 512, 768)) -> Model:
 
 
 FAMILIES = ["resnet", "mobilenet", "bert-2l", "gpt2-2l", "llama-2l", "t5-2l", "vit-2l", "mixer", "big-activation"]
+# Small models, where the time around the kernels counts (per-call overhead):
+# ``python bench/run.py --models demo mixer-small chain gpt2-2l --threads 1 --tag overhead``.
+OVERHEAD = ["demo", "mixer-small", "chain", "gpt2-2l"]
 # Models nothing was tuned on, to check that what holds on the families holds elsewhere:
 # ``python bench/run.py --models distilbert-2l neox-2l bart-2l``.
 HOLDOUT_FAMILIES = ("distilbert", "neox", "bart")
@@ -345,6 +400,8 @@ def all_models() -> dict[str, Model]:
         _image_classifier("mobilenet", lambda: _WithLoss(MobileNet()), 96, len(MobileNet.BLOCKS), 256),
         _image_classifier("mixer", lambda: Mixer(d=256, tokens=64, blocks=4, patch=8), 64, 4, 256),
         _big_activation(),
+        _mixer_small(),
+        _chain(),
     ]
     return {m.name: m for m in models}
 

@@ -1,5 +1,5 @@
-"""Per-call overhead of the generated wrapper, by its structure (times are in bench/overhead.py):
-after the first call a static graph allocates no arena and builds no arena view, calls each op
+"""Per-call overhead of the generated wrapper, by its structure (times: bench/README.md, "Per-call
+overhead"): after the first call a static graph allocates no arena and builds no arena view, calls each op
 through its bound dispatcher entry (no ``OpOverload.__call__`` frame), and lends its kept arenas
 to one call at a time."""
 
