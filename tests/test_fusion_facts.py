@@ -156,3 +156,17 @@ def test_fusion_runs_no_emitter_for_the_groups_facts_answer(monkeypatch):
     # the emitter ran on nodes alone (accepts) and on the kernels, never on a candidate merge
     merged_probes = [size for name, size in runs if name == "probe" and size > 1]
     assert not merged_probes, merged_probes
+
+
+@needs_cc
+def test_a_value_per_element_nothing_needs_is_the_emitters_to_answer():
+    """A column sum grouped with a chain whose only reader is a view of it the kernel does not
+    store: whether the chain is computed (and its input read) is the language's choice."""
+    def f(a):
+        return a.to(torch.bool).to(torch.int64).sum(0), a.to(torch.int32).to(torch.int64).permute(0, 1)
+
+    gm = _traced(f, torch.randint(-9, 9, (2, 2)))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"][2:]  # sum, the chain, the permute
+    assert [n.target for n in nodes][-1] == torch.ops.aten.permute.default
+    assert _facts("c", nodes, nodes[:1]) is None  # only the sum stored: the chain is dead in the kernel
+    assert _facts("c", nodes, None) == _emitted("c", nodes, None)  # every member stored: the facts answer

@@ -128,6 +128,7 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
 
     tensors_read: set[fx.Node] = set()
     scalars: set[fx.Node] = set()
+    stored = [n for n in outputs if n in set(computed)] if outputs else computed
     try:
         fr = frame_of(nodes, reductions)
         doms: dict[fx.Node, str] = {}
@@ -136,6 +137,9 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
             if n not in doms:
                 doms[n] = domain(fr, n, reductions)
             return doms[n]
+
+        if fr.reduction and not _all_computed(members, computed, stored, reductions, dom):
+            return None  # a value per element nothing stored needs: whether it is computed is the language's
 
         viewed: set[fx.Node] = set()
         for n in computed:
@@ -174,10 +178,32 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
         return str(e)
     if why is not None:
         return why
-    stored = [n for n in outputs if n in set(computed)] if outputs else computed
     n_stored = sum(len(tensors(n.meta[VAL])) for n in stored)
     return GroupCost(num_args=len(tensors_read) + n_stored + len(scalars),
                      unique_io_buffers=len(tensors_read) + n_stored)
+
+
+def _all_computed(members: set[fx.Node], computed: list[fx.Node], stored: list[fx.Node], reductions: list[fx.Node],
+                  dom: Callable[[fx.Node], str]) -> bool:
+    """Every computed member is needed by the kernel: stored, a reduction or a row value (each
+    computed once per row), or read, through member views, by a member that is.  A kernel computes
+    a value per element only where something needs it (some languages all of them, when the rows
+    are folded without a loop): the facts do not say which."""
+    needed: set[fx.Node] = set()
+    stack = [n for n in computed if n in set(stored) or n in reductions or dom(n) == "x"]
+    while stack:
+        n = stack.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        for a in n.all_input_nodes:
+            while a in members and node_kind(a) == "view":
+                a = aliased_input(a)
+            if a.target is operator.getitem and a.args[0] in members:
+                a = a.args[0]
+            if a in members and node_kind(a) == "compute":
+                stack.append(a)
+    return len(needed) == len(computed)
 
 
 def checked_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None, config, language: str,
