@@ -128,7 +128,8 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
 
     tensors_read: set[fx.Node] = set()
     scalars: set[fx.Node] = set()
-    stored = [n for n in outputs if n in set(computed)] if outputs else computed
+    is_computed = set(computed)
+    stored = [n for n in outputs if n in is_computed] if outputs else computed
     try:
         fr = frame_of(nodes, reductions)
         doms: dict[fx.Node, str] = {}
@@ -190,7 +191,8 @@ def _all_computed(members: set[fx.Node], computed: list[fx.Node], stored: list[f
     a value per element only where something needs it (some languages all of them, when the rows
     are folded without a loop): the facts do not say which."""
     needed: set[fx.Node] = set()
-    stack = [n for n in computed if n in set(stored) or n in reductions or dom(n) == "x"]
+    roots = set(stored) | set(reductions)
+    stack = [n for n in computed if n in roots or dom(n) == "x"]
     while stack:
         n = stack.pop()
         if n in needed:
