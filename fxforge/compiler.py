@@ -162,7 +162,7 @@ def _older_objects_frozen():
 def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
                    progress: Progress) -> Compiled:
     t0 = time.perf_counter()
-    nodes_in = count_compute_nodes(gm)
+    nodes_in = progress.nodes
     eager_peak = peak_bytes(gm, program_order(gm))
 
     stages: dict[str, float] = {}

@@ -142,7 +142,7 @@ class Config:
             self._set("report_dir", os.fspath(self.report_dir))
         self._set("fallback_ops", _op_names(self.fallback_ops))
         self._set("passes", _pass_points(self.passes))
-        self._set("codegen", _codegen(self.codegen, self.max_kernel_args))
+        self._set("codegen", _codegen(self.codegen))
 
     def _set(self, knob: str, value: Any) -> None:
         object.__setattr__(self, knob, value)
@@ -245,23 +245,9 @@ def _pass_points(passes: Any) -> tuple:
     return tuple((p, by_point[p]) for p in PASS_POINTS if by_point.get(p))
 
 
-def _codegen(name: Any, max_kernel_args: float) -> str:
+def _codegen(name: Any) -> str:
     """A backend's name in the form one takes; whether a registry holds it is checked by the
     entry point that uses the Config, against its own registry (``Registry.check``)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"Config.codegen={name!r}: expected 'auto' or a registered backend name such as 'torch'")
-    return name
-    from .codegen.registry import DEFAULT_REGISTRY
-
-    if name not in DEFAULT_REGISTRY.names():
-        raise ValueError(
-            f"Config.codegen={name!r}: unknown codegen backend; expected 'auto' or one of: "
-            f"{DEFAULT_REGISTRY.describe()} (register yours with fxforge.register_backend first)"
-        )
-    bound = DEFAULT_REGISTRY.get(name).max_kernel_args
-    if bound is not None and max_kernel_args > bound:
-        raise ValueError(
-            f"Config.max_kernel_args={max_kernel_args!r}: the {name} backend's kernels take at most {bound} launch "
-            f"arguments; set max_kernel_args <= {bound} (with codegen='auto' the lower limit applies by itself)"
-        )
     return name

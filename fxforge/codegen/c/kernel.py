@@ -59,9 +59,9 @@ COLUMNS_BY_ROWS_MAX_BYTES = 64 << 10
 # Such a kernel folds its rows COLUMN_ROW_BLOCK at a time (static row counts, a fold body of at
 # most COLUMN_ROW_BLOCK_MAX_STMTS statements, unrolled): each column folds the block's rows into
 # a local of the fold's own accumulator type, then that into its array element.  A float32 sum
-# then adds eight floats in vector registers for each double it adds to the array (a column
-# sum over 4,096 x 768 went from 326 to 233 µs at one thread).  The sums stay in one order, whatever the thread
-# count.  (Unrolled: a block loop of run-time length inside the vector loop stays scalar.)
+# then adds eight floats in vector registers for each double it adds to the array.  The sums
+# stay in one order, whatever the thread count.  (Unrolled: a block loop of run-time length
+# inside the vector loop stays scalar.)
 COLUMN_ROW_BLOCK = 8
 COLUMN_ROW_BLOCK_MAX_STMTS = 48
 # Such a kernel splits across threads by blocks of at least this many columns of its outermost

@@ -33,7 +33,7 @@ from . import aten as ir_aten, values as ir
 from .stmts import Index, Let, Load, Stmt, Store
 from .aten import REDUCTIONS, Reduction
 from .printer import ValuePrinter
-from .rows import Frame, check_operand, check_view, domain, frame_of, leading, trailing
+from .rows import Frame, check_operand, check_view, domain, frame_of, internal, leading, root, trailing
 from .values import LOW_PRECISION, Const, Unsupported, Value, Var, compute_dtype
 
 INT32_MAX = 2**31 - 1
@@ -379,17 +379,12 @@ class Emitter:
     # ---------------------------------------------------------------- values
 
     def internal(self, a: fx.Node) -> bool:
-        """``a``'s value is computed by this kernel (it is never read from memory)."""
-        if a in self.members:
-            k = node_kind(a)
-            return k == "compute" or (k == "view" and self.internal(aliased_input(a)))
-        return a.target is operator.getitem and isinstance(a.args[0], fx.Node) and a.args[0] in self.members
+        """``a``'s value is computed by this kernel (it is never read from memory: ``rows.internal``)."""
+        return internal(self.members, a)
 
     def root(self, a: fx.Node) -> fx.Node:
         """The tensor outside the kernel that a member view of one reads (``a`` itself otherwise)."""
-        while a in self.members and node_kind(a) == "view":
-            a = aliased_input(a)
-        return a
+        return root(self.members, a)
 
     def dom(self, n: fx.Node) -> str:
         """"x": one value per row; "xr": one per element of the rows (``rows.domain``)."""

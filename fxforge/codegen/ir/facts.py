@@ -13,9 +13,10 @@ its members, in O(the group's nodes and their reads) (``group_cost``):
   each node outside the group one tensor), one per tensor it stores, and one per runtime scalar
   read; its io buffers, the tensors read and stored.
 
-Groups with symbolic sizes are the emitter's to answer (``checked_cost``).  In debug mode ``checked_cost`` asks the emitter about every group and raises
-where the two disagree, and the wrapper checks every fused group's cost against the kernel
-emitted for it (``Wrapper.check_cost``).
+Groups with symbolic sizes are the emitter's to answer (``checked_cost``).  In debug mode
+``checked_cost`` asks the emitter about every group and raises where the two disagree, and the
+wrapper checks every fused group's cost against the kernel emitted for it
+(``Wrapper.check_cost``).
 
 Static pointwise groups go further: each node's facts are found once per graph
 (``pointwise_facts``, kept with the probes' summaries in the graph module's meta while a
@@ -37,7 +38,7 @@ from ...graph import PROBES, VAL, aliased_input, free_symbols, node_kind, tensor
 from ...iteration import kind_of, reduction_of, shape_of
 from ..api import GroupCost
 from .aten import read_nodes
-from .rows import check_operand, check_view, domain, frame_of
+from .rows import check_operand, check_view, domain, frame_of, internal, root
 from .values import Unsupported
 
 
@@ -121,11 +122,6 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
         elif kind != "pointwise":
             return None
 
-    def internal(a: fx.Node) -> bool:  # (the emitter's ``internal``)
-        if a in members:
-            return node_kind(a) == "compute" or internal(aliased_input(a))
-        return a.target is operator.getitem and a.args[0] in members
-
     tensors_read: set[fx.Node] = set()
     scalars: set[fx.Node] = set()
     is_computed = set(computed)
@@ -157,7 +153,7 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
                 val = a.meta.get(VAL)
                 if not isinstance(val, torch.Tensor):
                     scalars.add(a)
-                elif internal(a):
+                elif internal(members, a):
                     v = a
                     while v in members and node_kind(v) == "view" and v not in viewed:
                         viewed.add(v)
@@ -165,15 +161,13 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
                         v = aliased_input(v)
                     check_operand(fr, a, dom(a), shape, want)
                 else:  # read from memory: the tensor outside that it is, or that a member view views
-                    root = a
-                    while root in members:
-                        root = aliased_input(root)
-                    rval = root.meta.get(VAL)
+                    outside = root(members, a)
+                    rval = outside.meta.get(VAL)
                     if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
                         raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
                     if free_symbols(rval) or free_symbols(val):  # its sizes become the kernel's parameters
                         return None
-                    tensors_read.add(root)
+                    tensors_read.add(outside)
         why = refusal(fr, reductions, nodes, dom) if refusal is not None else None
     except Unsupported as e:
         return str(e)
@@ -199,8 +193,7 @@ def _all_computed(members: set[fx.Node], computed: list[fx.Node], stored: list[f
             continue
         needed.add(n)
         for a in n.all_input_nodes:
-            while a in members and node_kind(a) == "view":
-                a = aliased_input(a)
+            a = root(members, a)
             if a.target is operator.getitem and a.args[0] in members:
                 a = a.args[0]
             if a in members and node_kind(a) == "compute":

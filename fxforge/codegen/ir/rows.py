@@ -22,7 +22,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ...graph import VAL, aliased_input
+from ...graph import VAL, aliased_input, node_kind
 from ...iteration import numel as _numel, reduction_of, same_size as _same, shape_of
 from .values import Unsupported
 
@@ -63,6 +63,23 @@ def leading(shape: tuple, dims: list[int]) -> bool:
     kept dims) is the column of elements i, i + xnumel, i + 2 xnumel..."""
     kept = [d for d in range(len(shape)) if d not in dims and shape[d] != 1]
     return not kept or not dims or min(kept) > max(dims)
+
+
+def internal(members: set[fx.Node], a: fx.Node) -> bool:
+    """``a``'s value is computed by the kernel of ``members`` (it is never read from memory): a
+    computed member, a member view of one, or an output of a multi-output member."""
+    if a in members:
+        k = node_kind(a)
+        return k == "compute" or (k == "view" and internal(members, aliased_input(a)))
+    return a.target is operator.getitem and isinstance(a.args[0], fx.Node) and a.args[0] in members
+
+
+def root(members: set[fx.Node], a: fx.Node) -> fx.Node:
+    """What ``a`` is through the member views of ``members``: the tensor outside the kernel that
+    a member view of one reads, or the member that a view of one views (``a`` itself otherwise)."""
+    while a in members and node_kind(a) == "view":
+        a = aliased_input(a)
+    return a
 
 
 def frame_of(order: list[fx.Node], reductions: list[fx.Node],

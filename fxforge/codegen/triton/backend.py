@@ -9,7 +9,6 @@ returns the launch function as the group's ``Kernel``.
 
 from __future__ import annotations
 
-
 import torch.fx as fx
 
 from ...config import Config
@@ -24,8 +23,6 @@ from .kernel import TritonEmitter, Unsupported, node_refusal
 from .launch import KERNEL_NAME, Emitted
 from .ops import SIG_DTYPE
 from .prelude import helper_names, interpreting, module_text
-
-# Every kernel emitted in this process (newest last): what tests and `aot.check_kernel` sweep.
 
 
 def unavailable(device_types: frozenset[str]) -> str | None:
