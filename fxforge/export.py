@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections import ChainMap
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
@@ -15,9 +17,68 @@ from .compiled import Compiled
 from .compiler import compile_graph
 from .config import Config
 from .graph import VAL
-from .inputs import Expected, check_inputs, flatten_call, user_input_paths
+from .inputs import Expected, check_inputs, flatten_call, ranges_of, user_input_paths
 from .lowering.decompose import export_table
 from .pipeline import PassManager
+
+
+@dataclass
+class Signature:
+    """How an exported program is called: its graph's inputs (user inputs, parameters, buffers,
+    constants, tokens) and outputs (user outputs, mutations) in order, the caller's pytree
+    structures, and what each user input must be (``inputs.check_inputs``)."""
+
+    inputs: list[tuple[InputKind, str | None]]  # (kind, target: the state's name for a parameter...)
+    outputs: list[tuple[OutputKind, str | None]]  # (kind, target: the mutated buffer or user input)
+    in_spec: Any  # pytree TreeSpec of (args, kwargs), or None
+    out_spec: Any  # pytree TreeSpec of the user outputs, or None
+    expected: list[Expected]  # one per user input
+    ranges: dict  # size symbol -> (lower, upper): ``inputs.ranges_of``
+
+    @staticmethod
+    def of(ep: ExportedProgram) -> "Signature":
+        vals = {n.name: n.meta.get(VAL) for n in ep.graph.nodes if n.op == "placeholder"}
+        specs = ep.graph_signature.input_specs
+        names = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
+        paths = user_input_paths(ep.call_spec.in_spec, names)
+        names_of = [s.arg.name for s in specs]
+        outputs = [(s.kind, names_of.index(s.target) if s.kind == OutputKind.USER_INPUT_MUTATION else s.target)
+                   for s in ep.graph_signature.output_specs]
+        return Signature([(s.kind, s.target) for s in specs], outputs, ep.call_spec.in_spec, ep.call_spec.out_spec,
+                         [Expected.of(f"{n!r} ({p})", vals.get(n)) for n, p in zip(names, paths)],
+                         ranges_of(ep.range_constraints))
+
+    def call(self, compiled: Compiled, state: Mapping[str, Any], args: tuple, kwargs: dict) -> tuple[Any, int]:
+        """``compiled`` called with the caller's ``(args, kwargs)`` and ``state`` (parameters,
+        buffers and constants by name): the user outputs in the caller's structure, and the
+        bytes copied to restride inputs.  Mutations are written back to ``state`` and to the
+        caller's inputs."""
+        flat = flatten_call(self.in_spec, args, kwargs, "compiled program")
+        checked = check_inputs(self.expected, flat, self.ranges)
+        user = iter(checked.args)
+        originals = iter(flat)
+        graph_args, given = [], {}  # given: position -> the caller's own tensor (mutations go there)
+        for kind, target in self.inputs:
+            if kind == InputKind.USER_INPUT:
+                given[len(graph_args)] = next(originals)
+                graph_args.append(next(user))
+            elif kind == InputKind.TOKEN:
+                graph_args.append(torch.empty(0))
+            else:
+                graph_args.append(state[target])
+        results = compiled.call_boxed(graph_args)  # the call empties the list it gets
+        user_out = []
+        for (kind, target), r in zip(self.outputs, results):
+            if kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
+                user_out.append(r)
+            elif kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
+                with torch.no_grad():
+                    state[target].copy_(r)
+            elif kind == OutputKind.USER_INPUT_MUTATION:
+                with torch.no_grad():
+                    given[target].copy_(r)
+        out = pytree.tree_unflatten(user_out, self.out_spec) if self.out_spec is not None else tuple(user_out)
+        return out, checked.copied_bytes
 
 
 class ExportedCompiled(Compiled):
@@ -28,60 +89,20 @@ class ExportedCompiled(Compiled):
     ``fxforge.InputError`` naming the input, and the compiled code stays valid.  An input laid out
     differently from the example (transposed, step-sliced) is copied into the compiled layout
     (``input_copy_bytes``: bytes the last call copied).  Parameters, buffers and constants are
-    read from the program's state on every call, and buffer mutations are written back to it,
-    as ``ep.module()`` does.
+    read from ``state`` on every call (the program's own: ``ep.state_dict`` and ``ep.constants``),
+    and buffer mutations are written back to it, as ``ep.module()`` does.
     """
 
-    def __init__(self, inner: Compiled, ep: ExportedProgram):
+    def __init__(self, inner: Compiled, signature: Signature, state: Mapping[str, Any], program: ExportedProgram | None):
         self.__dict__.update(vars(inner))  # same artifact, different calling convention
-        self.program = ep
-        self.expected = _expected_inputs(ep)
+        self.signature = signature
+        self.state = state
+        self.program = program
         self.input_copy_bytes = 0
 
-    def _state(self, kind: InputKind, target: str) -> Any:
-        ep = self.program
-        if kind == InputKind.PARAMETER or (kind == InputKind.BUFFER and target in ep.state_dict):
-            return ep.state_dict[target]
-        return ep.constants[target]
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        ep = self.program
-        flat = flatten_call(ep, args, kwargs, "compiled program")
-        checked = check_inputs(self.expected, flat, ep.range_constraints)
-        self.input_copy_bytes = checked.copied_bytes
-        user = iter(checked.args)
-        originals = iter(flat)
-        graph_args, given = [], {}  # given: position -> the caller's own tensor (mutations go there)
-        for s in ep.graph_signature.input_specs:
-            if s.kind == InputKind.USER_INPUT:
-                given[len(graph_args)] = next(originals)
-                graph_args.append(next(user))
-            elif s.kind == InputKind.TOKEN:
-                graph_args.append(torch.empty(0))
-            else:
-                graph_args.append(self._state(s.kind, s.target))
-        results = self.call_boxed(list(graph_args))  # the call empties the list it gets
-        user_out = []
-        for s, r in zip(ep.graph_signature.output_specs, results):
-            if s.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
-                user_out.append(r)
-            elif s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
-                with torch.no_grad():
-                    self._state(InputKind.BUFFER, s.target).copy_(r)
-            elif s.kind == OutputKind.USER_INPUT_MUTATION:
-                pos = [i.arg.name for i in ep.graph_signature.input_specs].index(s.target)
-                with torch.no_grad():
-                    given[pos].copy_(r)
-        out_spec = ep.call_spec.out_spec
-        return pytree.tree_unflatten(user_out, out_spec) if out_spec is not None else tuple(user_out)
-
-
-def _expected_inputs(ep: ExportedProgram) -> list[Expected]:
-    """The user inputs of ``ep``'s graph, named by placeholder and by where the caller passes them."""
-    vals = {n.name: n.meta.get(VAL) for n in ep.graph.nodes if n.op == "placeholder"}
-    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    paths = user_input_paths(ep, names)
-    return [Expected(f"{n!r} ({p})", vals.get(n)) for n, p in zip(names, paths)]
+        out, self.input_copy_bytes = self.signature.call(self, self.state, args, kwargs)
+        return out
 
 
 def compile_exported(
@@ -102,7 +123,7 @@ def compile_exported(
     devices = {t.device.type for t in ep.state_dict.values() if isinstance(t, torch.Tensor)}
     ep = ep.run_decompositions(export_table(config, registry.select(config, devices or {"cpu"})))
     c = compile_graph(ep.graph_module, config, kind="export", registry=registry)
-    return ExportedCompiled(c, ep)
+    return ExportedCompiled(c, Signature.of(ep), ChainMap(ep.state_dict, ep.constants), ep)
 
 
 def apply_passes(

@@ -26,12 +26,47 @@ class InputError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class TensorSpec:
+    """What a tensor input must be: its sizes and strides (ints, or sympy expressions of the
+    program's size symbols), dtype and device."""
+
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+def _expr(v: Any) -> Any:
+    """An int, or a SymInt as its sympy expression (an int where it is one)."""
+    if isinstance(v, torch.SymInt):
+        e = v.node.expr
+        return int(e) if e.is_Integer else e
+    return v
+
+
+def spec_of(val: Any) -> Any:
+    """A graph placeholder's value as ``check_inputs`` reads it: a ``TensorSpec`` for a tensor, a
+    sympy expression for a SymInt, the value itself for a constant."""
+    if isinstance(val, torch.Tensor):
+        return TensorSpec(tuple(map(_expr, val.shape)), tuple(map(_expr, val.stride())), val.dtype, val.device)
+    return _expr(val)
+
+
+@dataclass(frozen=True)
 class Expected:
-    """What one input must be: ``val`` is the graph's placeholder value (a FakeTensor, a SymInt,
-    or a constant); ``name`` says where the caller passed it (``x (args[0])``)."""
+    """What one input must be: ``val`` is a ``TensorSpec``, a sympy expression (an int input of
+    symbolic value) or a constant (``spec_of``: ``Expected.of`` takes the placeholder's value);
+    ``name`` says where the caller passed it (``x (args[0])``)."""
 
     name: str
     val: Any
+
+    @staticmethod
+    def of(name: str, val: Any) -> "Expected":
+        return Expected(name, spec_of(val))
 
 
 @dataclass
@@ -40,60 +75,60 @@ class InputCheck:
     copied_bytes: int = 0  # bytes of those copies
 
 
-def _finite(b) -> bool:
-    """A range bound that is a number (torch's ``int_oo`` says ``is_finite`` yet has no int value)."""
-    return isinstance(b, (int, sympy.Integer))
+def ranges_of(range_constraints: dict | None) -> dict:
+    """An ExportedProgram's ``range_constraints`` as symbol -> (lower, upper), each an int or None
+    (unbounded)."""
+    def bound(b: Any) -> int | None:
+        # torch's ``int_oo`` says ``is_finite`` yet has no int value
+        return int(b) if isinstance(b, (int, sympy.Integer)) else None
 
-
-def _bound(ranges, sym: sympy.Symbol):
-    r = ranges.get(sym) if ranges else None
-    return (None, None) if r is None else (r.lower, r.upper)
+    return {s: (bound(r.lower), bound(r.upper)) for s, r in (range_constraints or {}).items()}
 
 
 def check_inputs(expected: Sequence[Expected], args: Sequence[Any], ranges: dict | None = None) -> InputCheck:
     """Check ``args`` against ``expected``; raise ``InputError`` on the first mismatch.
 
-    ``ranges``: symbol -> ValueRanges (an ExportedProgram's ``range_constraints``)."""
+    ``ranges``: symbol -> (lower, upper) (``ranges_of`` an ExportedProgram's ``range_constraints``)."""
     if len(args) != len(expected):
         raise InputError(f"expected {len(expected)} inputs ({', '.join(e.name for e in expected)}), got {len(args)}")
     env: dict[sympy.Symbol, int] = {}
     derived: list[tuple[sympy.Expr, int, str]] = []  # sizes that are expressions of symbols
 
     def size(e: Expected, what: str, want: Any, got: int) -> None:
-        if not isinstance(want, torch.SymInt):
+        if not isinstance(want, sympy.Expr):
             if int(want) != got:
                 raise InputError(f"input {e.name}: {what} is {got}, expected {int(want)} (the program was exported "
                                  "with this size static; export it with a Dim to accept others)")
             return
-        expr = want.node.expr
-        if isinstance(expr, sympy.Symbol):
-            if expr in env:
-                if env[expr] != got:
-                    raise InputError(f"input {e.name}: {what} is {got}, expected {env[expr]} "
-                                     f"(the same size {expr} as an earlier input)")
+        if isinstance(want, sympy.Symbol):
+            if want in env:
+                if env[want] != got:
+                    raise InputError(f"input {e.name}: {what} is {got}, expected {env[want]} "
+                                     f"(the same size {want} as an earlier input)")
                 return
-            lo, hi = _bound(ranges, expr)
-            if (_finite(lo) and got < int(lo)) or (_finite(hi) and got > int(hi)):
-                raise InputError(f"input {e.name}: {what} is {got}, outside the range {lo}..{hi} "
-                                 f"the program was exported for ({expr})")
-            env[expr] = got
+            lo, hi = (ranges or {}).get(want, (None, None))
+            if (lo is not None and got < lo) or (hi is not None and got > hi):
+                raise InputError(f"input {e.name}: {what} is {got}, outside the range {lo}..{'int_oo' if hi is None else hi} "
+                                 f"the program was exported for ({want})")
+            env[want] = got
         else:
-            derived.append((expr, got, f"input {e.name}: {what}"))
+            derived.append((want, got, f"input {e.name}: {what}"))
 
     for e, a in zip(expected, args):
         v = e.val
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, TensorSpec):
             if not isinstance(a, torch.Tensor):
                 raise InputError(f"input {e.name}: expected a tensor, got {type(a).__name__}")
             if a.dim() != v.dim():
-                raise InputError(f"input {e.name}: expected {v.dim()} dimensions {tuple(v.shape)}, got {a.dim()} {tuple(a.shape)}")
+                raise InputError(f"input {e.name}: expected {v.dim()} dimensions {_shape(v.shape)}, got {a.dim()} "
+                                 f"{tuple(a.shape)}")
             if a.dtype != v.dtype:
                 raise InputError(f"input {e.name}: dtype is {a.dtype}, expected {v.dtype} (convert it with .to({v.dtype}))")
             if a.device.type != v.device.type or (v.device.index is not None and a.device.index != v.device.index):
                 raise InputError(f"input {e.name}: is on {a.device}, expected {v.device} (move it with .to('{v.device}'))")
             for d, (want, got) in enumerate(zip(v.shape, a.shape)):
                 size(e, f"size({d})", want, int(got))
-        elif isinstance(v, torch.SymInt):
+        elif isinstance(v, sympy.Expr):
             if not isinstance(a, int) or isinstance(a, bool):
                 raise InputError(f"input {e.name}: expected an int, got {type(a).__name__}")
             size(e, "its value", v, a)
@@ -106,7 +141,7 @@ def check_inputs(expected: Sequence[Expected], args: Sequence[Any], ranges: dict
 
     out = InputCheck(list(args))
     for i, (e, a) in enumerate(zip(expected, args)):
-        if isinstance(e.val, torch.Tensor):
+        if isinstance(e.val, TensorSpec):
             stride = _stride(e.val, env)
             if stride is not None:
                 out.args[i] = as_traced(a, stride)
@@ -115,13 +150,17 @@ def check_inputs(expected: Sequence[Expected], args: Sequence[Any], ranges: dict
     return out
 
 
-def _stride(v: torch.Tensor, env: dict) -> tuple[int, ...] | None:
+def _shape(dims: tuple) -> str:
+    return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _stride(v: TensorSpec, env: dict) -> tuple[int, ...] | None:
     """The compiled stride of ``v``'s input at the sizes ``env`` binds (None: a stride the sizes do
     not determine, nothing to compare with)."""
     want = []
-    for st in v.stride():
-        if isinstance(st, torch.SymInt):
-            e = sympy.sympify(st.node.expr.xreplace(env))  # a bare symbol becomes its int
+    for st in v.stride:
+        if isinstance(st, sympy.Expr):
+            e = sympy.sympify(st.xreplace(env))  # a bare symbol becomes its int
             if e.free_symbols:
                 return None  # a stride the sizes do not determine: nothing to compare with
             st = int(e)
@@ -132,13 +171,13 @@ def _stride(v: torch.Tensor, env: dict) -> tuple[int, ...] | None:
 # --------------------------------------------------------------------------- exported programs
 
 
-def flatten_call(ep, args: tuple, kwargs: dict, what: str) -> list:
-    """A call's ``(args, kwargs)`` flattened in the order of ``ep``'s signature (keyword arguments
-    in the exported order), or ``TypeError`` naming what does not match; ``what`` names the
-    callable for the message ("compiled program")."""
+def flatten_call(in_spec, args: tuple, kwargs: dict, what: str) -> list:
+    """A call's ``(args, kwargs)`` flattened in the order of an exported program's signature
+    (``in_spec``: ``ep.call_spec.in_spec``; keyword arguments in the exported order), or
+    ``TypeError`` naming what does not match; ``what`` names the callable for the message
+    ("compiled program")."""
     import torch.utils._pytree as pytree
 
-    in_spec = ep.call_spec.in_spec
     if in_spec is not None and kwargs:
         kw_spec = in_spec.children()[1] if hasattr(in_spec, "children") else in_spec.children_specs[1]
         order = list(kw_spec.context) if kw_spec.context else []
@@ -151,12 +190,12 @@ def flatten_call(ep, args: tuple, kwargs: dict, what: str) -> list:
     return flat
 
 
-def user_input_paths(ep, names: list[str]) -> list[str]:
-    """Where the caller passes each of ``ep``'s user inputs ``names``: ``args[0]``, ``kwargs['mask']``..."""
+def user_input_paths(in_spec, names: list[str]) -> list[str]:
+    """Where the caller passes each of an exported program's user inputs ``names`` (``in_spec``:
+    ``ep.call_spec.in_spec``): ``args[0]``, ``kwargs['mask']``..."""
     import torch.utils._pytree as pytree
 
     paths = [f"args[{i}]" for i in range(len(names))]
-    in_spec = ep.call_spec.in_spec
     if in_spec is not None and in_spec.num_leaves == len(names):
         tree = pytree.tree_unflatten(list(range(len(names))), in_spec)
         for kp, i in pytree.tree_flatten_with_path(tree)[0]:

@@ -55,7 +55,7 @@ class Partitioned:
         self.input_placements = {i.name: i.placements for i in ins}
         self.output_placements = [o.placements for o in outs if o.kind in RETURNED]
         graph_ph = [n for n in compiled.graph.graph.nodes if n.op == "placeholder"]
-        self._expected = [Expected(f"{i.where} local shard", graph_ph[k].meta.get(VAL))
+        self._expected = [Expected.of(f"{i.where} local shard", graph_ph[k].meta.get(VAL))
                           for k, i in enumerate(ins) if i.kind == InputKind.USER_INPUT]
 
     @property
@@ -72,7 +72,7 @@ class Partitioned:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ep = self.program
-        flat = flatten_call(ep, args, kwargs, "partitioned program")
+        flat = flatten_call(ep.call_spec.in_spec, args, kwargs, "partitioned program")
         checked = check_inputs(self._expected, flat)
         user = iter(checked.args)
         originals = iter(flat)

@@ -90,7 +90,7 @@ def rank_inputs(ep: ExportedProgram, mesh, in_placements: Mapping[str, Any]) -> 
     vals = {n.name: n.meta.get(VAL) for n in ep.graph.nodes if n.op == "placeholder"}
     specs = ep.graph_signature.input_specs
     users = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
-    paths = dict(zip(users, user_input_paths(ep, users)))
+    paths = dict(zip(users, user_input_paths(ep.call_spec.in_spec, users)))
     ins: list[RankInput] = []
     for s in specs:
         if s.kind == InputKind.TOKEN:
