@@ -8,6 +8,8 @@ Public API:
     fxforge.partition(ep, mesh, {"fc1.weight": [Shard(0)]})  # this rank's part of a program (DTensor placements)
     fxforge.register_backend(CodegenBackend(...))     # plug in a codegen backend
     fxforge.register_out_variant(op, out_op)          # an out form living in another packet
+    fxforge.package(ep, "model.fxpkg")                # compile once into one deployable file
+    fxforge.load_package("model.fxpkg")               # run it: no compiler, no tracing
 """
 
 from .backend import Backend, backend
@@ -18,6 +20,7 @@ from .config import Config
 from .export import apply_passes, compile_exported
 from .inputs import InputError
 from .lowering.out_variant import register_out_variant
+from .packages import PackageError, load_package, package
 from .spmd import Partitioned, partition
 from .pipeline import PassError, PassManager, PassResult, verify_graph
 
@@ -31,6 +34,7 @@ __all__ = [
     "Kernel",
     "KernelContext",
     "KernelInfo",
+    "PackageError",
     "PassError",
     "PassManager",
     "PassResult",
@@ -38,6 +42,8 @@ __all__ = [
     "apply_passes",
     "backend",
     "compile_exported",
+    "load_package",
+    "package",
     "partition",
     "register_backend",
     "register_out_variant",

@@ -1,4 +1,4 @@
-"""``fxforge`` command line (also ``python -m fxforge``): ``fxforge demo | report | bench``.
+"""``fxforge`` command line (also ``python -m fxforge``): ``fxforge demo | report | bench | package | run``.
 
     fxforge demo [--json PATH] [--report PATH]
                                     compile a small GPT, check it against eager, print the table,
@@ -6,6 +6,13 @@
     fxforge report MODEL.pt2 [-o OUT.html] [--codegen NAME] [--inputs FILE]
                                     compile a program saved with torch.export.save, write its
                                     HTML report; with sample inputs, check it against the program
+    fxforge report MODEL.fxpkg [-o OUT.html]
+                                    print a package's members and memory plan, write its report
+    fxforge package MODEL.pt2 -o MODEL.fxpkg [--cpu-isa LEVEL ...] [--codegen NAME] [--no-weights]
+                                    compile a program into one deployable file (fxforge.package)
+    fxforge run MODEL.fxpkg --inputs FILE [--calls N]
+                                    load a package (no compiler needed), run it on the inputs,
+                                    print the output shapes and the load and call times
     fxforge bench [--gpu] [--suite PATH]
                                     run the benchmark suite (bench/run.py of the checkout)
 
@@ -190,11 +197,22 @@ def _check(c: Any, ep: Any, inputs: tuple[tuple, dict]) -> tuple[bool, str]:
     return ok, f"outputs {'match' if ok else 'DO NOT match'} ep.module() on the sample inputs (max abs err {err:.2e})"
 
 
+def _is_package(path: str) -> bool:
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        return "manifest.json" in z.namelist()
+
+
 def _report(args: argparse.Namespace) -> int:
     import fxforge
     from .report.hooks import watch
     from .report.html import write_report
 
+    if os.path.isfile(args.model) and _is_package(args.model):
+        return _package_report(args)
     ep = load_program(args.model)
     if args.inputs:
         inputs: tuple[tuple, dict] | None = load_inputs(args.inputs)
@@ -228,6 +246,109 @@ def _report(args: argparse.Namespace) -> int:
     print(note, file=sys.stderr if not ok else sys.stdout)
     print(f"wrote {out} ({_size(out)}; open it in a browser)")
     return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------- packages
+
+
+def _read_package(path: str):
+    from .packages import PackageError, read_package
+
+    if not os.path.isfile(path):
+        raise CliError(f"no such file: {path}")
+    try:
+        return read_package(path)
+    except PackageError as e:
+        raise CliError(str(e)) from None
+
+
+def _package_report(args: argparse.Namespace) -> int:
+    from .report.memory import fmt_bytes
+
+    pkg = _read_package(args.model)
+    m = pkg.manifest
+    s = m["stats"]
+    print(f"{args.model}: fxforge {m['fxforge']}, torch {m['torch']}, Python {'.'.join(map(str, m['python']))}, "
+          f"{m['arch']} {m['device']}")
+    print(f"program: {s.get('nodes_in')} nodes -> {s.get('kernels')} kernels, {s.get('fallback_nodes')} fallbacks, "
+          f"arena {fmt_bytes(int(s.get('arena_bytes', 0)))}; weights {'packaged' if m['weights'] else 'passed at load'}")
+    print(f"\n{'member':<48} {'bytes':>12}  built for")
+    for name, meta in m["members"].items():
+        print(f"{name:<48} {meta['size']:>12}  {meta['built_for']}")
+    print("\nmemory plan:")
+    print(pkg.members["plan.txt"].decode().rstrip())
+    out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".html"
+    try:
+        with open(out, "wb") as f:
+            f.write(pkg.members["report.html"])
+    except OSError as e:
+        raise CliError(f"could not write {out}: {_first_line(e)}", 1) from None
+    print(f"\nwrote {out} ({_size(out)}; open it in a browser)")
+    return 0
+
+
+def _package(args: argparse.Namespace) -> int:
+    import fxforge
+    from .packages import PackageError, package
+
+    ep = load_program(args.model)
+    try:
+        config = fxforge.Config(codegen=args.codegen)
+    except ValueError as e:
+        raise CliError(str(e).splitlines()[0]) from None
+    out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".fxpkg"
+    from .report.hooks import watch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with watch(_progress(True)):
+            try:
+                package(ep, out, config, cpu_isas=tuple(args.cpu_isa) if args.cpu_isa else None,
+                        cuda_archs=tuple(args.cuda_arch) if args.cuda_arch else (80, 90), weights=not args.no_weights)
+            except (PackageError, TypeError) as e:
+                raise CliError(str(e).splitlines()[0]) from None
+            except Exception as e:
+                raise CliError(f"could not compile {args.model}: {_first_line(e)}", 1) from None
+    print(f"wrote {out} ({_size(out)})")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import statistics
+    import time
+
+    import torch
+    import torch.utils._pytree as pytree
+
+    from .inputs import InputError
+    from .packages import PackageError, load_package
+
+    if not os.path.isfile(args.package):
+        raise CliError(f"no such file: {args.package}")
+    call_args, kwargs = load_inputs(args.inputs)
+    t0 = time.perf_counter()
+    try:
+        f = load_package(args.package)
+    except PackageError as e:
+        raise CliError(str(e)) from None
+    t1 = time.perf_counter()
+    try:
+        out = f(*call_args, **kwargs)
+    except (InputError, TypeError) as e:
+        raise CliError(f"the inputs in {args.inputs} do not fit the package: {_first_line(e)}") from None
+    t2 = time.perf_counter()
+    times = []
+    for _ in range(args.calls):
+        s = time.perf_counter()
+        f(*call_args, **kwargs)
+        times.append(time.perf_counter() - s)
+    leaves, _ = pytree.tree_flatten_with_path(out)
+    for path, leaf in leaves:
+        what = f"{tuple(leaf.shape)} {str(leaf.dtype).removeprefix('torch.')}" if isinstance(leaf, torch.Tensor) else repr(leaf)
+        print(f"output{pytree.keystr(path)}: {what}")
+    print(f"load {1e3 * (t1 - t0):.1f} ms (C kernels for {f.cpu_isa or 'none'}), first call {1e3 * (t2 - t1):.2f} ms"
+          + (f", median of {args.calls} calls {1e3 * statistics.median(times):.3f} ms" if times else ""))
+    return 0
 
 
 # --------------------------------------------------------------------------- bench
@@ -278,7 +399,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fxforge", description="FX-based compiler passes for PyTorch.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,report,bench}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,report,bench,package,run}")
 
     d = sub.add_parser("demo", help="compile a small GPT, check it against eager, print stats and timings, write its report")
     d.add_argument("--attention", choices=("matmul", "sdpa"), default="matmul",
@@ -292,8 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HTML report of the compiled graphs (default fxforge-demo-report.html; '' for none)")
     d.set_defaults(func=_demo)
 
-    r = sub.add_parser("report", help="compile a program saved with torch.export.save and write its HTML report")
-    r.add_argument("model", metavar="MODEL.pt2", help="a file written by torch.export.save")
+    r = sub.add_parser("report", help="compile a program saved with torch.export.save and write its HTML report "
+                                      "(or show a package's members and plan)")
+    r.add_argument("model", metavar="MODEL.pt2", help="a file written by torch.export.save, or a package (.fxpkg)")
     r.add_argument("-o", "--output", metavar="OUT.html", help="the report (default: MODEL's name with .html, here)")
     r.add_argument("--codegen", default="auto", metavar="NAME",
                    help="codegen backend: auto (default), torch, triton or any registered name")
@@ -308,6 +430,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--suite", metavar="PATH", help="the suite's run.py (default: bench/run.py of the checkout)")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="further arguments passed to bench/run.py")
     b.set_defaults(func=_bench)
+
+    k = sub.add_parser("package", help="compile a program saved with torch.export.save into one deployable file")
+    k.add_argument("model", metavar="MODEL.pt2", help="a file written by torch.export.save")
+    k.add_argument("-o", "--output", metavar="OUT.fxpkg", help="the package (default: MODEL's name with .fxpkg, here)")
+    k.add_argument("--cpu-isa", action="append", metavar="LEVEL",
+                   help="a CPU level to build the C kernels for (repeat it; default x86-64-v2, v3 and v4 on x86-64)")
+    k.add_argument("--cuda-arch", action="append", type=int, metavar="N", help="a GPU architecture (80 = sm_80)")
+    k.add_argument("--codegen", default="auto", metavar="NAME", help="codegen backend (default auto)")
+    k.add_argument("--no-weights", action="store_true",
+                   help="leave the parameters and buffers out: pass them to load_package(state_dict=...)")
+    k.set_defaults(func=_package)
+
+    u = sub.add_parser("run", help="load a package (no compiler needed) and run it on sample inputs")
+    u.add_argument("package", metavar="MODEL.fxpkg", help="a file written by fxforge package")
+    u.add_argument("--inputs", metavar="FILE", required=True,
+                   help="inputs written by torch.save: a tuple of positional arguments, a dict of keyword arguments, "
+                        "an (args, kwargs) pair or one tensor")
+    u.add_argument("--calls", type=int, default=20, help="timed calls after the first (default 20)")
+    u.set_defaults(func=_run)
     return p
 
 

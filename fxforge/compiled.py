@@ -59,6 +59,9 @@ class Compiled:
     """
 
     report_data = None  # set by compile_graph
+    # The generated wrapper the source came from, with its globals and each backend's units (set
+    # by compile_graph; what ``fxforge.package`` writes): None for a loaded package.
+    artifact = None
 
     def __init__(
         self,
@@ -68,12 +71,13 @@ class Compiled:
         source: str,
         stats: dict,
         kernels: list[KernelInfo],
-        graph: fx.GraphModule,
+        graph: fx.GraphModule | None,
         plan: Any = None,
         eager: Callable[[list], Any] | None = None,
         debug: bool = False,
         holds_inputs: bool = True,
         communicates: bool = False,
+        n_inputs: int | None = None,
     ):
         self._fn = fn
         # ``call_profiled``, made on first use: ``fn`` with each kernel in a profiler range
@@ -90,7 +94,8 @@ class Compiled:
         self._holds_inputs = holds_inputs
         # a graph with collectives is never re-run eagerly: the other ranks would not re-run theirs
         self._communicates = communicates
-        self._n_inputs = sum(1 for n in graph.graph.nodes if n.op == "placeholder")
+        # (``graph``: None for a loaded package, which says how many inputs it takes)
+        self._n_inputs = sum(1 for n in graph.graph.nodes if n.op == "placeholder") if graph is not None else n_inputs
         self.failures: list[str] = []  # why calls of the generated code failed (each ran eagerly)
         self.failed: str | None = None  # why the graph switched to eager for good, if it did
         self._proven = False  # a call has succeeded
@@ -142,10 +147,12 @@ class Compiled:
                     "eagerly on this rank alone; FXFORGE_DEBUG=1 raises at the failing line of Compiled.source"
                 ) from e
             if kept is None:
+                why = "it has no graph to run eagerly (a loaded package)" if self._eager is None else \
+                    "its inputs were freed"
                 raise GeneratedCodeError(
                     f"the generated code of this {self.stats.get('graph', 'graph')} graph failed "
-                    f"({type(e).__name__}: {e}) after its inputs were freed, so the call cannot be re-run "
-                    "eagerly; FXFORGE_DEBUG=1 raises at the failing line of Compiled.source"
+                    f"({type(e).__name__}: {e}) and the call cannot be re-run eagerly: {why}; "
+                    "FXFORGE_DEBUG=1 raises at the failing line of Compiled.source"
                 ) from e
             return self._recover(kept, e)
         self._proven = True

@@ -254,6 +254,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
         communicates=bool(stats["collectives"]),
     )
     compiled.report_data = recorder.finish(w.kernels)
+    compiled.artifact = w
     if logs.PLAN.isEnabledFor(logging.INFO):
         logs.PLAN.info("fxforge: memory plan of the %s graph %d\n%s", kind, graph_id, memory.dump())
     if logs.CODE.isEnabledFor(logging.INFO):

@@ -88,6 +88,12 @@ class Wrapper:
     # ``call_profiled(args)``: ``call`` with each kernel call inside a profiler range named after
     # the kernel (``KERNEL_RANGE``), compiled the first time a call runs under a profiler.
     profiled_source: str = ""
+    # The ops the source calls through namespaces bound at load (``runtime.bind_ops``): (namespace,
+    # name, overload) -> op.  Their namespaces are among ``globals``.
+    ops: dict = field(default_factory=dict)
+    # What each backend's ``link`` was given (``KernelContext.units``), by backend name: the C
+    # kernels' translation units (a package builds them again for other CPUs).
+    units: dict = field(default_factory=dict)
 
     def load(self, filename: str):
         """Compile the source; returns ``call(args)``, which runs the graph, and a function
@@ -630,7 +636,7 @@ class _Builder:
         self.globals[KERNEL_RANGE] = torch.profiler.record_function
         src += function("call", body)
         return Wrapper("\n".join(src) + "\n", self.globals, self.kernels, self.demoted,
-                       "\n".join(function("call_profiled", profiled)) + "\n")
+                       "\n".join(function("call_profiled", profiled)) + "\n", self.ops, self.units)
 
     def setup_source(self) -> list[str]:
         """``_arenas()``: the block holding every arena, and the buffer views in them, made once

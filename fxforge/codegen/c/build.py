@@ -64,14 +64,16 @@ SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-f
 UNIT_BYTES = 64 * 1024
 
 
-def flags(parallel: bool = False, quick: bool = False) -> tuple[str, ...]:
+def flags(parallel: bool = False, quick: bool = False, march: str | None = None) -> tuple[str, ...]:
     """The compiler flags of every build (``FLAGS``; with ``SANITIZE_FLAGS`` under
     ``FXFORGE_C_SANITIZE=1``); ``parallel``: ``-fopenmp`` for ``-fopenmp-simd`` (``openmp``);
     ``quick``: ``-O1`` for ``-O2`` (the vectorizer kept: kernels whose run time is too short for
-    more to pay, ``kernel.QUICK_BUILD_MAX_WORK``)."""
+    more to pay, ``kernel.QUICK_BUILD_MAX_WORK``); ``march``: the CPU to build for instead of
+    this one (``x86-64-v3``: a package's builds, ``fxforge.package``)."""
     sanitize = os.environ.get("FXFORGE_C_SANITIZE", "").strip().lower() in ("1", "true", "yes", "on")
     out = FLAGS + SANITIZE_FLAGS if sanitize else FLAGS
-    swap = {"-fopenmp-simd": "-fopenmp" if parallel else None, "-O2": "-O1" if quick else None}
+    swap = {"-fopenmp-simd": "-fopenmp" if parallel else None, "-O2": "-O1" if quick else None,
+            "-march=native": f"-march={march}" if march else None}
     return tuple(swap.get(f) or f for f in out)
 
 
@@ -200,14 +202,14 @@ def _openmp(cc: str, flags: tuple[str, ...]) -> bool:
 
 
 def _compile(cc: str, src: str, out: str, include: str | None = None, libs: tuple[str, ...] = (),
-             parallel: bool = False, quick: bool = False) -> subprocess.CompletedProcess:
+             parallel: bool = False, quick: bool = False, march: str | None = None) -> subprocess.CompletedProcess:
     # an extension module leaves the interpreter's symbols to be found when it is loaded: the
     # default on Linux, asked for on macOS
     inc = [f"-I{include}"] + (["-undefined", "dynamic_lookup"] if platform.system() == "Darwin" else []) \
         if include else []
     # the compiler is not to run under a sanitizer runtime this process preloads (make test-sanitize)
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
-    return subprocess.run([cc, *flags(parallel, quick), *inc, src, "-o", out, *libs, "-lm"], capture_output=True, text=True, timeout=600,
+    return subprocess.run([cc, *flags(parallel, quick, march), *inc, src, "-o", out, *libs, "-lm"], capture_output=True, text=True, timeout=600,
                           env=env)
 
 
@@ -287,11 +289,12 @@ class CUnit:
         return VECTOR_MATH_LIBS if vector_math() else ()
 
 
-def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), parallel: bool = False) -> list[str]:
-    """``shared_object`` of each (source, quick), linked with ``libs``, the compiler runs side by
-    side (``jobs``)."""
+def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), parallel: bool = False,
+                   march: str | None = None) -> list[str]:
+    """``shared_object`` of each (source, quick), linked with ``libs``, for ``march`` (default:
+    this CPU), the compiler runs side by side (``jobs``)."""
     def one(unit: tuple[str, bool]) -> str:
-        return shared_object(unit[0], libs=libs, parallel=parallel, quick=unit[1])
+        return shared_object(unit[0], libs=libs, parallel=parallel, quick=unit[1], march=march)
 
     if len(sources) <= 1 or jobs() == 1:
         return [one(u) for u in sources]
@@ -300,15 +303,15 @@ def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), 
 
 
 def shared_object(source: str, include: str | None = None, cc: str | None = None, libs: tuple[str, ...] = (),
-                  parallel: bool = False, quick: bool = False) -> str:
+                  parallel: bool = False, quick: bool = False, march: str | None = None) -> str:
     """The path of the shared object built from ``source`` (compiled unless cached) by ``cc``
     (default: ``compiler()``), with ``include`` (``Python.h``'s directory) on the include path,
     linked with ``libs`` (linker arguments); ``parallel``: with ``-fopenmp`` (``openmp``);
-    ``quick``: at ``-O1`` (``flags``)."""
+    ``quick``: at ``-O1``; ``march``: for that CPU instead of this one (``flags``)."""
     cc = cc or compiler()
     if cc is None:
         raise CompileError("no C compiler: install gcc or clang, or set CC")
-    key = hashlib.sha256("\0".join([_identity(cc, flags(parallel, quick)), *libs, source]).encode()).hexdigest()[:40]
+    key = hashlib.sha256("\0".join([_identity(cc, flags(parallel, quick, march)), *libs, source]).encode()).hexdigest()[:40]
     directory = cache_dir("c")
     path = os.path.join(directory, f"k{key}.so")
     if os.path.isfile(path) and not os.path.islink(path):
@@ -318,7 +321,7 @@ def shared_object(source: str, include: str | None = None, cc: str | None = None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        run = _compile(cc, src, out, include, libs, parallel, quick)
+        run = _compile(cc, src, out, include, libs, parallel, quick, march)
         if run.returncode != 0:
             kept = os.path.join(directory, f"failed-k{key}.c")
             shutil.copyfile(src, kept)

@@ -37,6 +37,7 @@ from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Sto
 from ..ir.values import Value, Var
 from .ops import CTYPE, SIG_DTYPE
 from . import build
+from .launcher import SCRATCH_ERROR
 from .printer import CStatements, c_index, values
 
 # A column kernel walks down its columns (one cache line per row for each vector of columns), so
@@ -243,9 +244,6 @@ def c_function(params: list[Param], body: list[str], heap: int = 0) -> tuple[str
 
     symbol = "fxk_" + hashlib.sha256("\n".join(lines("fxk")).encode()).hexdigest()[:20]
     return symbol, lines(symbol)
-
-
-SCRATCH_ERROR = 3  # a kernel's return when its heap scratch cannot be allocated (launcher.KERNEL_ERRORS)
 
 
 def block_rows(start: str, rows: int, block: int) -> Line:

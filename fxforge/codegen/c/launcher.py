@@ -39,7 +39,6 @@ import torch
 
 from ...graph import expr
 from .build import CompileError, CUnit, shared_object, vector_math
-from .kernel import SCRATCH_ERROR
 from .prelude import PRELUDE
 
 log = logging.getLogger(__name__)
@@ -255,6 +254,7 @@ PyMODINIT_FUNC PyInit_fxforge_c_launcher(void)
 """
 
 
+SCRATCH_ERROR = 3  # a kernel's return when its heap scratch cannot be allocated (``kernel.py``)
 # What a kernel's nonzero return means: the exception raised, its message for the value the
 # kernel left in *fx_err (eager's message for the same error).
 KERNEL_ERRORS = {1: (IndexError, "Target {} is out of bounds."), 2: (IndexError, "index out of range in self"),
@@ -352,17 +352,34 @@ def link(unit: CUnit) -> dict[str, Any]:
     if not unit.kernels:
         return {}
     lib_of = {symbol: lib for path, symbols in unit.built() for lib in [ctypes.CDLL(path)] for symbol in symbols}
-    module = launcher()
+    return bind([(k.name, k.symbol, k.kinds, layout_check(k) if unit.debug else None) for k in unit.kernels],
+                lib_of, launcher())
+
+
+def bind(kernels: list[tuple[str, str, str, Any]], lib_of: dict[str, ctypes.CDLL], module: Any) -> dict[str, Any]:
+    """Each kernel (name, symbol, kinds, check: None or ``layout_check``'s function), found in
+    ``lib_of[symbol]``, bound to ``<name>_c``: an object of the launcher ``module``, else (None)
+    a ``ctypes`` adapter."""
     out = {}
-    for k in unit.kernels:
-        fn = getattr(lib_of[k.symbol], k.symbol)
-        check = layout_check(k) if unit.debug else None
+    for name, symbol, kinds, check in kernels:
+        fn = getattr(lib_of[symbol], symbol)
         if module is not None:
-            out[f"{k.name}_c"] = module.kernel(ctypes.cast(fn, ctypes.c_void_p).value, k.kinds.encode(), k.name, check)
+            out[f"{name}_c"] = module.kernel(ctypes.cast(fn, ctypes.c_void_p).value, kinds.encode(), name, check)
         else:
             fn.restype = ctypes.c_int
-            out[f"{k.name}_c"] = _ctypes_adapter(fn, k.kinds, check)
+            out[f"{name}_c"] = _ctypes_adapter(fn, kinds, check)
     return out
+
+
+def load_launcher(path: str) -> Any:
+    """The launcher module built at ``path`` (a package's), bound to torch's data-pointer entry;
+    None where this torch lacks that entry (the kernels are then called through ``ctypes``)."""
+    data_ptr = _data_ptr_entry()
+    if data_ptr is None:
+        return None
+    module = _load_extension(path)
+    module._bind(data_ptr, torch.Tensor, torch.nn.Parameter)
+    return module
 
 
 def layout_check(k) -> Any:
