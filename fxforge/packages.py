@@ -393,7 +393,7 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
     w = c.artifact
     sig = c.signature
 
-    # the state the program reads: parameters and buffers (weights.pt), constants (constants.pt)
+    # the state the program reads: parameters and buffers (the weights), constants
     targets = [t for k, t in sig.inputs if k in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)]
     state = {t: c.state[t] for t in targets}
     for t, v in state.items():
@@ -403,6 +403,10 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
     weight_names = [t for t in targets if t in ep.state_dict]
     constants = {t: v for t, v in state.items() if t not in ep.state_dict}
 
+    foreign = sorted({k.backend for k in c.kernels} - {"c", "torch"})
+    if foreign:
+        raise PackageError(f"fxforge.package: the program has {', '.join(foreign)} kernels; packages hold C kernels "
+                           "and ATen calls so far: package it with Config(codegen='c') or Config(codegen='torch')")
     members: dict[str, tuple[bytes, str]] = {}  # path -> (bytes, what it was built for)
     c_names: set[str] = set()
     kernels_meta: list = []
@@ -415,10 +419,6 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
         unit_of = {s: i for i, syms in enumerate(unit_symbols) for s in syms}
         kernels_meta = [[k.name, k.symbol, k.kinds, unit_of[k.symbol]] for k in unit.kernels]
         c_names = {f"{k.name}_c" for k in unit.kernels}
-    other_units = [name for name, u in w.units.items() if name != "c" and u]
-    if other_units:
-        raise PackageError(f"fxforge.package: the program has kernels of the {', '.join(other_units)} backend, "
-                           "which packages do not hold yet; package it with Config(codegen='c') or 'torch'")
 
     spaces = {ns for ns, _, _ in w.ops}
     descriptors, wrapper_tensors = {}, {}

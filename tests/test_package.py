@@ -258,3 +258,11 @@ def test_cli_package_run_and_report(tmp_path, capsys):
     assert main(["run", pkg, "--inputs", str(tmp_path / "bad.pt")]) == 2
     assert "do not fit the package" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "none.fxpkg"), "--inputs", str(tmp_path / "in.pt")]) == 2
+
+
+def test_triton_kernels_are_refused_with_the_reason(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _, ep = _program(dynamic=False)
+    with pytest.raises(PackageError, match="has triton kernels; packages hold C kernels and ATen calls"):
+        package(ep, str(tmp_path / "t.fxpkg"), fxforge.Config(codegen="triton"))
