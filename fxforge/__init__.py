@@ -8,6 +8,7 @@ Public API:
     fxforge.partition(ep, mesh, {"fc1.weight": [Shard(0)]})  # this rank's part of a program (DTensor placements)
     fxforge.register_backend(CodegenBackend(...))     # plug in a codegen backend
     fxforge.register_out_variant(op, out_op)          # an out form living in another packet
+    fxforge.register_custom_op_autotuning(op, [fxforge.CustomOpConfig(impl)])  # custom ops: fastest correct impl
     fxforge.package(ep, "model.fxpkg")                # compile once into one deployable file
     fxforge.load_package("model.fxpkg")               # run it: no compiler, no tracing
 """
@@ -19,6 +20,7 @@ from .compiled import Compiled, GeneratedCodeError, KernelInfo
 from .config import Config
 from .export import apply_passes, compile_exported
 from .inputs import InputError
+from .custom_ops import CustomOpConfig, register_custom_op_autotuning
 from .lowering.out_variant import register_out_variant
 from .packages import PackageError, load_package, package
 from .spmd import Partitioned, partition
@@ -29,6 +31,7 @@ __all__ = [
     "CodegenBackend",
     "Compiled",
     "Config",
+    "CustomOpConfig",
     "GeneratedCodeError",
     "InputError",
     "Kernel",
@@ -46,6 +49,7 @@ __all__ = [
     "package",
     "partition",
     "register_backend",
+    "register_custom_op_autotuning",
     "register_out_variant",
     "verify_graph",
 ]

@@ -17,6 +17,7 @@ from .codegen.registry import DEFAULT_REGISTRY, Registry
 from .compiled import Compiled
 from .compiler import compile_graph
 from .config import Config
+from .custom_ops import inline_winners
 from .graph import FREE_OUTPUTS, INPUT_STRIDES, VAL
 from .lowering.decompose import aot_table
 
@@ -35,7 +36,7 @@ class Backend:
         self.failures: list[tuple[str, str]] = []
         self.__name__ = "fxforge"
 
-    def _compiler(self, kind: str):
+    def _compiler(self, kind: str, custom_ops: list[dict]):
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]):
             caller_layouts(gm, example_inputs, kind)
             traced = _traced_strides(gm)  # before the passes adopt the given ones
@@ -52,6 +53,8 @@ class Backend:
                 return make_boxed_func(_in_strides(gm, traced) if traced else gm)
             if kind == "backward":
                 c.stats["saved_activation_bytes"] = saved_activation_bytes(gm)
+            else:
+                c.stats["custom_ops"] = custom_ops
             if kind == "forward" and FREE_OUTPUTS in gm.meta:
                 report_output_strides(c.graph)
             self.compiled.append(c)
@@ -72,10 +75,17 @@ class Backend:
             log.warning("fxforge: %s; this graph runs eagerly", e)
             self.failures.append(("graph", str(e)))
             return gm.forward
+        try:  # custom ops' candidates checked, timed, the winners inlined (custom_ops.py)
+            custom_ops = inline_winners(gm, self.config)
+        except Exception as e:
+            if self.config.debug:
+                raise
+            log.warning("fxforge: tuning the graph's custom ops failed (%s: %s); they run as they are", type(e).__name__, e)
+            custom_ops = []
         aot = aot_autograd(
-            fw_compiler=self._compiler("forward"),
-            bw_compiler=self._compiler("backward"),
-            inference_compiler=self._compiler("inference"),
+            fw_compiler=self._compiler("forward", custom_ops),
+            bw_compiler=self._compiler("backward", custom_ops),
+            inference_compiler=self._compiler("inference", custom_ops),
             decompositions=aot_table(self.config, selected),
             partition_fn=_partitioner(self.config.partitioner, selected.splits, self.config.debug),
         )

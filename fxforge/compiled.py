@@ -36,6 +36,7 @@ STAT_KEYS = (
     "compile_seconds",
     "refused_fusions",
     "refused_zero_copy",
+    "custom_ops",
 )
 
 

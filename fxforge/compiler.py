@@ -230,6 +230,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
         refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),
         refused_zero_copy=dict(sum((Counter(r.stats.get("refused_zero_copy", {})) for r in records), Counter())),
         refused=[x for r in records for x in r.stats.get("refused", [])],
+        custom_ops=[],  # the entry points fill it in (custom_ops.py): tuning happens before the graph is traced
         **sched_stats,
         stage_seconds=stages,
         passes=[r.as_dict() for r in records],

@@ -94,6 +94,10 @@ class Config:
     # symmetric memory, their inputs written into a rank-identical arena (passes/symmetric.py);
     # 0: never.
     symmetric_all_reduce_bytes: int = 0
+    # Custom ops registered with fxforge.register_custom_op_autotuning: "on" (check each
+    # candidate against the op, time the ones that agree, inline the fastest; custom_ops.py),
+    # "off" (the op itself, called opaquely).
+    custom_op_tuning: str = "on"
     # Directory where an HTML report is written for every compiled graph (None: no reports).
     report_dir: str | None = field(default_factory=lambda: os.environ.get("FXFORGE_REPORT_DIR") or None)
     # User passes inserted at named points of the pipeline: {"after_fusion": [my_pass], ...}
@@ -117,6 +121,7 @@ class Config:
         _choice("partitioner", self.partitioner, ("min_cut", "default"))
         _choice("keep_arenas", self.keep_arenas, ("inference", "always", "never"))
         _choice("conv_layout", self.conv_layout, ("auto", "channels_last", "as_traced"))
+        _choice("custom_op_tuning", self.custom_op_tuning, ("on", "off"))
         for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args"):
             self._set(knob, _limit(knob, getattr(self, knob)))
         self._set("max_fusion_peak_growth", _fraction("max_fusion_peak_growth", self.max_fusion_peak_growth))

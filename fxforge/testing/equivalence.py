@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 from ..pipeline import normalize_result
 
-__all__ = ["Check", "PassCheckFailure", "TOLERANCES", "check_pass", "hint", "random_inputs", "random_tensor"]
+__all__ = ["Check", "PassCheckFailure", "TOLERANCES", "check_pass", "hint", "mismatch", "random_inputs", "random_tensor"]
 
 # (rtol, atol) per dtype. atol is scaled by the largest finite magnitude of the reference output
 # (at least 1): a pass may legitimately reorder sums, and cancellation then leaves an absolute
@@ -257,7 +257,7 @@ def _compare(before, after, args, runner, rtol, atol) -> str | None:
             continue
         if a.shape != e.shape or a.dtype != e.dtype:
             return f"output {i}: {a.dtype} {list(a.shape)} instead of {e.dtype} {list(e.shape)}"
-        problem = _close(a, e, rtol, atol)
+        problem = mismatch(a, e, rtol, atol)
         if problem:
             return f"output {i} differs: {problem}"
     mutated = _mutated(ins_a, snap_a) - _mutated(ins_b, snap_b)
@@ -271,7 +271,11 @@ def _compare(before, after, args, runner, rtol, atol) -> str | None:
     return None
 
 
-def _close(actual, expected, rtol, atol) -> str | None:
+def mismatch(actual: torch.Tensor, expected: torch.Tensor, rtol: float | None = None,
+             atol: float | None = None) -> str | None:
+    """Why ``actual`` is not ``expected`` within the dtype's ``TOLERANCES`` (absolute tolerance
+    scaled by the largest finite magnitude of ``expected``), or None: it is.  Integers and bools
+    must be equal."""
     if expected.dtype.is_floating_point:
         rt, at = TOLERANCES.get(expected.dtype, TOLERANCES[torch.float32])
         rt, at = rt if rtol is None else rtol, at if atol is None else atol

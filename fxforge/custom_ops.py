@@ -1,0 +1,458 @@
+"""Custom-op tuning: each candidate implementation of a custom op proven against the op, the
+ones that agree timed, the fastest inlined.
+
+``register_custom_op_autotuning(op, configs=[CustomOpConfig(impl, **params), ...])`` names
+decompositions of ``op``: Python functions of ATen ops computing what the op computes.  When a
+graph calling ``op`` compiles (``torch.compile``, ``compile_exported``) with
+``Config(custom_op_tuning="on")`` (the default), each call site is tuned at its input shapes:
+
+1. **Correctness first.**  Inputs are generated for the call site (``input_gen_fns``, else
+   ``fxforge.testing.random_tensor`` at the site's shapes and dtypes).  Each candidate runs
+   eagerly on them and is compared with the op itself (``fxforge.testing.mismatch``:
+   dtype-aware tolerances).  Where the op has a gradient (``torch.library.register_autograd``),
+   the candidate's gradients are compared with the op's too.  A candidate that raises or
+   disagrees is rejected: a WARNING names it, the input and the largest error, and
+   ``stats["custom_ops"]`` records it.
+2. **Then speed.**  The op itself (``CustomOpConfig()``: the fallback, called opaquely) and each
+   accepted candidate are compiled by fxforge, on their own, with the compile's Config, and
+   timed on the generated inputs (calls interleaved, medians).  A candidate is chosen when it
+   is ``min_speedup`` times as fast as the op or more; the fastest such one wins.
+3. **Inlined.**  The winner replaces the op's node before the graph is lowered (for
+   ``torch.compile``, in the graph handed to AOTAutograd, so a training step differentiates the
+   decomposition itself; for an exported program, through ``run_decompositions``): its ATen
+   ops are ordinary nodes that the normal passes fuse with the op's producers and consumers.
+
+Choices are cached on disk (``$FXFORGE_CACHE_DIR/custom_ops``), keyed by the op, the candidates'
+source code and parameters, the site's input shapes and dtypes, the device, this CPU and the
+thread count: a second process reuses them without checking or timing again.
+
+``dispatch_on`` and ``split_points`` are accepted with Inductor's meaning; a call site is tuned at
+its sizes when it compiles (a dynamic size at its example value), not per range of sizes yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+log = logging.getLogger("fxforge")
+
+# Rounds of timed calls per site (each round calls every implementation once), at most, and the
+# seconds a site's timing may take once a few rounds ran.
+TIMING_ROUNDS = 30
+TIMING_MIN_ROUNDS = 5
+TIMING_BUDGET_S = 1.0
+
+
+class CustomOpConfig:
+    """One implementation of a custom op: ``impl(*args, **kwargs, **params)``, a Python function
+    of ATen ops; ``CustomOpConfig()`` (no ``impl``) is the op itself, called opaquely."""
+
+    def __init__(self, impl: Callable | None = None, **params: Any):
+        if impl is not None and not callable(impl):
+            raise TypeError(f"CustomOpConfig: impl must be a function (or None for the op itself), got "
+                            f"{type(impl).__name__}")
+        self.impl = impl
+        self.params = dict(params)
+
+    @property
+    def name(self) -> str:
+        if self.impl is None:
+            return "fallback"
+        base = getattr(self.impl, "__name__", type(self.impl).__name__)
+        return base + (f"({', '.join(f'{k}={v!r}' for k, v in sorted(self.params.items()))})" if self.params else "")
+
+    def bind(self, op: torch._ops.OpOverload) -> Callable[..., Any]:
+        """A function computing the op this way, called with the op's arguments."""
+        if self.impl is None:
+            return op
+        impl, params = self.impl, self.params
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return impl(*args, **kwargs, **params)
+
+        run.__name__ = self.name
+        return run
+
+    def source(self) -> str:
+        """What the cache key holds of this implementation: its code and parameters."""
+        if self.impl is None:
+            return "fallback"
+        try:
+            code = inspect.getsource(self.impl)
+        except (OSError, TypeError):
+            code = getattr(self.impl, "__qualname__", repr(self.impl))
+        return code + repr(sorted(self.params.items()))
+
+    def __repr__(self) -> str:
+        return f"CustomOpConfig({self.name})"
+
+
+@dataclass(frozen=True)
+class Tuning:
+    op: torch._ops.OpOverload
+    configs: tuple[CustomOpConfig, ...]  # the fallback first
+    dispatch_on: Mapping[str, Any] | None = None
+    split_points: tuple[int, ...] = ()
+    min_speedup: float = 1.0
+    input_gen_fns: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+
+
+# Registrations, by op: process-wide, as torch.library registrations are.
+_TUNINGS: dict[torch._ops.OpOverload, Tuning] = {}
+
+
+def _overload(op: Any) -> torch._ops.OpOverload:
+    op = getattr(op, "_opoverload", op)  # a @torch.library.custom_op function
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        op = op.default
+    if not isinstance(op, torch._ops.OpOverload):
+        raise TypeError(f"register_custom_op_autotuning: op must be a custom op (a @torch.library.custom_op "
+                        f"function or a torch.ops OpOverload), got {type(op).__name__}")
+    return op
+
+
+def register_custom_op_autotuning(op: Any, configs: Sequence[CustomOpConfig], *,
+                                  dispatch_on: Mapping[str, Any] | None = None,
+                                  split_points: Sequence[int] | None = None, min_speedup: float = 1.0,
+                                  input_gen_fns: Mapping[str, Callable] | None = None) -> None:
+    """Let fxforge choose among ``configs`` for ``op`` (module docstring).  The op itself is
+    always a candidate (listed or not); registering again replaces the earlier configs."""
+    op = _overload(op)
+    configs = list(configs)
+    if not configs or not all(isinstance(c, CustomOpConfig) for c in configs):
+        raise TypeError("register_custom_op_autotuning: configs must be a non-empty list of fxforge.CustomOpConfig")
+    if isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float)) or not min_speedup > 0:
+        raise ValueError(f"register_custom_op_autotuning: min_speedup={min_speedup!r}: expected a number > 0")
+    names = [a.name for a in op._schema.arguments]
+    if dispatch_on is not None:
+        if set(dispatch_on) != {"tensor_name", "dim"} or dispatch_on["tensor_name"] not in names:
+            raise ValueError(f"register_custom_op_autotuning: dispatch_on={dict(dispatch_on)!r}: expected "
+                             f"{{'tensor_name': one of {names}, 'dim': int}}")
+    points = tuple(split_points or ())
+    if any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in points) or list(points) != sorted(set(points)):
+        raise ValueError(f"register_custom_op_autotuning: split_points={split_points!r}: expected increasing ints >= 1")
+    gens = dict(input_gen_fns or {})
+    unknown = sorted(set(gens) - set(names))
+    if unknown:
+        raise ValueError(f"register_custom_op_autotuning: input_gen_fns names {unknown}, which are not arguments "
+                         f"of {op.name()} ({names})")
+    fallback = [c for c in configs if c.impl is None][:1] or [CustomOpConfig()]
+    _TUNINGS[op] = Tuning(op, tuple(fallback + [c for c in configs if c.impl is not None]), dispatch_on, points,
+                          float(min_speedup), gens)
+
+
+def registered(op: Any) -> Tuning | None:
+    return _TUNINGS.get(op) if isinstance(op, torch._ops.OpOverload) else None
+
+
+# --------------------------------------------------------------------------- one call site
+
+
+def _hint(s: Any) -> int:
+    from .testing.equivalence import hint
+
+    return hint(s)
+
+
+def _site_inputs(t: Tuning, args: tuple, kwargs: dict, seed: int = 0) -> tuple[tuple, dict]:
+    """Real inputs for a call site whose fake (or example) values are ``args``/``kwargs``."""
+    from .testing.equivalence import random_tensor
+
+    gen = torch.Generator().manual_seed(seed)
+    bound = t.op._schema.arguments
+    names = {i: a.name for i, a in enumerate(bound)}
+
+    def make(v: Any, name: str | None) -> Any:
+        if isinstance(v, torch.Tensor):
+            if name in t.input_gen_fns:
+                return t.input_gen_fns[name](v)
+            x = random_tensor([_hint(s) for s in v.shape], v.dtype, gen, [_hint(s) for s in v.stride()])
+            return x.to(v.device) if v.device.type != "cpu" else x
+        if isinstance(v, torch.SymInt):
+            return _hint(v)
+        return v
+
+    real_args = tuple(pytree.tree_map(lambda v, n=names.get(i): make(v, n), a) for i, a in enumerate(args))
+    real_kwargs = {k: pytree.tree_map(lambda v, n=k: make(v, n), a) for k, a in kwargs.items()}
+    return real_args, real_kwargs
+
+
+def _describe_inputs(args: tuple, kwargs: dict) -> str:
+    def one(v: Any) -> str:
+        return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}" if isinstance(v, torch.Tensor) else repr(v)
+
+    return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
+
+
+def _has_gradient(op: torch._ops.OpOverload) -> bool:
+    """The op has a gradient formula of its own (``torch.library.register_autograd``)."""
+    from torch._library.custom_ops import OPDEFS
+
+    d = OPDEFS.get(op._name)
+    return d is not None and getattr(d, "_backward_fn", None) is not None
+
+
+def _largest_error(a: Any, b: Any) -> float:
+    errs = [(x.double() - y.double()).abs().max().item() for x, y in zip(pytree.tree_leaves(a), pytree.tree_leaves(b))
+            if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape and x.numel()]
+    return max(errs, default=float("nan"))
+
+
+def _disagreement(got: Any, want: Any) -> str | None:
+    from .testing.equivalence import mismatch
+
+    a, b = pytree.tree_leaves(got), pytree.tree_leaves(want)
+    if len(a) != len(b):
+        return f"returns {len(a)} values, the op {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if isinstance(y, torch.Tensor):
+            if not isinstance(x, torch.Tensor) or x.shape != y.shape or x.dtype != y.dtype:
+                what = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+                return f"output {i} is {what}, the op's {y.dtype} {list(y.shape)}"
+            why = mismatch(x, y)
+            if why is not None:
+                return f"output {i} differs"
+    return None
+
+
+def _check(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict) -> str | None:
+    """Why ``cfg`` does not compute what the op computes on these inputs (values, and gradients
+    where the op has its own), or None."""
+    fn = cfg.bind(t.op)
+    with torch.no_grad():
+        want = t.op(*args, **kwargs)
+        try:
+            got = fn(*args, **kwargs)
+        except Exception as e:
+            return f"raised {type(e).__name__}: {e}"
+    why = _disagreement(got, want)
+    if why is not None:
+        return f"{why} (largest error {_largest_error(got, want):.3g})"
+    if not _has_gradient(t.op):
+        return None
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    diff = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor) and v.dtype.is_floating_point]
+    if not diff:
+        return None
+
+    def grads(f: Callable) -> tuple:
+        xs = list(leaves)
+        for i in diff:
+            xs[i] = leaves[i].detach().clone().requires_grad_(True)
+        a, k = pytree.tree_unflatten(xs, spec)
+        out = [o for o in pytree.tree_leaves(f(*a, **k)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        gen = torch.Generator().manual_seed(1)
+        seeds = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in out]
+        return torch.autograd.grad(out, [xs[i] for i in diff], seeds, allow_unused=True)
+
+    with torch.enable_grad():
+        try:
+            got_g = grads(fn)
+        except Exception as e:
+            return f"its gradient raised {type(e).__name__}: {e}"
+        want_g = grads(t.op)
+    got_g = [torch.zeros_like(leaves[i]) if g is None else g for i, g in zip(diff, got_g)]
+    want_g = [torch.zeros_like(leaves[i]) if g is None else g for i, g in zip(diff, want_g)]
+    why = _disagreement(got_g, want_g)
+    if why is not None:
+        return f"its gradient {why.replace('output', 'of input')} (largest error {_largest_error(got_g, want_g):.3g})"
+    return None
+
+
+def _compiled(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict, config: Any) -> Callable[[], Any]:
+    """``cfg`` compiled by fxforge on its own (traced to ATen with the decompositions the compile
+    uses; tuning off: the op itself stays opaque), as a call on ``args``."""
+    import dataclasses
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .codegen.registry import DEFAULT_REGISTRY
+    from .compiler import compile_graph
+    from .lowering.decompose import aot_table
+
+    fn = cfg.bind(t.op)
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    where = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+
+    def site(*tensors: torch.Tensor) -> Any:
+        xs = list(leaves)
+        for i, v in zip(where, tensors):
+            xs[i] = v
+        a, k = pytree.tree_unflatten(xs, spec)
+        return fn(*a, **k)
+
+    tensors = [leaves[i] for i in where]
+    config = dataclasses.replace(config, custom_op_tuning="off", report_dir=None)
+    devices = {x.device.type for x in tensors} or {"cpu"}
+    with torch.no_grad():
+        gm = make_fx(site, tracing_mode="fake", decomposition_table=aot_table(config, DEFAULT_REGISTRY.select(config, devices)))(*tensors)
+    c = compile_graph(gm, config, kind="inference")
+    return lambda: c(*tensors)
+
+
+def _time(calls: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Median seconds per call of each, calls interleaved (start rotated each round)."""
+    names = list(calls)
+    for n in names:  # warm-up
+        calls[n]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
+    for r in range(TIMING_ROUNDS):
+        if r >= TIMING_MIN_ROUNDS and time.perf_counter() - start > TIMING_BUDGET_S:
+            break
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            calls[n]()
+            times[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def _cache_key(t: Tuning, args: tuple, kwargs: dict, config: Any) -> str:
+    def spec(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return [str(v.dtype), [_hint(s) for s in v.shape], [_hint(s) for s in v.stride()], str(v.device)]
+        return repr(_hint(v) if isinstance(v, torch.SymInt) else v)
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+    except OSError:
+        pass
+    parts = [t.op.name(), torch.__version__, cpu, str(torch.get_num_threads()), config.codegen, repr(t.min_speedup),
+             *[c.source() for c in t.configs], json.dumps(pytree.tree_map(spec, (list(args), kwargs)))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def tune_site(t: Tuning, args: tuple, kwargs: dict, config: Any, where: str = "") -> dict:
+    """Check and time every candidate at one call site (``args``/``kwargs``: its fake or example
+    values); returns the site's record for ``stats["custom_ops"]``: ``op``, ``node``, ``inputs``,
+    ``candidates`` (name -> median seconds per call), ``rejected`` (name -> reason), ``winner``
+    (a candidate's name, "fallback" for the op itself) and ``cached``."""
+    from .codegen.diskcache import atomic_write, cache_dir
+
+    key = _cache_key(t, args, kwargs, config)
+    path = os.path.join(cache_dir("custom_ops"), f"{key}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        if record.get("winner") in [c.name for c in t.configs]:
+            return dict(record, node=where, cached=True)
+    except (OSError, ValueError):
+        pass
+    real_args, real_kwargs = _site_inputs(t, args, kwargs)
+    shown = _describe_inputs(real_args, real_kwargs)
+    rejected: dict[str, str] = {}
+    for cfg in t.configs[1:]:
+        why = _check(t, cfg, real_args, real_kwargs)
+        if why is not None:
+            rejected[cfg.name] = why
+            log.warning("fxforge: custom op %s: candidate %s rejected on inputs (%s): %s", t.op.name(), cfg.name,
+                        shown, why)
+    accepted = [c for c in t.configs if c.name not in rejected]
+    calls = {}
+    for cfg in accepted:
+        try:
+            calls[cfg.name] = _compiled(t, cfg, real_args, real_kwargs, config)
+        except Exception as e:
+            if cfg.impl is None:
+                raise
+            rejected[cfg.name] = f"did not compile: {type(e).__name__}: {e}"
+            log.warning("fxforge: custom op %s: candidate %s did not compile (%s); not chosen", t.op.name(), cfg.name, e)
+    times = _time(calls)
+    base = times["fallback"]
+    faster = [n for n, s in times.items() if n != "fallback" and base / s >= t.min_speedup]
+    winner = min(faster, key=times.__getitem__) if faster else "fallback"
+    record = {"op": t.op.name(), "inputs": shown, "candidates": times, "rejected": rejected, "winner": winner}
+    try:
+        atomic_write(path, json.dumps(record))
+    except OSError:
+        pass
+    return dict(record, node=where, cached=False)
+
+
+# --------------------------------------------------------------------------- graphs
+
+
+def _site_values(n: fx.Node) -> tuple[tuple, dict]:
+    def val(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            return a.meta.get("val", a.meta.get("example_value"))
+        return a
+
+    return pytree.tree_map(val, tuple(n.args)), pytree.tree_map(val, dict(n.kwargs))
+
+
+def tuned_sites(gm: fx.GraphModule, config: Any) -> list[tuple[fx.Node, Tuning, dict]]:
+    """Every call of a registered op in ``gm`` with its record (``tune_site``); nothing when
+    ``config.custom_op_tuning`` is "off"."""
+    if config.custom_op_tuning == "off" or not _TUNINGS:
+        return []
+    out = []
+    for n in gm.graph.nodes:
+        t = registered(n.target) if n.op == "call_function" else None
+        if t is None:
+            continue
+        args, kwargs = _site_values(n)
+        # tuning runs real calls and compiles of its own: outside the caller's fake mode and its
+        # tracing context (Dynamo's, whose shape environment must not see them)
+        with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch._guards.tracing(None):
+            out.append((n, t, tune_site(t, args, kwargs, config, n.name)))
+    return out
+
+
+def inline_winners(gm: fx.GraphModule, config: Any) -> list[dict]:
+    """Tune every call of a registered op in ``gm`` (a graph above autograd: Dynamo's) and point
+    each node whose winner is a decomposition at it: the graph's tracer then records the
+    decomposition's ATen ops, and their gradient.  Returns the sites' records."""
+    records = []
+    for n, t, record in tuned_sites(gm, config):
+        if record["winner"] != "fallback":
+            n.target = next(c for c in t.configs if c.name == record["winner"]).bind(t.op)
+        records.append(record)
+    if records:
+        gm.recompile()
+    return records
+
+
+def decomposition_table(gm: fx.GraphModule, config: Any) -> tuple[dict, list[dict]]:
+    """For an exported program's graph: decompositions (op -> function choosing, by its
+    arguments' shapes, the winner of the site with those shapes; the op itself where the op
+    won) and the sites' records."""
+    sites = tuned_sites(gm, config)
+    by_op: dict[torch._ops.OpOverload, dict[str, Callable]] = {}
+    for n, t, record in sites:
+        if record["winner"] != "fallback":
+            args, kwargs = _site_values(n)
+            by_op.setdefault(t.op, {})[_shape_key(args, kwargs)] = \
+                next(c for c in t.configs if c.name == record["winner"]).bind(t.op)
+    table = {}
+    for op, choices in by_op.items():
+        def decompose(*args: Any, _choices=choices, **kwargs: Any) -> Any:
+            fn = _choices.get(_shape_key(args, kwargs))
+            return NotImplemented if fn is None else fn(*args, **kwargs)
+
+        table[op] = decompose
+    return table, [r for _, _, r in sites]
+
+
+def _shape_key(args: tuple, kwargs: dict) -> str:
+    def one(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return (str(v.dtype), tuple(_hint(s) for s in v.shape))
+        return _hint(v) if isinstance(v, torch.SymInt) else repr(v)
+
+    return repr(pytree.tree_map(one, (list(args), kwargs)))

@@ -1,0 +1,164 @@
+"""Custom-op tuning (``fxforge.register_custom_op_autotuning``): wrong candidates rejected, the
+chosen one inlined and fused, choices cached on disk, training and dynamic shapes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import fxforge
+from fxforge.custom_ops import _TUNINGS
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import custom_op_cases as cases  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh(tmp_path, monkeypatch):
+    """Each test its own choice cache, and the cases' registrations (restored after)."""
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    saved = dict(_TUNINGS)
+    cases.register()
+    yield
+    _TUNINGS.clear()
+    _TUNINGS.update(saved)
+
+
+def _inputs(batch: int = 32, d: int = 128):
+    return torch.randn(batch, d), torch.randn(batch, d)
+
+
+def _records(stats) -> dict:
+    return {r["op"]: r for r in stats["custom_ops"]}
+
+
+def test_wrong_candidates_are_rejected_and_the_choice_matches_eager(caplog):
+    torch.manual_seed(0)
+    m = cases.Block()
+    x, r = _inputs()
+    with caplog.at_level(logging.WARNING, logger="fxforge"):
+        c = fxforge.compile_exported(torch.export.export(m, (x, r)))
+    rec = _records(c.stats)
+    rms, swiglu = rec["fxtest::rmsnorm"], rec["fxtest::silu_mul"]
+    assert set(rms["rejected"]) == {"rms_forgets_weight"} and "output 0 differs" in rms["rejected"]["rms_forgets_weight"]
+    assert set(swiglu["rejected"]) == {"silu_mul_sigmoid_only", "silu_mul_detached"}
+    assert "gradient" in swiglu["rejected"]["silu_mul_detached"]  # right values, wrong gradient
+    assert set(rms["candidates"]) == {"fallback", "rms_direct", "rms_chunked(chunks=2)"}
+    assert rms["winner"] in rms["candidates"] and rms["winner"] not in rms["rejected"]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "candidate rms_forgets_weight rejected on inputs (float32[32, 128], float32[128])" in warned
+    assert "largest error" in warned
+    for _ in range(2):
+        x, r = _inputs()
+        torch.testing.assert_close(c(x, r), m(x, r), rtol=1e-4, atol=1e-5)
+
+
+def test_inlined_decomposition_fuses_with_its_neighbours():
+    torch.manual_seed(0)
+    m = cases.Block()
+    x, r = _inputs()
+    ep = torch.export.export(m, (x, r))
+    cases.register(min_speedup=1e-9)  # any correct candidate beats the op: the structure, not a timing
+    on = fxforge.compile_exported(ep)
+    off = fxforge.compile_exported(ep, fxforge.Config(custom_op_tuning="off"))
+    assert off.stats["custom_ops"] == [] and off.stats["fallback_nodes"] == 2  # the two ops, opaque
+    assert on.stats["fallback_nodes"] == 0
+    assert {r["winner"] for r in on.stats["custom_ops"]} != {"fallback"}
+    # the residual add, the norm and the SwiGLU's product run in fewer launches than op by op
+    launches = lambda c: c.stats["kernels"] + c.stats["fallback_nodes"]  # noqa: E731
+    assert launches(on) < launches(off)
+    torch.testing.assert_close(on(x, r), off(x, r), rtol=1e-4, atol=1e-5)
+
+
+def test_a_high_min_speedup_keeps_the_op():
+    cases.register(min_speedup=1e9)
+    m = cases.Block()
+    x, r = _inputs()
+    c = fxforge.compile_exported(torch.export.export(m, (x, r)))
+    assert {r["winner"] for r in c.stats["custom_ops"]} == {"fallback"}
+    assert c.stats["fallback_nodes"] == 2
+    torch.testing.assert_close(c(x, r), m(x, r))
+
+
+def test_training_step_through_torch_compile():
+    torch.manual_seed(0)
+    m, ref = cases.Block(), cases.Block(ops=False)
+    ref.load_state_dict(m.state_dict())
+    b = fxforge.backend()
+    f = torch.compile(m, backend=b)
+    x, r = _inputs()
+    f(x, r).square().mean().backward()
+    ref(x, r).square().mean().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    forward = next(c for c in b.compiled if c.stats["graph"] == "forward")
+    assert {r["op"] for r in forward.stats["custom_ops"]} == {"fxtest::rmsnorm", "fxtest::silu_mul"}
+
+
+def test_dynamic_shapes_compile_once():
+    torch.manual_seed(0)
+    m = cases.Block().eval()
+    b = fxforge.backend()
+    f = torch.compile(m, backend=b, dynamic=True)
+    with torch.no_grad():
+        for batch in (8, 24, 40):
+            x, r = _inputs(batch)
+            torch.testing.assert_close(f(x, r), m(x, r), rtol=1e-4, atol=1e-5)
+    assert len(b.compiled) == 1
+    assert len(b.compiled[0].stats["custom_ops"]) == 2
+
+
+def test_tuning_off_leaves_the_op_alone():
+    m = cases.Block()
+    x, r = _inputs()
+    c = fxforge.compile_exported(torch.export.export(m, (x, r)), fxforge.Config(custom_op_tuning="off"))
+    assert c.stats["custom_ops"] == [] and c.stats["fallback_nodes"] == 2
+    torch.testing.assert_close(c(x, r), m(x, r))
+
+
+def test_a_second_process_reuses_the_choices(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = textwrap.dedent(f"""
+        import sys, torch, fxforge
+        sys.path.insert(0, {here!r})
+        import custom_op_cases as cases
+        cases.register()
+        torch.manual_seed(0)
+        m = cases.Block()
+        x, r = torch.randn(32, 128), torch.randn(32, 128)
+        c = fxforge.compile_exported(torch.export.export(m, (x, r)))
+        torch.testing.assert_close(c(x, r), m(x, r), rtol=1e-4, atol=1e-5)
+        print(sorted((r["op"], r["cached"], r["winner"]) for r in c.stats["custom_ops"]))
+    """)
+    env = {**os.environ, "FXFORGE_CACHE_DIR": str(tmp_path / "shared")}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    for p in runs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    first, second = (eval(p.stdout.strip().splitlines()[-1]) for p in runs)
+    assert [c for _, c, _ in first] == [False, False] and [c for _, c, _ in second] == [True, True]
+    assert [w for *_, w in first] == [w for *_, w in second]  # the same choices, not timed again
+
+
+def test_registration_errors():
+    with pytest.raises(TypeError, match="configs must be a non-empty list"):
+        fxforge.register_custom_op_autotuning(cases.rmsnorm, [])
+    with pytest.raises(TypeError, match="op must be a custom op"):
+        fxforge.register_custom_op_autotuning(lambda x: x, [fxforge.CustomOpConfig()])
+    with pytest.raises(ValueError, match="dispatch_on"):
+        fxforge.register_custom_op_autotuning(cases.rmsnorm, [fxforge.CustomOpConfig(cases.rms_direct)],
+                                              dispatch_on={"tensor_name": "nope", "dim": 0})
+    with pytest.raises(ValueError, match="split_points"):
+        fxforge.register_custom_op_autotuning(cases.rmsnorm, [fxforge.CustomOpConfig(cases.rms_direct)],
+                                              dispatch_on={"tensor_name": "x", "dim": 0}, split_points=[64, 8])
+    with pytest.raises(ValueError, match="input_gen_fns names \\['y'\\]"):
+        fxforge.register_custom_op_autotuning(cases.rmsnorm, [fxforge.CustomOpConfig(cases.rms_direct)],
+                                              input_gen_fns={"y": torch.randn_like})
+    with pytest.raises(ValueError, match="custom_op_tuning"):
+        fxforge.Config(custom_op_tuning="maybe")
