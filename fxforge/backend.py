@@ -18,7 +18,7 @@ from .compiled import Compiled
 from .compiler import compile_graph
 from .config import Config
 from .custom_ops import inline_winners
-from .graph import FREE_OUTPUTS, INPUT_STRIDES, VAL
+from .graph import CUSTOM_OP_DISPATCH, FREE_OUTPUTS, INPUT_STRIDES, VAL
 from .lowering.decompose import aot_table
 
 log = logging.getLogger("fxforge")
@@ -36,8 +36,10 @@ class Backend:
         self.failures: list[tuple[str, str]] = []
         self.__name__ = "fxforge"
 
-    def _compiler(self, kind: str, custom_ops: list[dict]):
+    def _compiler(self, kind: str, custom_ops: list[dict], dispatches: dict):
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]):
+            if dispatches:
+                gm.meta[CUSTOM_OP_DISPATCH] = dispatches
             caller_layouts(gm, example_inputs, kind)
             traced = _traced_strides(gm)  # before the passes adopt the given ones
             try:
@@ -76,16 +78,16 @@ class Backend:
             self.failures.append(("graph", str(e)))
             return gm.forward
         try:  # custom ops' candidates checked, timed, the winners inlined (custom_ops.py)
-            custom_ops = inline_winners(gm, self.config)
+            custom_ops, dispatches = inline_winners(gm, self.config)
         except Exception as e:
             if self.config.debug:
                 raise
             log.warning("fxforge: tuning the graph's custom ops failed (%s: %s); they run as they are", type(e).__name__, e)
-            custom_ops = []
+            custom_ops, dispatches = [], {}
         aot = aot_autograd(
-            fw_compiler=self._compiler("forward", custom_ops),
-            bw_compiler=self._compiler("backward", custom_ops),
-            inference_compiler=self._compiler("inference", custom_ops),
+            fw_compiler=self._compiler("forward", custom_ops, dispatches),
+            bw_compiler=self._compiler("backward", custom_ops, dispatches),
+            inference_compiler=self._compiler("inference", custom_ops, dispatches),
             decompositions=aot_table(self.config, selected),
             partition_fn=_partitioner(self.config.partitioner, selected.splits, self.config.debug),
         )

@@ -176,9 +176,10 @@ def _site_inputs(t: Tuning, args: tuple, kwargs: dict, seed: int = 0) -> tuple[t
     names = {i: a.name for i, a in enumerate(bound)}
 
     def make(v: Any, name: str | None) -> Any:
-        if isinstance(v, torch.Tensor):
-            if name in t.input_gen_fns:
-                return t.input_gen_fns[name](v)
+        if isinstance(v, (torch.Tensor, _Like)):
+            if name in t.input_gen_fns:  # given a fake (here: meta) tensor of the site's shape
+                like = torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, _Like) else v
+                return t.input_gen_fns[name](like)
             x = random_tensor([_hint(s) for s in v.shape], v.dtype, gen, [_hint(s) for s in v.stride()])
             return x.to(v.device) if v.device.type != "cpu" else x
         if isinstance(v, torch.SymInt):
@@ -333,55 +334,163 @@ def _cache_key(t: Tuning, args: tuple, kwargs: dict, config: Any) -> str:
     except OSError:
         pass
     parts = [t.op.name(), torch.__version__, cpu, str(torch.get_num_threads()), config.codegen, repr(t.min_speedup),
+             repr(t.dispatch_on), repr(t.split_points),
              *[c.source() for c in t.configs], json.dumps(pytree.tree_map(spec, (list(args), kwargs)))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _dispatch_symbol(t: Tuning, args: tuple, kwargs: dict) -> Any:
+    """The size ``dispatch_on`` names at this site, where it is symbolic (a sympy symbol): the
+    site is then tuned per range of ``split_points``; None otherwise."""
+    if not t.dispatch_on or not t.split_points:
+        return None
+    names = [a.name for a in t.op._schema.arguments]
+    i = names.index(t.dispatch_on["tensor_name"])
+    v = args[i] if i < len(args) else kwargs.get(names[i])
+    if not isinstance(v, torch.Tensor) or not -v.dim() <= t.dispatch_on["dim"] < v.dim():
+        return None
+    size = v.shape[t.dispatch_on["dim"]]
+    if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+        return size.node.expr
+    return None
+
+
+def _ranges(points: tuple[int, ...]) -> list[tuple[int, int | None, int]]:
+    """(lowest, highest or None, the size it is timed at) per range of ``split_points``: a
+    bounded range at its highest size, the last one at twice the last split point."""
+    bounds = [0, *points]
+    out = [(lo + 1, hi, hi) for lo, hi in zip(bounds, bounds[1:])]
+    return out + [(points[-1] + 1, None, 2 * points[-1])]
+
+
+@dataclass(frozen=True)
+class _Like:
+    """A tensor's shape, dtype and device (contiguous), for inputs at a size no fake value has."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+    def stride(self) -> tuple:
+        out, step = [], 1
+        for n in reversed(self.shape):
+            out.append(step)
+            step *= max(n, 1)
+        return tuple(reversed(out))
+
+
+def _at_size(args: tuple, kwargs: dict, symbol: Any, size: int) -> tuple[tuple, dict]:
+    """The site's fake values with every dim of size ``symbol`` at ``size``."""
+    def one(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        shape = [size if isinstance(d, torch.SymInt) and d.node.expr == symbol else _hint(d) for d in v.shape]
+        return _Like(tuple(shape), v.dtype, v.device)
+
+    return pytree.tree_map(one, args), pytree.tree_map(one, kwargs)
+
+
+def _choose(t: Tuning, times: dict[str, float]) -> str:
+    base = times["fallback"]
+    faster = [n for n, s in times.items() if n != "fallback" and base / s >= t.min_speedup]
+    return min(faster, key=times.__getitem__) if faster else "fallback"
 
 
 def tune_site(t: Tuning, args: tuple, kwargs: dict, config: Any, where: str = "") -> dict:
     """Check and time every candidate at one call site (``args``/``kwargs``: its fake or example
     values); returns the site's record for ``stats["custom_ops"]``: ``op``, ``node``, ``inputs``,
     ``candidates`` (name -> median seconds per call), ``rejected`` (name -> reason), ``winner``
-    (a candidate's name, "fallback" for the op itself) and ``cached``."""
+    (a candidate's name, "fallback" for the op itself) and ``cached``.  A site whose
+    ``dispatch_on`` size is symbolic is tuned per range of ``split_points`` instead: ``ranges``
+    lists each range's sizes, the size timed, the times and the winner (adjacent ranges with the
+    same winner merged), and ``winner`` is the common one, or None where they differ."""
     from .codegen.diskcache import atomic_write, cache_dir
 
     key = _cache_key(t, args, kwargs, config)
     path = os.path.join(cache_dir("custom_ops"), f"{key}.json")
+    names = {c.name for c in t.configs}
     try:
         with open(path, encoding="utf-8") as f:
             record = json.load(f)
-        if record.get("winner") in [c.name for c in t.configs]:
+        if {r["winner"] for r in record.get("ranges", [record])} <= names:
             return dict(record, node=where, cached=True)
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError, TypeError):
         pass
-    real_args, real_kwargs = _site_inputs(t, args, kwargs)
-    shown = _describe_inputs(real_args, real_kwargs)
+    symbol = _dispatch_symbol(t, args, kwargs)
+    sites = [(None, None, args, kwargs)] if symbol is None else \
+        [(lo, hi, *_at_size(args, kwargs, symbol, at)) for lo, hi, at in _ranges(t.split_points)]
     rejected: dict[str, str] = {}
-    for cfg in t.configs[1:]:
-        why = _check(t, cfg, real_args, real_kwargs)
-        if why is not None:
-            rejected[cfg.name] = why
-            log.warning("fxforge: custom op %s: candidate %s rejected on inputs (%s): %s", t.op.name(), cfg.name,
-                        shown, why)
+    inputs = []
+    for seed, (_, _, a, k) in enumerate(sites):
+        real = _site_inputs(t, a, k, seed)
+        inputs.append(real)
+        for cfg in t.configs[1:]:
+            why = None if cfg.name in rejected else _check(t, cfg, *real)
+            if why is not None:
+                rejected[cfg.name] = why
+                log.warning("fxforge: custom op %s: candidate %s rejected on inputs (%s): %s", t.op.name(), cfg.name,
+                            _describe_inputs(*real), why)
     accepted = [c for c in t.configs if c.name not in rejected]
-    calls = {}
-    for cfg in accepted:
-        try:
-            calls[cfg.name] = _compiled(t, cfg, real_args, real_kwargs, config)
-        except Exception as e:
-            if cfg.impl is None:
-                raise
-            rejected[cfg.name] = f"did not compile: {type(e).__name__}: {e}"
-            log.warning("fxforge: custom op %s: candidate %s did not compile (%s); not chosen", t.op.name(), cfg.name, e)
-    times = _time(calls)
-    base = times["fallback"]
-    faster = [n for n, s in times.items() if n != "fallback" and base / s >= t.min_speedup]
-    winner = min(faster, key=times.__getitem__) if faster else "fallback"
-    record = {"op": t.op.name(), "inputs": shown, "candidates": times, "rejected": rejected, "winner": winner}
+    record: dict[str, Any] = {"op": t.op.name(), "inputs": _describe_inputs(*inputs[0]), "rejected": rejected}
+    if symbol is None:
+        calls = {}
+        for cfg in accepted:
+            try:
+                calls[cfg.name] = _compiled(t, cfg, *inputs[0], config)
+            except Exception as e:
+                if cfg.impl is None:
+                    raise
+                rejected[cfg.name] = f"did not compile: {type(e).__name__}: {e}"
+                log.warning("fxforge: custom op %s: candidate %s did not compile (%s); not chosen", t.op.name(),
+                            cfg.name, e)
+        record["candidates"] = _time(calls)
+        record["winner"] = _choose(t, record["candidates"])
+    else:
+        # one graph serves every range: each range's winner runs as its own ATen calls, timed so
+        dim = t.dispatch_on["dim"]
+        record["dispatch_on"] = f"{t.dispatch_on['tensor_name']}.size({dim})"
+        ranges = []
+        for (lo, hi, _, _), (ra, rk) in zip(sites, inputs):
+            times = _time({c.name: (lambda f=c.bind(t.op), ra=ra, rk=rk: f(*ra, **rk)) for c in accepted})
+            winner = _choose(t, times)
+            if ranges and ranges[-1]["winner"] == winner:
+                ranges[-1]["sizes"][1] = hi
+                ranges[-1]["times"].append(times)
+            else:
+                ranges.append({"sizes": [lo, hi], "at": _describe_inputs(ra, rk), "times": [times], "winner": winner})
+        record["ranges"] = ranges
+        record["winner"] = ranges[0]["winner"] if len(ranges) == 1 else None
     try:
         atomic_write(path, json.dumps(record))
     except OSError:
         pass
     return dict(record, node=where, cached=False)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A call site chosen per range of one size: the generated wrapper's ``if`` chain
+    (``codegen/wrapper.py``) calls ``branches[i]`` where the size is at most ``bounds[i]`` (the
+    last bound None: every larger size)."""
+
+    op: torch._ops.OpOverload
+    tensor: str  # the argument whose size decides
+    dim: int
+    bounds: tuple[int | None, ...]
+    branches: tuple[Callable[..., Any], ...]  # each range's winner, bound to the op's arguments
+
+    @staticmethod
+    def of(t: Tuning, record: dict) -> "Dispatch":
+        by_name = {c.name: c for c in t.configs}
+        return Dispatch(t.op, t.dispatch_on["tensor_name"], t.dispatch_on["dim"],
+                        tuple(r["sizes"][1] for r in record["ranges"]),
+                        tuple(by_name[r["winner"]].bind(t.op) for r in record["ranges"]))
+
+    def size_arg(self, node: fx.Node) -> Any:
+        """The argument of ``node`` (a call of the op) whose size decides."""
+        names = [a.name for a in self.op._schema.arguments]
+        i = names.index(self.tensor)
+        return node.args[i] if i < len(node.args) else node.kwargs[self.tensor]
 
 
 # --------------------------------------------------------------------------- graphs
@@ -414,28 +523,37 @@ def tuned_sites(gm: fx.GraphModule, config: Any) -> list[tuple[fx.Node, Tuning, 
     return out
 
 
-def inline_winners(gm: fx.GraphModule, config: Any) -> list[dict]:
+def inline_winners(gm: fx.GraphModule, config: Any) -> tuple[list[dict], "Dispatches"]:
     """Tune every call of a registered op in ``gm`` (a graph above autograd: Dynamo's) and point
     each node whose winner is a decomposition at it: the graph's tracer then records the
-    decomposition's ATen ops, and their gradient.  Returns the sites' records."""
-    records = []
+    decomposition's ATen ops, and their gradient.  Returns the sites' records and the
+    per-range choices (``dispatches``: the sites that keep the op node and dispatch at run time)."""
+    records, dispatches = [], Dispatches()
     for n, t, record in tuned_sites(gm, config):
-        if record["winner"] != "fallback":
+        if record["winner"] is None:
+            args, kwargs = _site_values(n)
+            dispatches[(t.op, _shape_key(args, kwargs))] = Dispatch.of(t, record)
+        elif record["winner"] != "fallback":
             n.target = next(c for c in t.configs if c.name == record["winner"]).bind(t.op)
         records.append(record)
     if records:
         gm.recompile()
-    return records
+    return records, dispatches
 
 
-def decomposition_table(gm: fx.GraphModule, config: Any) -> tuple[dict, list[dict]]:
+def decomposition_table(gm: fx.GraphModule, config: Any) -> tuple[dict, list[dict], "Dispatches"]:
     """For an exported program's graph: decompositions (op -> function choosing, by its
     arguments' shapes, the winner of the site with those shapes; the op itself where the op
-    won) and the sites' records."""
+    won or the choice is per range), the sites' records and the per-range choices (as
+    ``inline_winners``)."""
     sites = tuned_sites(gm, config)
     by_op: dict[torch._ops.OpOverload, dict[str, Callable]] = {}
+    dispatches = Dispatches()
     for n, t, record in sites:
-        if record["winner"] != "fallback":
+        if record["winner"] is None:
+            args, kwargs = _site_values(n)
+            dispatches[(t.op, _shape_key(args, kwargs))] = Dispatch.of(t, record)
+        elif record["winner"] != "fallback":
             args, kwargs = _site_values(n)
             by_op.setdefault(t.op, {})[_shape_key(args, kwargs)] = \
                 next(c for c in t.configs if c.name == record["winner"]).bind(t.op)
@@ -446,7 +564,18 @@ def decomposition_table(gm: fx.GraphModule, config: Any) -> tuple[dict, list[dic
             return NotImplemented if fn is None else fn(*args, **kwargs)
 
         table[op] = decompose
-    return table, [r for _, _, r in sites]
+    return table, [r for _, _, r in sites], dispatches
+
+
+class Dispatches(dict):
+    """(op, shape key) -> ``Dispatch``: a compile's call sites chosen per range."""
+
+    def of(self, node: fx.Node) -> Dispatch | None:
+        """The per-range choice for ``node`` (a call of a tuned op), if its site has one."""
+        if not self or not isinstance(node.target, torch._ops.OpOverload):
+            return None
+        args, kwargs = _site_values(node)
+        return self.get((node.target, _shape_key(args, kwargs)))
 
 
 def _shape_key(args: tuple, kwargs: dict) -> str:

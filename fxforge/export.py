@@ -17,7 +17,7 @@ from .compiled import Compiled
 from .compiler import compile_graph
 from .config import Config
 from .custom_ops import decomposition_table
-from .graph import VAL
+from .graph import CUSTOM_OP_DISPATCH, VAL
 from .inputs import Expected, check_inputs, flatten_call, ranges_of, user_input_paths
 from .lowering.decompose import export_table
 from .pipeline import PassManager
@@ -124,9 +124,11 @@ def compile_exported(
     devices = {t.device.type for t in ep.state_dict.values() if isinstance(t, torch.Tensor)}
     table = export_table(config, registry.select(config, devices or {"cpu"}))
     # custom ops' candidates checked, timed, the winners inlined (custom_ops.py)
-    chosen, custom_ops = decomposition_table(ep.graph_module, config)
+    chosen, custom_ops, dispatches = decomposition_table(ep.graph_module, config)
     table.update(chosen)
     ep = ep.run_decompositions(table)
+    if dispatches:
+        ep.graph_module.meta[CUSTOM_OP_DISPATCH] = dispatches
     c = compile_graph(ep.graph_module, config, kind="export", registry=registry)
     c.stats["custom_ops"] = custom_ops
     return ExportedCompiled(c, Signature.of(ep), ChainMap(ep.state_dict, ep.constants), ep)

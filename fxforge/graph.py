@@ -39,6 +39,7 @@ SYMMETRIC = "fxforge_symmetric"
 PROBES = "fxforge_probes"
 INPUT_STRIDES = "fxforge_input_strides"
 FREE_OUTPUTS = "fxforge_free_outputs"
+CUSTOM_OP_DISPATCH = "fxforge_custom_op_dispatch"
 
 META_KEYS = {
     VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
@@ -63,6 +64,8 @@ GRAPH_META_KEYS = {
                    "passes; backend.py), adopted by lowering/conv_layout.py",
     FREE_OUTPUTS: "int: the graph's outputs from this index on may keep the layout the passes give them (a "
                   "training forward's saved activations, whose strides are reported to AOTAutograd; backend.py)",
+    CUSTOM_OP_DISPATCH: "custom_ops.Dispatches, (op, shape key) -> Dispatch: calls of a tuned custom op chosen per range "
+                        "of a size, which the wrapper emits as an if chain (custom_ops.py)",
 }
 
 FALLBACK_BACKEND = "fallback"

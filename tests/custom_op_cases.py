@@ -95,3 +95,26 @@ class Block(torch.nn.Module):
     def forward(self, x, r):
         h = self.rms(x + r, self.w)
         return h + self.down(self.swiglu(self.gate(h), self.up(h)))
+
+
+@torch.library.custom_op("fxtest::slow_norm", mutates_args=())
+def slow_norm(x: torch.Tensor) -> torch.Tensor:
+    """A row norm whose own implementation wastes time at every size (50 copies)."""
+    out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    for _ in range(50):
+        out = out.clone()
+    return out
+
+
+@slow_norm.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def norm_fast_then_slow(x):
+    """Right at every size; fast up to 16 rows, far slower than the op above (2,000 copies)."""
+    out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    if x.shape[0] > 16:
+        for _ in range(2000):
+            out = out.clone()
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -162,3 +163,53 @@ def test_registration_errors():
                                               input_gen_fns={"y": torch.randn_like})
     with pytest.raises(ValueError, match="custom_op_tuning"):
         fxforge.Config(custom_op_tuning="maybe")
+
+
+def test_range_dispatch_chooses_per_range_at_run_time():
+    fxforge.register_custom_op_autotuning(cases.slow_norm, [fxforge.CustomOpConfig(cases.norm_fast_then_slow)],
+                                          dispatch_on={"tensor_name": "x", "dim": 0}, split_points=[16])
+    m = lambda x: cases.slow_norm(x * 2) + 1  # noqa: E731
+    b = fxforge.backend()
+    f = torch.compile(m, backend=b, dynamic=True)
+    with torch.no_grad():
+        for batch in (8, 40, 12, 17):
+            x = torch.randn(batch, 64)
+            torch.testing.assert_close(f(x), m(x))
+    assert len(b.compiled) == 1  # one graph for every size: the choice is made at run time
+    (rec,) = b.compiled[0].stats["custom_ops"]
+    assert rec["dispatch_on"] == "x.size(0)" and rec["winner"] is None
+    assert [(r["sizes"], r["winner"]) for r in rec["ranges"]] == [([1, 16], "norm_fast_then_slow"), ([17, None], "fallback")]
+    assert re.search(r"\n    if \w+\.size\(0\) <= 16:\n        \w+ = _norm_fast_then_slow\(", b.compiled[0].source)
+    assert "else:\n        slow_norm = fxtest.slow_norm.default(" in b.compiled[0].source
+
+
+def test_adjacent_ranges_with_one_winner_merge():
+    fxforge.register_custom_op_autotuning(cases.slow_norm, [fxforge.CustomOpConfig(cases.norm_fast_then_slow)],
+                                          dispatch_on={"tensor_name": "x", "dim": 0}, split_points=[4, 8, 16])
+    m = lambda x: cases.slow_norm(x * 2) + 1  # noqa: E731
+    b = fxforge.backend()
+    f = torch.compile(m, backend=b, dynamic=True)
+    with torch.no_grad():
+        x = torch.randn(6, 64)
+        torch.testing.assert_close(f(x), m(x))
+    (rec,) = b.compiled[0].stats["custom_ops"]
+    assert [(r["sizes"], r["winner"]) for r in rec["ranges"]] == [([1, 16], "norm_fast_then_slow"), ([17, None], "fallback")]
+
+
+def test_range_dispatch_in_an_exported_program():
+    fxforge.register_custom_op_autotuning(cases.slow_norm, [fxforge.CustomOpConfig(cases.norm_fast_then_slow)],
+                                          dispatch_on={"tensor_name": "x", "dim": 0}, split_points=[16])
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return cases.slow_norm(x * 2) + 1
+
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    ep = torch.export.export(M(), (torch.randn(8, 64),), dynamic_shapes=({0: batch},))
+    c = fxforge.compile_exported(ep)
+    for n in (3, 16, 17, 100):
+        x = torch.randn(n, 64)
+        torch.testing.assert_close(c(x), M()(x))
+    (rec,) = c.stats["custom_ops"]
+    assert [r["winner"] for r in rec["ranges"]] == ["norm_fast_then_slow", "fallback"]
+    assert re.search(r"if \w+\.size\(0\) <= 16:", c.source)

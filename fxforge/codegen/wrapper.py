@@ -60,7 +60,7 @@ import torch.fx as fx
 
 from ..collectives import symmetric_arg_nodes
 from ..config import Config
-from ..graph import (FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_display, op_path, output_nodes,
+from ..graph import (CUSTOM_OP_DISPATCH, FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_display, op_path, output_nodes,
                      storage_root, tensors)
 from ..plan import Buffer, Group, Plan
 from ..regions import PAD, container_inputs, pad_border, regions
@@ -569,9 +569,14 @@ class _Builder:
                 self.kept_names[n.name] = None
                 self.traced_view(n)
             else:
-                if g is not None:
-                    self.lines.append(f"# {n.name}: eager fallback ({g.reason})")
-                self.assign(n.name, self.call_source(n))
+                dispatches = self.gm.meta.get(CUSTOM_OP_DISPATCH)  # custom_ops.Dispatches
+                dispatch = dispatches.of(n) if dispatches else None
+                if dispatch is not None:
+                    self.emit_dispatch(n, dispatch)
+                else:
+                    if g is not None:
+                        self.lines.append(f"# {n.name}: eager fallback ({g.reason})")
+                    self.assign(n.name, self.call_source(n))
                 if kind == "view" and g is None:
                     self.traced_view(n)
                 if kind in ("compute", "scalar"):
@@ -647,6 +652,23 @@ class _Builder:
         self.globals["KeptArenas"] = runtime.KeptArenas
         return ["def _arenas():  # kept across calls: made on the first call, reused by the next ones"] + \
                ["    " + l for l in lines] + ["", "", "_kept = KeptArenas(_arenas)", "", ""]
+
+    def emit_dispatch(self, n: fx.Node, d) -> None:
+        """A tuned custom op chosen per range of one size (``custom_ops.Dispatch``): an ``if``
+        chain on the size, each branch calling its range's winner."""
+        size = f"{format_arg(d.size_arg(n), self.ref, self.const)}.size({d.dim})"
+        self.lines.append(f"# {n.name}: {n.target.name()} chosen per range of {d.tensor}.size({d.dim}) "
+                          "(custom-op tuning)")
+        lo = 1
+        for i, (bound, branch) in enumerate(zip(d.bounds, d.branches)):
+            fn = self.op(branch) if isinstance(branch, torch._ops.OpOverload) else self.const(branch)
+            call = f"    {n.name} = {format_call(fn, n.args, n.kwargs, self.ref, self.const)}"
+            if bound is None:
+                self.lines += ["else:" if i else "if True:", call + f"  # {lo}..", ]
+            else:
+                self.lines += [f"{'elif' if i else 'if'} {size} <= {bound}:", call + f"  # {lo}..{bound}"]
+                lo = bound + 1
+        self.bound.add(n.name)
 
     def assign(self, name: str, rhs: str) -> None:
         self.lines.append(f"{name} = {rhs}")
