@@ -213,3 +213,21 @@ def test_range_dispatch_in_an_exported_program():
     (rec,) = c.stats["custom_ops"]
     assert [r["winner"] for r in rec["ranges"]] == ["norm_fast_then_slow", "fallback"]
     assert re.search(r"if \w+\.size\(0\) <= 16:", c.source)
+
+
+def test_report_shows_the_choices(tmp_path):
+    fxforge.register_custom_op_autotuning(cases.slow_norm, [fxforge.CustomOpConfig(cases.norm_fast_then_slow)],
+                                          dispatch_on={"tensor_name": "x", "dim": 0}, split_points=[16])
+    torch.manual_seed(0)
+    m = cases.Block()
+    b = fxforge.backend()
+    f = torch.compile(lambda x, r: cases.slow_norm(m(x, r)), backend=b, dynamic=True)
+    with torch.no_grad():
+        f(*_inputs())
+    path = b.compiled[0].write_report(str(tmp_path / "r.html"))
+    text = open(path).read()
+    section = text[text.index("<h2>Custom ops</h2>"):]
+    assert "fxtest::rmsnorm" in section and "fxtest::silu_mul" in section and "fxtest::slow_norm" in section
+    assert "rms_forgets_weight</code>: output 0 differs" in section
+    assert "x.size(0) in 1..16" in section and "x.size(0) in 17.." in section
+    assert section.count("<b>") >= 4  # a winner per site and range

@@ -55,6 +55,8 @@ def _stat_value(key: str, v: Any) -> tuple[str, str]:
         return f"{len(v)} listed", "see Graph: refused fusions"
     if key == "fallbacks":
         return f"{len(v)} nodes", "see Graph: fallbacks"
+    if key == "custom_ops":
+        return f"{len(v)} sites", "see Custom ops" if v else ""
     if isinstance(v, float):
         return f"{v:.6g}", (f"{v * 100:.1f}%" if key == "fragmentation" else "")
     if isinstance(v, int) and not isinstance(v, bool) and key.endswith(BYTES_KEYS):
@@ -168,6 +170,39 @@ def _kernels_section(c, uid: str) -> tuple[str, dict]:
     return body, {"kernels": [[r[6], r[7]] for r in kv]}
 
 
+def _custom_ops_section(c, uid: str) -> str:
+    """Per tuned custom-op call site: each candidate's time per range (or at the site's sizes),
+    the rejected ones with why, and the winner (custom_ops.py)."""
+    sites = c.stats.get("custom_ops") or []
+    if not sites:
+        return ""
+
+    def us(v: Any) -> str:
+        return f"{v * 1e6:,.1f} \u00b5s" if isinstance(v, (int, float)) else "\u2013"
+
+    parts = []
+    for site in sites:
+        ranges = site.get("ranges") or [{"sizes": None, "times": [site.get("candidates", {})], "winner": site["winner"]}]
+        names = list(dict.fromkeys(n for r in ranges for t in r["times"] for n in t)) + list(site.get("rejected", {}))
+        head = ["range"] + names
+        rows = []
+        for r in ranges:
+            times = r["times"][0]  # (merged ranges: the times at the first range's size)
+            where = "all sizes" if r["sizes"] is None else \
+                f"{site.get('dispatch_on', 'size')} in {r['sizes'][0]}..{'' if r['sizes'][1] is None else r['sizes'][1]}"
+            cells = [Raw(f"<b>{esc(us(times[n]))}</b>") if n == r["winner"] else
+                     ("rejected" if n in site.get("rejected", {}) else us(times.get(n))) for n in names]
+            rows.append([where, *cells])
+        rejected = "".join(f"<li><code>{esc(n)}</code>: {esc(why)}</li>" for n, why in site.get("rejected", {}).items())
+        cached = " (choice read from the disk cache)" if site.get("cached") else ""
+        parts.append(f'<h3><code>{esc(site["op"])}</code> at {esc(site.get("node", ""))}: '
+                     f'{esc(site.get("inputs", ""))}{esc(cached)}</h3>'
+                     + _table(head, rows, "custom-ops") + (f"<ul>{rejected}</ul>" if rejected else ""))
+    return (f'<section id="{uid}-custom-ops"><h2>Custom ops</h2><p class="note">Each candidate\'s median time per '
+            f'call; the winner in bold, inlined into the graph (or, per range, called by the wrapper\'s if '
+            f'chain); rejected candidates disagreed with the op and were never timed.</p>{"".join(parts)}</section>')
+
+
 def _stats_section(c, uid: str) -> str:
     rows = [[k, *_stat_value(k, v)] for k, v in c.stats.items()]
     return f'<section id="{uid}-stats"><h2>Stats</h2>{_table(["stat", "value", ""], rows, "stats")}</section>'
@@ -186,7 +221,7 @@ def _graph_html(c, i: int, hidden: bool) -> str:
         body, d = make(c, uid)
         parts.append(body)
         data.update(d)
-    parts += [_stats_section(c, uid), _source_section(c, uid)]
+    parts += [_custom_ops_section(c, uid), _stats_section(c, uid), _source_section(c, uid)]
     toc = " ".join(f'<a href="#{uid}-{s}">{t}</a>' for s, t in
                    (("memory", "Memory"), ("graph", "Graph"), ("passes", "Passes"), ("kernels", "Kernels"),
                     ("stats", "Stats"), ("source", "Source")))
