@@ -131,16 +131,20 @@ def register_custom_op_autotuning(op: Any, configs: Sequence[CustomOpConfig], *,
     """Let fxforge choose among ``configs`` for ``op`` (module docstring).  The op itself is
     always a candidate (listed or not); registering again replaces the earlier configs."""
     op = _overload(op)
-    configs = list(configs)
+    configs = [c if isinstance(c, CustomOpConfig) or not callable(c) else CustomOpConfig(c) for c in configs]
     if not configs or not all(isinstance(c, CustomOpConfig) for c in configs):
-        raise TypeError("register_custom_op_autotuning: configs must be a non-empty list of fxforge.CustomOpConfig")
+        raise TypeError("register_custom_op_autotuning: configs must be a non-empty list of fxforge.CustomOpConfig "
+                        "(or of functions: CustomOpConfig(function))")
     if isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float)) or not min_speedup > 0:
         raise ValueError(f"register_custom_op_autotuning: min_speedup={min_speedup!r}: expected a number > 0")
     names = [a.name for a in op._schema.arguments]
     if dispatch_on is not None:
-        if set(dispatch_on) != {"tensor_name", "dim"} or dispatch_on["tensor_name"] not in names:
+        keys = set(dispatch_on)
+        if not {"tensor_name", "dim"} <= keys <= {"tensor_name", "dim", "unbounded_size"} \
+                or dispatch_on["tensor_name"] not in names or not isinstance(dispatch_on["dim"], int):
             raise ValueError(f"register_custom_op_autotuning: dispatch_on={dict(dispatch_on)!r}: expected "
-                             f"{{'tensor_name': one of {names}, 'dim': int}}")
+                             f"{{'tensor_name': one of {names}, 'dim': int}} (and optionally 'unbounded_size': "
+                             "the size the last range is timed at)")
     points = tuple(split_points or ())
     if any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in points) or list(points) != sorted(set(points)):
         raise ValueError(f"register_custom_op_autotuning: split_points={split_points!r}: expected increasing ints >= 1")
@@ -274,16 +278,7 @@ def _check(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict) -> str | N
 
 
 def _compiled(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict, config: Any) -> Callable[[], Any]:
-    """``cfg`` compiled by fxforge on its own (traced to ATen with the decompositions the compile
-    uses; tuning off: the op itself stays opaque), as a call on ``args``."""
-    import dataclasses
-
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from .codegen.registry import DEFAULT_REGISTRY
-    from .compiler import compile_graph
-    from .lowering.decompose import aot_table
-
+    """``cfg`` compiled by fxforge on its own, as a call on ``args``."""
     fn = cfg.bind(t.op)
     leaves, spec = pytree.tree_flatten((args, kwargs))
     where = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
@@ -295,13 +290,85 @@ def _compiled(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict, config:
         a, k = pytree.tree_unflatten(xs, spec)
         return fn(*a, **k)
 
-    tensors = [leaves[i] for i in where]
+    return _compile_call(site, [leaves[i] for i in where], config)
+
+
+def _compile_call(fn: Callable[..., Any], tensors: list[torch.Tensor], config: Any) -> Callable[[], Any]:
+    """``fn`` traced to ATen on ``tensors`` with the decompositions the compile uses, compiled by
+    fxforge (tuning off: an op called there stays opaque), as a call on ``tensors``."""
+    import dataclasses
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .codegen.registry import DEFAULT_REGISTRY
+    from .compiler import compile_graph
+    from .lowering.decompose import aot_table
+
     config = dataclasses.replace(config, custom_op_tuning="off", report_dir=None)
     devices = {x.device.type for x in tensors} or {"cpu"}
     with torch.no_grad():
-        gm = make_fx(site, tracing_mode="fake", decomposition_table=aot_table(config, DEFAULT_REGISTRY.select(config, devices)))(*tensors)
+        gm = make_fx(fn, tracing_mode="fake", decomposition_table=aot_table(config, DEFAULT_REGISTRY.select(config, devices)))(*tensors)
     c = compile_graph(gm, config, kind="inference")
     return lambda: c(*tensors)
+
+
+@dataclass
+class Context:
+    """A call site with its neighbours (``context_of``): ``graph`` runs the nodes producing the
+    site's tensor arguments, the site and the nodes using its result; ``site`` is the site's node
+    there; ``inputs`` the values its placeholders stand for (fake or example values)."""
+
+    graph: fx.GraphModule
+    site: fx.Node
+    inputs: list[Any]
+
+    def describe(self) -> str:
+        return " ".join(_name(m) for m in self.graph.graph.nodes if m.op in ("call_function", "call_method"))
+
+    def call(self, cfg: CustomOpConfig, t: Tuning, config: Any, seed: int = 0) -> Callable[[], Any]:
+        """The neighbourhood with ``cfg`` at the site, compiled by fxforge, as a call on inputs
+        generated for it."""
+        from .testing.equivalence import random_tensor
+
+        self.site.target = cfg.bind(t.op)
+        self.graph.recompile()
+        gen = torch.Generator().manual_seed(seed)
+        tensors = [random_tensor([_hint(d) for d in v.shape], v.dtype, gen, [_hint(d) for d in v.stride()])
+                   for v in self.inputs]
+        return _compile_call(self.graph, tensors, config)
+
+
+def _name(m: fx.Node) -> str:
+    t = m.target
+    return t if isinstance(t, str) else t.name() if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", str(t))
+
+
+def _val(m: fx.Node) -> Any:
+    return m.meta.get("val", m.meta.get("example_value"))
+
+
+def context_of(n: fx.Node) -> Context | None:
+    """Site ``n`` with its neighbours, one step each way (calls whose value is one tensor; no
+    other tuned op), the rest of the graph as placeholders; None where it has none, or an input
+    is not a tensor."""
+    def near(m: fx.Node) -> bool:
+        return m.op in ("call_function", "call_method") and isinstance(_val(m), torch.Tensor) and \
+            registered(m.target) is None
+    producers = [a for a in n.all_input_nodes if near(a)]
+    consumers = [u for u in n.users if near(u)]
+    if not producers and not consumers:
+        return None
+    inside = set(producers) | {n} | set(consumers)
+    order = [m for m in n.graph.nodes if m in inside]
+    outside = list(dict.fromkeys(a for m in order for a in m.all_input_nodes if a not in inside))
+    if not all(isinstance(_val(a), torch.Tensor) for a in outside):
+        return None
+    g = fx.Graph()
+    env = {a: g.placeholder(f"in{i}") for i, a in enumerate(outside)}
+    for m in order:
+        env[m] = g.node_copy(m, lambda a: env[a])
+    g.output(tuple(env[m] for m in order if m in consumers or any(u not in inside for u in m.users)))
+    return Context(fx.GraphModule(torch.nn.Module(), g), env[n], [_val(a) for a in outside])
 
 
 def _time(calls: dict[str, Callable[[], Any]]) -> dict[str, float]:
@@ -321,7 +388,7 @@ def _time(calls: dict[str, Callable[[], Any]]) -> dict[str, float]:
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 
-def _cache_key(t: Tuning, args: tuple, kwargs: dict, config: Any) -> str:
+def _cache_key(t: Tuning, args: tuple, kwargs: dict, config: Any, context: Context | None = None) -> str:
     def spec(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return [str(v.dtype), [_hint(s) for s in v.shape], [_hint(s) for s in v.stride()], str(v.device)]
@@ -335,7 +402,8 @@ def _cache_key(t: Tuning, args: tuple, kwargs: dict, config: Any) -> str:
         pass
     parts = [t.op.name(), torch.__version__, cpu, str(torch.get_num_threads()), config.codegen, repr(t.min_speedup),
              repr(t.dispatch_on), repr(t.split_points),
-             *[c.source() for c in t.configs], json.dumps(pytree.tree_map(spec, (list(args), kwargs)))]
+             *[c.source() for c in t.configs], json.dumps(pytree.tree_map(spec, (list(args), kwargs))),
+             "" if context is None else context.describe() + json.dumps([spec(v) for v in context.inputs])]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -355,12 +423,13 @@ def _dispatch_symbol(t: Tuning, args: tuple, kwargs: dict) -> Any:
     return None
 
 
-def _ranges(points: tuple[int, ...]) -> list[tuple[int, int | None, int]]:
+def _ranges(points: tuple[int, ...], unbounded: int | None = None) -> list[tuple[int, int | None, int]]:
     """(lowest, highest or None, the size it is timed at) per range of ``split_points``: a
-    bounded range at its highest size, the last one at twice the last split point."""
+    bounded range at its highest size, the last one at ``unbounded`` (``dispatch_on``'s
+    ``unbounded_size``; default twice the last split point)."""
     bounds = [0, *points]
     out = [(lo + 1, hi, hi) for lo, hi in zip(bounds, bounds[1:])]
-    return out + [(points[-1] + 1, None, 2 * points[-1])]
+    return out + [(points[-1] + 1, None, max(points[-1] + 1, unbounded or 2 * points[-1]))]
 
 
 @dataclass(frozen=True)
@@ -396,17 +465,23 @@ def _choose(t: Tuning, times: dict[str, float]) -> str:
     return min(faster, key=times.__getitem__) if faster else "fallback"
 
 
-def tune_site(t: Tuning, args: tuple, kwargs: dict, config: Any, where: str = "") -> dict:
+def tune_site(t: Tuning, args: tuple, kwargs: dict, config: Any, where: str = "",
+              context: Context | None = None) -> dict:
     """Check and time every candidate at one call site (``args``/``kwargs``: its fake or example
     values); returns the site's record for ``stats["custom_ops"]``: ``op``, ``node``, ``inputs``,
     ``candidates`` (name -> median seconds per call), ``rejected`` (name -> reason), ``winner``
     (a candidate's name, "fallback" for the op itself) and ``cached``.  A site whose
     ``dispatch_on`` size is symbolic is tuned per range of ``split_points`` instead: ``ranges``
     lists each range's sizes, the size timed, the times and the winner (adjacent ranges with the
-    same winner merged), and ``winner`` is the common one, or None where they differ."""
+    same winner merged), and ``winner`` is the common one, or None where they differ.  With a
+    ``context`` (``context_of``), a static site is timed with its neighbours, fused as they would
+    be (``context`` in the record names them); without one, or where the candidates' inputs
+    come from ``input_gen_fns``, on its own."""
     from .codegen.diskcache import atomic_write, cache_dir
 
-    key = _cache_key(t, args, kwargs, config)
+    if t.input_gen_fns:
+        context = None  # the inputs it names are the op's own, which neighbours would compute
+    key = _cache_key(t, args, kwargs, config, context)
     path = os.path.join(cache_dir("custom_ops"), f"{key}.json")
     names = {c.name for c in t.configs}
     try:
@@ -418,7 +493,8 @@ def tune_site(t: Tuning, args: tuple, kwargs: dict, config: Any, where: str = ""
         pass
     symbol = _dispatch_symbol(t, args, kwargs)
     sites = [(None, None, args, kwargs)] if symbol is None else \
-        [(lo, hi, *_at_size(args, kwargs, symbol, at)) for lo, hi, at in _ranges(t.split_points)]
+        [(lo, hi, *_at_size(args, kwargs, symbol, at))
+         for lo, hi, at in _ranges(t.split_points, t.dispatch_on.get("unbounded_size"))]
     rejected: dict[str, str] = {}
     inputs = []
     for seed, (_, _, a, k) in enumerate(sites):
@@ -434,9 +510,12 @@ def tune_site(t: Tuning, args: tuple, kwargs: dict, config: Any, where: str = ""
     record: dict[str, Any] = {"op": t.op.name(), "inputs": _describe_inputs(*inputs[0]), "rejected": rejected}
     if symbol is None:
         calls = {}
+        if context is not None:
+            record["context"] = context.describe()
         for cfg in accepted:
             try:
-                calls[cfg.name] = _compiled(t, cfg, *inputs[0], config)
+                calls[cfg.name] = context.call(cfg, t, config) if context is not None else \
+                    _compiled(t, cfg, *inputs[0], config)
             except Exception as e:
                 if cfg.impl is None:
                     raise
@@ -519,7 +598,7 @@ def tuned_sites(gm: fx.GraphModule, config: Any) -> list[tuple[fx.Node, Tuning, 
         # tuning runs real calls and compiles of its own: outside the caller's fake mode and its
         # tracing context (Dynamo's, whose shape environment must not see them)
         with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch._guards.tracing(None):
-            out.append((n, t, tune_site(t, args, kwargs, config, n.name)))
+            out.append((n, t, tune_site(t, args, kwargs, config, n.name, context_of(n))))
     return out
 
 

@@ -195,6 +195,8 @@ def _custom_ops_section(c, uid: str) -> str:
             rows.append([where, *cells])
         rejected = "".join(f"<li><code>{esc(n)}</code>: {esc(why)}</li>" for n, why in site.get("rejected", {}).items())
         cached = " (choice read from the disk cache)" if site.get("cached") else ""
+        if site.get("context"):
+            cached = f"; timed with {site['context']}" + cached
         parts.append(f'<h3><code>{esc(site["op"])}</code> at {esc(site.get("node", ""))}: '
                      f'{esc(site.get("inputs", ""))}{esc(cached)}</h3>'
                      + _table(head, rows, "custom-ops") + (f"<ul>{rejected}</ul>" if rejected else ""))
