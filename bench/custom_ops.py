@@ -2,7 +2,8 @@
 
 A LLaMA block's second half written with two custom ops as users write them (each an opaque op
 of several ATen calls): RMSNorm over a residual add, then a SwiGLU MLP whose ``silu(gate) * up``
-is the second op.  Each op has two decompositions registered with both compilers (the same
+is the second op (``block``); and the two ops alone around a residual (``ops``), where they are
+the work rather than the block's three matmuls.  Each op has two decompositions registered with both compilers (the same
 functions): a direct one and a slower-shaped one (RMSNorm in row chunks; SwiGLU through
 ``sigmoid``).  Contenders, inference, calls interleaved in one process (medians):
 
@@ -13,7 +14,7 @@ functions): a direct one and a slower-shaped one (RMSNorm in row chunks; SwiGLU 
 * ``inductor tuned``: ``torch._inductor.kernel.custom_op.register_custom_op_autotuning`` with the same
   decompositions.
 
-    python bench/custom_ops.py [--tokens 2048] [--d 512] [--hidden 1408] [--threads 1 0] [--tag custom-ops]
+    python bench/custom_ops.py [--cases block ops] [--tokens 2048] [--d 512] [--hidden 1408] [--threads 1 0] [--tag custom-ops]
 
 writes ``bench/results/<tag>.json`` and ``.md``.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -67,6 +69,18 @@ def silu_mul_exp(gate, up):
     return gate / (1 + torch.exp(-gate)) * up
 
 
+class Ops(torch.nn.Module):
+    """The two ops alone, around a residual: where they are the work, not the matmuls."""
+
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.w = torch.nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    def forward(self, x, r):
+        h = rmsnorm(x + r, self.w)
+        return silu_mul(r, h) + x
+
+
 class Block(torch.nn.Module):
     def __init__(self, d: int, hidden: int):
         super().__init__()
@@ -80,7 +94,10 @@ class Block(torch.nn.Module):
         return h + self.down(silu_mul(self.gate(h), self.up(h)))
 
 
-def run(tokens: int, d: int, hidden: int, threads: int, calls: int, budget: float) -> dict:
+CASES = {"block": Block, "ops": Ops}
+
+
+def run(case: str, tokens: int, d: int, hidden: int, threads: int, calls: int, budget: float) -> dict:
     import fxforge
     from torch._inductor.kernel import custom_op as ind
 
@@ -88,7 +105,7 @@ def run(tokens: int, d: int, hidden: int, threads: int, calls: int, budget: floa
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    m = Block(d, hidden).eval()
+    m = CASES[case](d, hidden).eval()
     x, r = torch.randn(tokens, d), torch.randn(tokens, d)
     fx_configs = {rmsnorm: [fxforge.CustomOpConfig(rms_direct), fxforge.CustomOpConfig(rms_chunked, chunks=4)],
                   silu_mul: [fxforge.CustomOpConfig(silu_mul_direct), fxforge.CustomOpConfig(silu_mul_exp)]}
@@ -120,9 +137,11 @@ def run(tokens: int, d: int, hidden: int, threads: int, calls: int, budget: floa
         errs = {n: (f() - want).abs().max().item() for n, f in fns.items()}
         times = interleaved_medians(fns, calls=calls, budget_s=budget)
     tuned = b_on.compiled[0].stats
-    return {"tokens": tokens, "d": d, "hidden": hidden, "threads": threads,
+    torch._dynamo.reset()
+    return {"case": case, "tokens": tokens, "d": d, "hidden": hidden, "threads": threads,
             "median_s": {n: v["median_s"] for n, v in times.items()}, "max_abs_err": errs,
-            "choices": [{k: s[k] for k in ("op", "winner", "candidates", "rejected")} for s in tuned["custom_ops"]],
+            "choices": [{k: s.get(k) for k in ("op", "winner", "candidates", "rejected", "context")}
+                        for s in tuned["custom_ops"]],
             "kernels": {"fxforge opaque": b_off.compiled[0].stats["kernels"] + b_off.compiled[0].stats["fallback_nodes"],
                         "fxforge tuned": tuned["kernels"] + tuned["fallback_nodes"]}}
 
@@ -131,24 +150,26 @@ def markdown(rows: list[dict], argv: list[str]) -> str:
     names = list(rows[0]["median_s"]) if rows else []
     out = ["# Custom-op tuning: per call", "",
            f"Command: `python bench/custom_ops.py {' '.join(argv)}` (inference, calls interleaved, medians).", "",
-           "| threads | " + " | ".join(names) + " | tuned / opaque | tuned / inductor tuned |",
-           "|---:|" + "---:|" * (len(names) + 2)]
+           "| case | threads | " + " | ".join(names) + " | tuned / opaque | tuned / inductor tuned |",
+           "|---|---:|" + "---:|" * (len(names) + 2)]
     for r in rows:
         t = r["median_s"]
-        out.append(f"| {r['threads']} | " + " | ".join(f"{1e3 * t[n]:.3f} ms" for n in names)
+        out.append(f"| {r['case']} | {r['threads']} | " + " | ".join(f"{1e3 * t[n]:.3f} ms" for n in names)
                    + f" | {t['fxforge tuned'] / t['fxforge opaque']:.2f}x | {t['fxforge tuned'] / t['inductor tuned']:.2f}x |")
     for r in rows:
-        out += ["", f"Choices at {r['threads']} thread(s), {r['tokens']} tokens x d {r['d']} (hidden {r['hidden']}); "
+        out += ["", f"`{r['case']}`: choices at {r['threads']} thread(s), {r['tokens']} tokens x d {r['d']} (hidden {r['hidden']}); "
                 f"launches (kernels + fallback calls): opaque {r['kernels']['fxforge opaque']}, "
                 f"tuned {r['kernels']['fxforge tuned']}:", ""]
         for c in r["choices"]:
             times = ", ".join(f"{n} {1e6 * s:.0f} us" for n, s in c["candidates"].items())
-            out.append(f"- `{c['op']}`: winner `{c['winner']}` ({times})")
+            out.append(f"- `{c['op']}`: winner `{c['winner']}` ({times}; timed with {c.get('context') or 'nothing'})")
     return "\n".join(out) + "\n"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
+                   help="block: RMSNorm + SwiGLU MLP; ops: the two ops around a residual, no matmul")
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--d", type=int, default=512)
     p.add_argument("--hidden", type=int, default=1408)
@@ -156,10 +177,22 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--budget", type=float, default=10.0)
     p.add_argument("--tag", default="custom-ops")
+    p.add_argument("--one", nargs=2, metavar=("CASE", "THREADS"), help=argparse.SUPPRESS)
     args = p.parse_args()
-    os.environ.setdefault("FXFORGE_CACHE_DIR", tempfile.mkdtemp(prefix="fxforge-bench-custom-ops-"))
+    if args.one:  # one case in this process: both compilers' registrations are process-wide
+        print(json.dumps(run(args.one[0], args.tokens, args.d, args.hidden, int(args.one[1]), args.calls, args.budget)))
+        return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    rows = [run(args.tokens, args.d, args.hidden, t or cores, args.calls, args.budget) for t in args.threads]
+    rows = []
+    for c in args.cases:
+        for t in args.threads:
+            env = {**os.environ, "FXFORGE_CACHE_DIR": tempfile.mkdtemp(prefix="fxforge-bench-custom-ops-")}
+            argv = [sys.executable, __file__, "--one", c, str(t or cores), "--tokens", str(args.tokens), "--d",
+                    str(args.d), "--hidden", str(args.hidden), "--calls", str(args.calls), "--budget", str(args.budget)]
+            out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3600)
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr[-3000:])
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     with open(os.path.join(HERE, "results", f"{args.tag}.json"), "w") as f:
         json.dump({"argv": sys.argv[1:], "rows": rows}, f, indent=1)
     text = markdown(rows, sys.argv[1:])

@@ -131,6 +131,9 @@ def register_custom_op_autotuning(op: Any, configs: Sequence[CustomOpConfig], *,
     """Let fxforge choose among ``configs`` for ``op`` (module docstring).  The op itself is
     always a candidate (listed or not); registering again replaces the earlier configs."""
     op = _overload(op)
+    if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
+        raise ValueError(f"register_custom_op_autotuning: {op.name()} writes to its arguments; only functional ops "
+                         "(mutates_args=()) can be tuned")
     configs = [c if isinstance(c, CustomOpConfig) or not callable(c) else CustomOpConfig(c) for c in configs]
     if not configs or not all(isinstance(c, CustomOpConfig) for c in configs):
         raise TypeError("register_custom_op_autotuning: configs must be a non-empty list of fxforge.CustomOpConfig "
@@ -204,8 +207,10 @@ def _describe_inputs(args: tuple, kwargs: dict) -> str:
 
 def _has_gradient(op: torch._ops.OpOverload) -> bool:
     """The op has a gradient formula of its own (``torch.library.register_autograd``)."""
-    from torch._library.custom_ops import OPDEFS
-
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:  # (another torch: no gradient check)
+        return False
     d = OPDEFS.get(op._name)
     return d is not None and getattr(d, "_backward_fn", None) is not None
 
@@ -227,8 +232,7 @@ def _disagreement(got: Any, want: Any) -> str | None:
             if not isinstance(x, torch.Tensor) or x.shape != y.shape or x.dtype != y.dtype:
                 what = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
                 return f"output {i} is {what}, the op's {y.dtype} {list(y.shape)}"
-            why = mismatch(x, y)
-            if why is not None:
+            if mismatch(x, y) is not None:
                 return f"output {i} differs"
     return None
 
@@ -347,13 +351,41 @@ def _val(m: fx.Node) -> Any:
     return m.meta.get("val", m.meta.get("example_value"))
 
 
-def context_of(n: fx.Node) -> Context | None:
-    """Site ``n`` with its neighbours, one step each way (calls whose value is one tensor; no
-    other tuned op), the rest of the graph as placeholders; None where it has none, or an input
-    is not a tensor."""
+def _fusable(m: fx.Node, config: Any) -> bool:
+    """Whether the compile's backend fuses, and runs every ATen op ``m`` becomes as its own
+    kernel code (no extern call: a matmul or convolution next to the site would add its time to
+    every candidate's alike and hide their differences)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .codegen.registry import DEFAULT_REGISTRY
+    from .lowering.decompose import aot_table
+
+    vals = [_val(a) for a in m.all_input_nodes]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return False
+    backend = DEFAULT_REGISTRY.select(config, {v.device.type for v in vals} or {"cpu"})
+    if not backend.fuses:
+        return False
+    g = fx.Graph()
+    env = {a: g.placeholder(f"in{i}") for i, a in enumerate(m.all_input_nodes)}
+    g.output(g.node_copy(m, lambda a: env[a]))
+    inputs = [torch.empty([_hint(d) for d in v.shape], dtype=v.dtype, device=v.device) for v in vals]
+    try:
+        with torch.no_grad():
+            gm = make_fx(fx.GraphModule(torch.nn.Module(), g), tracing_mode="fake",
+                         decomposition_table=aot_table(config, backend))(*inputs)
+    except Exception:
+        return False
+    return all(backend.accepts(k, config) is None for k in gm.graph.nodes if k.op == "call_function")
+
+
+def context_of(n: fx.Node, config: Any) -> Context | None:
+    """Site ``n`` with its neighbours, one step each way (calls whose value is one tensor, no
+    other tuned op, and ``_fusable``), the rest of the graph as placeholders; None where it has
+    none, or an input is not a tensor."""
     def near(m: fx.Node) -> bool:
         return m.op in ("call_function", "call_method") and isinstance(_val(m), torch.Tensor) and \
-            registered(m.target) is None
+            registered(m.target) is None and _fusable(m, config)
     producers = [a for a in n.all_input_nodes if near(a)]
     consumers = [u for u in n.users if near(u)]
     if not producers and not consumers:
@@ -598,7 +630,7 @@ def tuned_sites(gm: fx.GraphModule, config: Any) -> list[tuple[fx.Node, Tuning, 
         # tuning runs real calls and compiles of its own: outside the caller's fake mode and its
         # tracing context (Dynamo's, whose shape environment must not see them)
         with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch._guards.tracing(None):
-            out.append((n, t, tune_site(t, args, kwargs, config, n.name, context_of(n))))
+            out.append((n, t, tune_site(t, args, kwargs, config, n.name, context_of(n, config))))
     return out
 
 

@@ -51,8 +51,9 @@ def test_wrong_candidates_are_rejected_and_the_choice_matches_eager(caplog):
     assert set(swiglu["rejected"]) == {"silu_mul_sigmoid_only", "silu_mul_detached"}
     assert "gradient" in swiglu["rejected"]["silu_mul_detached"]  # right values, wrong gradient
     assert set(rms["candidates"]) == {"fallback", "rms_direct", "rms_chunked(chunks=2)"}
-    # timed with its neighbours: the residual add before it, the projections after it
-    assert rms["context"].split()[:2] == ["aten::add.Tensor", "fxtest::rmsnorm"] and "linear" in rms["context"]
+    # timed with its neighbours the backend fuses: the residual adds before and after it (not the
+    # projections, whose matmuls would take the same time whatever the norm)
+    assert rms["context"] == "aten::add.Tensor fxtest::rmsnorm aten::add.Tensor"
     assert rms["winner"] in rms["candidates"] and rms["winner"] not in rms["rejected"]
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "candidate rms_forgets_weight rejected on inputs (float32[32, 128], float32[128])" in warned
