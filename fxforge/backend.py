@@ -78,7 +78,7 @@ class Backend:
             self.failures.append(("graph", str(e)))
             return gm.forward
         try:  # custom ops' candidates checked, timed, the winners inlined (custom_ops.py)
-            custom_ops, dispatches = inline_winners(gm, self.config)
+            custom_ops, dispatches = inline_winners(gm, self.config, self.registry)
         except Exception as e:
             if self.config.debug:
                 raise

@@ -281,7 +281,7 @@ def _check(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict) -> str | N
     return None
 
 
-def _compiled(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict, config: Any) -> Callable[[], Any]:
+def _compiled(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict, setting: "Setting") -> Callable[[], Any]:
     """``cfg`` compiled by fxforge on its own, as a call on ``args``."""
     fn = cfg.bind(t.op)
     leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -294,26 +294,39 @@ def _compiled(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict, config:
         a, k = pytree.tree_unflatten(xs, spec)
         return fn(*a, **k)
 
-    return _compile_call(site, [leaves[i] for i in where], config)
+    return setting.compile(site, [leaves[i] for i in where])
 
 
-def _compile_call(fn: Callable[..., Any], tensors: list[torch.Tensor], config: Any) -> Callable[[], Any]:
-    """``fn`` traced to ATen on ``tensors`` with the decompositions the compile uses, compiled by
-    fxforge (tuning off: an op called there stays opaque), as a call on ``tensors``."""
-    import dataclasses
+@dataclass(frozen=True)
+class Setting:
+    """How a compile's call sites are tuned: its Config and registry (the backend, the
+    decompositions and the compiles of candidates are theirs)."""
 
-    from torch.fx.experimental.proxy_tensor import make_fx
+    config: Any
+    registry: Any
 
-    from .codegen.registry import DEFAULT_REGISTRY
-    from .compiler import compile_graph
-    from .lowering.decompose import aot_table
+    def backend(self, tensors: Sequence[Any]) -> Any:
+        return self.registry.select(self.config, {v.device.type for v in tensors} or {"cpu"})
 
-    config = dataclasses.replace(config, custom_op_tuning="off", report_dir=None)
-    devices = {x.device.type for x in tensors} or {"cpu"}
-    with torch.no_grad():
-        gm = make_fx(fn, tracing_mode="fake", decomposition_table=aot_table(config, DEFAULT_REGISTRY.select(config, devices)))(*tensors)
-    c = compile_graph(gm, config, kind="inference")
-    return lambda: c(*tensors)
+    def table(self, tensors: Sequence[Any]) -> dict:
+        from .lowering.decompose import aot_table
+
+        return aot_table(self.config, self.backend(tensors))
+
+    def compile(self, fn: Callable[..., Any], tensors: list[torch.Tensor]) -> Callable[[], Any]:
+        """``fn`` traced to ATen on ``tensors`` with the compile's decompositions, compiled by
+        fxforge (tuning off: an op called there stays opaque), as a call on ``tensors``."""
+        import dataclasses
+
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        from .compiler import compile_graph
+
+        config = dataclasses.replace(self.config, custom_op_tuning="off", report_dir=None)
+        with torch.no_grad():
+            gm = make_fx(fn, tracing_mode="fake", decomposition_table=self.table(tensors))(*tensors)
+        c = compile_graph(gm, config, kind="inference", registry=self.registry)
+        return lambda: c(*tensors)
 
 
 @dataclass
@@ -329,7 +342,7 @@ class Context:
     def describe(self) -> str:
         return " ".join(_name(m) for m in self.graph.graph.nodes if m.op in ("call_function", "call_method"))
 
-    def call(self, cfg: CustomOpConfig, t: Tuning, config: Any, seed: int = 0) -> Callable[[], Any]:
+    def call(self, cfg: CustomOpConfig, t: Tuning, setting: Setting, seed: int = 0) -> Callable[[], Any]:
         """The neighbourhood with ``cfg`` at the site, compiled by fxforge, as a call on inputs
         generated for it."""
         from .testing.equivalence import random_tensor
@@ -339,7 +352,7 @@ class Context:
         gen = torch.Generator().manual_seed(seed)
         tensors = [random_tensor([_hint(d) for d in v.shape], v.dtype, gen, [_hint(d) for d in v.stride()])
                    for v in self.inputs]
-        return _compile_call(self.graph, tensors, config)
+        return setting.compile(self.graph, tensors)
 
 
 def _name(m: fx.Node) -> str:
@@ -351,19 +364,16 @@ def _val(m: fx.Node) -> Any:
     return m.meta.get("val", m.meta.get("example_value"))
 
 
-def _fusable(m: fx.Node, config: Any) -> bool:
+def _fusable(m: fx.Node, setting: Setting) -> bool:
     """Whether the compile's backend fuses, and runs every ATen op ``m`` becomes as its own
     kernel code (no extern call: a matmul or convolution next to the site would add its time to
     every candidate's alike and hide their differences)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from .codegen.registry import DEFAULT_REGISTRY
-    from .lowering.decompose import aot_table
-
     vals = [_val(a) for a in m.all_input_nodes]
     if not all(isinstance(v, torch.Tensor) for v in vals):
         return False
-    backend = DEFAULT_REGISTRY.select(config, {v.device.type for v in vals} or {"cpu"})
+    backend = setting.backend(vals)
     if not backend.fuses:
         return False
     g = fx.Graph()
@@ -373,19 +383,19 @@ def _fusable(m: fx.Node, config: Any) -> bool:
     try:
         with torch.no_grad():
             gm = make_fx(fx.GraphModule(torch.nn.Module(), g), tracing_mode="fake",
-                         decomposition_table=aot_table(config, backend))(*inputs)
+                         decomposition_table=setting.table(vals))(*inputs)
     except Exception:
         return False
-    return all(backend.accepts(k, config) is None for k in gm.graph.nodes if k.op == "call_function")
+    return all(backend.accepts(k, setting.config) is None for k in gm.graph.nodes if k.op == "call_function")
 
 
-def context_of(n: fx.Node, config: Any) -> Context | None:
+def context_of(n: fx.Node, setting: Setting) -> Context | None:
     """Site ``n`` with its neighbours, one step each way (calls whose value is one tensor, no
     other tuned op, and ``_fusable``), the rest of the graph as placeholders; None where it has
     none, or an input is not a tensor."""
     def near(m: fx.Node) -> bool:
         return m.op in ("call_function", "call_method") and isinstance(_val(m), torch.Tensor) and \
-            registered(m.target) is None and _fusable(m, config)
+            registered(m.target) is None and _fusable(m, setting)
     producers = [a for a in n.all_input_nodes if near(a)]
     consumers = [u for u in n.users if near(u)]
     if not producers and not consumers:
@@ -497,7 +507,7 @@ def _choose(t: Tuning, times: dict[str, float]) -> str:
     return min(faster, key=times.__getitem__) if faster else "fallback"
 
 
-def tune_site(t: Tuning, args: tuple, kwargs: dict, config: Any, where: str = "",
+def tune_site(t: Tuning, args: tuple, kwargs: dict, setting: Setting, where: str = "",
               context: Context | None = None) -> dict:
     """Check and time every candidate at one call site (``args``/``kwargs``: its fake or example
     values); returns the site's record for ``stats["custom_ops"]``: ``op``, ``node``, ``inputs``,
@@ -513,7 +523,7 @@ def tune_site(t: Tuning, args: tuple, kwargs: dict, config: Any, where: str = ""
 
     if t.input_gen_fns:
         context = None  # the inputs it names are the op's own, which neighbours would compute
-    key = _cache_key(t, args, kwargs, config, context)
+    key = _cache_key(t, args, kwargs, setting.config, context)
     path = os.path.join(cache_dir("custom_ops"), f"{key}.json")
     names = {c.name for c in t.configs}
     try:
@@ -546,8 +556,8 @@ def tune_site(t: Tuning, args: tuple, kwargs: dict, config: Any, where: str = ""
             record["context"] = context.describe()
         for cfg in accepted:
             try:
-                calls[cfg.name] = context.call(cfg, t, config) if context is not None else \
-                    _compiled(t, cfg, *inputs[0], config)
+                calls[cfg.name] = context.call(cfg, t, setting) if context is not None else \
+                    _compiled(t, cfg, *inputs[0], setting)
             except Exception as e:
                 if cfg.impl is None:
                     raise
@@ -616,10 +626,10 @@ def _site_values(n: fx.Node) -> tuple[tuple, dict]:
     return pytree.tree_map(val, tuple(n.args)), pytree.tree_map(val, dict(n.kwargs))
 
 
-def tuned_sites(gm: fx.GraphModule, config: Any) -> list[tuple[fx.Node, Tuning, dict]]:
+def tuned_sites(gm: fx.GraphModule, setting: Setting) -> list[tuple[fx.Node, Tuning, dict]]:
     """Every call of a registered op in ``gm`` with its record (``tune_site``); nothing when
-    ``config.custom_op_tuning`` is "off"."""
-    if config.custom_op_tuning == "off" or not _TUNINGS:
+    the Config's ``custom_op_tuning`` is "off"."""
+    if setting.config.custom_op_tuning == "off" or not _TUNINGS:
         return []
     out = []
     for n in gm.graph.nodes:
@@ -630,17 +640,17 @@ def tuned_sites(gm: fx.GraphModule, config: Any) -> list[tuple[fx.Node, Tuning, 
         # tuning runs real calls and compiles of its own: outside the caller's fake mode and its
         # tracing context (Dynamo's, whose shape environment must not see them)
         with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch._guards.tracing(None):
-            out.append((n, t, tune_site(t, args, kwargs, config, n.name, context_of(n, config))))
+            out.append((n, t, tune_site(t, args, kwargs, setting, n.name, context_of(n, setting))))
     return out
 
 
-def inline_winners(gm: fx.GraphModule, config: Any) -> tuple[list[dict], "Dispatches"]:
+def inline_winners(gm: fx.GraphModule, config: Any, registry: Any) -> tuple[list[dict], "Dispatches"]:
     """Tune every call of a registered op in ``gm`` (a graph above autograd: Dynamo's) and point
     each node whose winner is a decomposition at it: the graph's tracer then records the
     decomposition's ATen ops, and their gradient.  Returns the sites' records and the
     per-range choices (``dispatches``: the sites that keep the op node and dispatch at run time)."""
     records, dispatches = [], Dispatches()
-    for n, t, record in tuned_sites(gm, config):
+    for n, t, record in tuned_sites(gm, Setting(config, registry)):
         if record["winner"] is None:
             args, kwargs = _site_values(n)
             dispatches[(t.op, _shape_key(args, kwargs))] = Dispatch.of(t, record)
@@ -652,12 +662,12 @@ def inline_winners(gm: fx.GraphModule, config: Any) -> tuple[list[dict], "Dispat
     return records, dispatches
 
 
-def decomposition_table(gm: fx.GraphModule, config: Any) -> tuple[dict, list[dict], "Dispatches"]:
+def decomposition_table(gm: fx.GraphModule, config: Any, registry: Any) -> tuple[dict, list[dict], "Dispatches"]:
     """For an exported program's graph: decompositions (op -> function choosing, by its
     arguments' shapes, the winner of the site with those shapes; the op itself where the op
     won or the choice is per range), the sites' records and the per-range choices (as
     ``inline_winners``)."""
-    sites = tuned_sites(gm, config)
+    sites = tuned_sites(gm, Setting(config, registry))
     by_op: dict[torch._ops.OpOverload, dict[str, Callable]] = {}
     dispatches = Dispatches()
     for n, t, record in sites:

@@ -124,7 +124,7 @@ def compile_exported(
     devices = {t.device.type for t in ep.state_dict.values() if isinstance(t, torch.Tensor)}
     table = export_table(config, registry.select(config, devices or {"cpu"}))
     # custom ops' candidates checked, timed, the winners inlined (custom_ops.py)
-    chosen, custom_ops, dispatches = decomposition_table(ep.graph_module, config)
+    chosen, custom_ops, dispatches = decomposition_table(ep.graph_module, config, registry)
     table.update(chosen)
     ep = ep.run_decompositions(table)
     if dispatches:

@@ -471,7 +471,7 @@ def _c_members(unit, isas: tuple[str, ...], members: dict) -> dict:
     """Build the unit's translation units for each CPU level (and the launcher for this
     interpreter, at the lowest level) into ``members``; what the manifest says of them."""
     from .codegen.c.build import CompileError, compiler, openmp, shared_object, shared_objects
-    from .codegen.c.launcher import _data_ptr_entry, launcher_source, python_include
+    from .codegen.c.launcher import launcher_include, launcher_source
 
     if compiler() is None:
         raise PackageError("fxforge.package: the program has C kernels and no C compiler is found (install gcc or "
@@ -489,7 +489,7 @@ def _c_members(unit, isas: tuple[str, ...], members: dict) -> dict:
                 members[f"c/{isa}/unit{i}.so"] = (f.read(), isa)
     info: dict[str, Any] = {"isas": list(isas), "openmp": parallel, "launcher": None,
                             "_symbols": [symbols for _, symbols, _ in units]}
-    include = python_include() if _data_ptr_entry() is not None else None
+    include = launcher_include()
     if include is not None:
         try:
             path = shared_object(launcher_source(), include, march=isas[0])
@@ -504,21 +504,13 @@ def _c_members(unit, isas: tuple[str, ...], members: dict) -> dict:
 
 
 def _write_zip(path: str, manifest: dict, members: dict[str, tuple[bytes, str]]) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".fxpkg")
-    try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w") as z:
-            z.writestr(MANIFEST, json.dumps(manifest, indent=1), zipfile.ZIP_DEFLATED)
-            for name, (data, _) in members.items():
-                # tensors barely compress: stored, so loading reads them at disk speed
-                z.writestr(name, data, zipfile.ZIP_STORED if name.startswith("tensors/") else zipfile.ZIP_DEFLATED)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from .codegen.diskcache import atomic_file
+
+    with atomic_file(path, "wb") as f, zipfile.ZipFile(f, "w") as z:
+        z.writestr(MANIFEST, json.dumps(manifest, indent=1), zipfile.ZIP_DEFLATED)
+        for name, (data, _) in members.items():
+            # tensors barely compress: stored, so loading reads them at disk speed
+            z.writestr(name, data, zipfile.ZIP_STORED if name.startswith("tensors/") else zipfile.ZIP_DEFLATED)
 
 
 # --------------------------------------------------------------------------- reading
@@ -814,7 +806,7 @@ def _bind_c(pkg: PackageContents, isa: str) -> dict[str, Any]:
 def _extracted(pkg: PackageContents, member: str) -> str:
     """A file holding ``member``'s (checked) bytes, named by their hash in the private cache
     directory (``codegen/diskcache.py``): shared objects load from files."""
-    from .codegen.diskcache import cache_dir
+    from .codegen.diskcache import atomic_write, cache_dir
 
     data = pkg.members[member]
     digest = pkg.manifest["members"][member]["sha256"]
@@ -826,15 +818,5 @@ def _extracted(pkg: PackageContents, member: str) -> str:
                 return target
     except OSError:
         pass
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".tmp-", suffix=".so")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(target, bytes(data))
     return target

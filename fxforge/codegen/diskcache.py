@@ -16,12 +16,14 @@ per process, removed at exit).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
 import stat
 import tempfile
 import threading
+from typing import IO, Iterator
 
 log = logging.getLogger("fxforge")
 
@@ -152,14 +154,16 @@ def cache_dir(kind: str = "triton") -> str:
     return path
 
 
-def atomic_write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same directory and ``os.replace``:
-    readers see the old content or the new, never a partial file."""
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "w") -> Iterator[IO]:
+    """A file object to write ``path`` with (``mode``: "w" text, utf-8, or "wb"), through a temp
+    file in the same directory moved in place with ``os.replace`` when the block ends without an
+    exception (removed otherwise): readers see the old content or the new, never a partial file."""
     suffix = os.path.splitext(path)[1]
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=suffix)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=suffix)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -167,3 +171,9 @@ def atomic_write(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def atomic_write(path: str, data: str | bytes) -> None:
+    """Write ``data`` (text, or bytes) to ``path`` (``atomic_file``)."""
+    with atomic_file(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)

@@ -306,7 +306,7 @@ def refusal(cc: str) -> str | None:
     # the machine's vector math (build.vector_math, a build of its own) found meanwhile
     with ThreadPoolExecutor(1) as pool:
         pool.submit(vector_math)
-        include = python_include() if _data_ptr_entry() is not None else None
+        include = launcher_include()
         sources = ([(launcher_source(), include)] if include else []) + [(_PROBE, None)]
         why = None
         for source, inc in sources:
@@ -318,6 +318,12 @@ def refusal(cc: str) -> str | None:
             except CompileError as e:  # the launcher's Python.h may be what fails: try the kernel alone
                 why = f"the C compiler {cc} cannot build fxforge's kernels: {str(e)[:500]}"
         return why
+
+
+def launcher_include() -> str | None:
+    """``Python.h``'s directory where the launcher can be built and bound here (this torch has
+    the data-pointer entry it calls), else None."""
+    return python_include() if _data_ptr_entry() is not None else None
 
 
 @functools.lru_cache(maxsize=None)
