@@ -197,6 +197,20 @@ def _check(c: Any, ep: Any, inputs: tuple[tuple, dict]) -> tuple[bool, str]:
     return ok, f"outputs {'match' if ok else 'DO NOT match'} ep.module() on the sample inputs (max abs err {err:.2e})"
 
 
+def _config(args: argparse.Namespace):
+    import fxforge
+
+    try:
+        return fxforge.Config(codegen=args.codegen)
+    except ValueError as e:
+        raise CliError(str(e).splitlines()[0]) from None
+
+
+def _output(args: argparse.Namespace, suffix: str) -> str:
+    """``-o``, else the model's file name with ``suffix``, in the working directory."""
+    return args.output or os.path.splitext(os.path.basename(args.model))[0] + suffix
+
+
 def _is_package(path: str) -> bool:
     import zipfile
 
@@ -221,11 +235,8 @@ def _report(args: argparse.Namespace) -> int:
         ex = getattr(ep, "example_inputs", None)
         inputs = (tuple(ex[0]), dict(ex[1])) if ex is not None else None
         source = "the program's example inputs"
-    try:
-        config = fxforge.Config(codegen=args.codegen)
-    except ValueError as e:
-        raise CliError(str(e).splitlines()[0]) from None
-    out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".html"
+    config = _config(args)
+    out = _output(args, ".html")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -277,7 +288,7 @@ def _package_report(args: argparse.Namespace) -> int:
         print(f"{name:<48} {meta['size']:>12}  {meta['built_for']}")
     print("\nmemory plan:")
     print(pkg.members["plan.txt"].decode().rstrip())
-    out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".html"
+    out = _output(args, ".html")
     try:
         with open(out, "wb") as f:
             f.write(pkg.members["report.html"])
@@ -288,16 +299,12 @@ def _package_report(args: argparse.Namespace) -> int:
 
 
 def _package(args: argparse.Namespace) -> int:
-    import fxforge
     from .packages import PackageError, package
+    from .report.hooks import watch
 
     ep = load_program(args.model)
-    try:
-        config = fxforge.Config(codegen=args.codegen)
-    except ValueError as e:
-        raise CliError(str(e).splitlines()[0]) from None
-    out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".fxpkg"
-    from .report.hooks import watch
+    config = _config(args)
+    out = _output(args, ".fxpkg")
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
