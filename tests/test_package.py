@@ -266,3 +266,42 @@ def test_triton_kernels_are_refused_with_the_reason(tmp_path, monkeypatch):
     _, ep = _program(dynamic=False)
     with pytest.raises(PackageError, match="has triton kernels; packages hold C kernels and ATen calls"):
         package(ep, str(tmp_path / "t.fxpkg"), fxforge.Config(codegen="triton"))
+
+
+class Odd(torch.nn.Module):
+    """State a package must keep as it is: a transposed parameter (its strides, not a copy's),
+    weights tied to each other, an int64 buffer and an empty one, a bool mask constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 24).t())  # (24, 16), strides (1, 24)
+        self.emb = torch.nn.Embedding(50, 16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight  # tied
+        self.register_buffer("steps", torch.tensor([3, 4], dtype=torch.int64))
+        self.register_buffer("nothing", torch.zeros(0))
+        self.register_buffer("mask", torch.rand(24) > 0.5, persistent=False)
+
+    def forward(self, ids, x, n: int):
+        h = self.emb(ids) + (x * self.mask) @ self.w
+        return self.head(h).softmax(-1) * self.steps.sum() + self.nothing.sum() + n
+
+
+def test_odd_state_round_trips(tmp_path):
+    torch.manual_seed(0)
+    m = Odd()
+    assert m.w.stride() == (1, 24)
+    ids, x = torch.randint(0, 50, (4, 7)), torch.randn(4, 7, 24)
+    batch = torch.export.Dim("batch", min=1, max=32)
+    ep = torch.export.export(m, (ids, x, 2), dynamic_shapes=({0: batch}, {0: batch}, None))
+    path = package(ep, str(tmp_path / "odd.fxpkg"), cpu_isas=("x86-64-v2",))
+    f = load_package(path)
+    tensors = f.manifest["tensors"]
+    assert tensors["weight.w"]["stride"] == [1, 24]
+    assert tensors["weight.emb.weight"]["members"] == tensors.get("weight.head.weight", tensors["weight.emb.weight"])["members"]
+    assert f.state["w"].stride() == (1, 24) and f.state["steps"].dtype == torch.int64 and f.state["mask"].dtype == torch.bool
+    for b in (1, 5):
+        ids, x = torch.randint(0, 50, (b, 7)), torch.randn(b, 7, 24)
+        torch.testing.assert_close(f(ids, x, 2), m(ids, x, 2))
+    with pytest.raises(InputError, match="expected 2"):
+        f(ids, x, 3)
