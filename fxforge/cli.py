@@ -353,7 +353,9 @@ def _run(args: argparse.Namespace) -> int:
     for path, leaf in leaves:
         what = f"{tuple(leaf.shape)} {str(leaf.dtype).removeprefix('torch.')}" if isinstance(leaf, torch.Tensor) else repr(leaf)
         print(f"output{pytree.keystr(path)}: {what}")
-    print(f"load {1e3 * (t1 - t0):.1f} ms (C kernels for {f.cpu_isa or 'none'}), first call {1e3 * (t2 - t1):.2f} ms"
+    built = ", ".join(([f"C kernels for {f.cpu_isa}"] if f.cpu_isa else []) +
+                      ([f"cubins for sm_{f.cuda_arch}"] if f.cuda_arch else [])) or "ATen calls only"
+    print(f"load {1e3 * (t1 - t0):.1f} ms ({built}), first call {1e3 * (t2 - t1):.2f} ms"
           + (f", median of {args.calls} calls {1e3 * statistics.median(times):.3f} ms" if times else ""))
     return 0
 

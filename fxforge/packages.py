@@ -21,6 +21,7 @@ Members::
                              strides (no pickle: loading them runs no code)
     c/<isa>/unit<i>.so       each C translation unit, built for each CPU level
     c/launcher/<suffix>.so   the C kernel launcher, for the packaging interpreter's ABI
+    cuda/sm_<a>/<k>.cubin    a CUDA program's Triton kernels, built for each GPU architecture
 
 The package holds code that runs when it is loaded, as ``torch.load(weights_only=False)`` does:
 load only packages from people you trust.  The hashes catch a damaged or altered member, not
@@ -328,7 +329,7 @@ def _tensor_members(tensors: Mapping[str, torch.Tensor], members: dict) -> dict:
                 members[part] = (data[j * PART_BYTES:(j + 1) * PART_BYTES], "any")
             seen[key] = parts
         out[name] = {"members": seen[key], "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                     "stride": list(t.stride())}
+                     "stride": list(t.stride()), "device": str(t.device)}
     return out
 
 
@@ -347,7 +348,8 @@ def _tensor(pkg: "PackageContents", entry: dict) -> torch.Tensor:
     if span * size > data.numel() or data.numel() % size or min(stride, default=0) < 0:
         raise PackageError(f"{pkg.path}: the tensor in {entry['members'][0]} does not fit its bytes; the package "
                            "is refused")
-    return data.view(dtype).as_strided(shape, stride)
+    t = data.view(dtype).as_strided(shape, stride)
+    return t if entry.get("device", "cpu") == "cpu" else t.to(entry["device"])
 
 
 def _fxforge_version() -> str:
@@ -370,8 +372,8 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
 
     ``cpu_isas``: the CPU levels its C kernels are built for (default ``DEFAULT_CPU_ISAS`` on
     x86-64; the baseline elsewhere); ``load_package`` picks the highest one its host runs.
-    ``cuda_archs``: GPU architectures for CUDA programs' kernels (a CUDA program is not
-    packaged yet: such a program is refused with the reason).  ``weights=False`` leaves the
+    ``cuda_archs``: the GPU architectures a CUDA program's Triton kernels are compiled for (a
+    cubin each, no GPU needed; ``load_package`` launches the one for its GPU).  ``weights=False`` leaves the
     parameters and buffers out: the caller passes them to ``load_package(state_dict=...)``.
     """
     from torch.export import ExportedProgram
@@ -383,12 +385,18 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
         raise TypeError(f"fxforge.package expects a torch.export.ExportedProgram, got {type(ep).__name__}; "
                         "for an nn.Module use torch.export.export(module, args) first")
     isas = _check_isas(cpu_isas)
-    devices = {t.device.type for t in [*ep.state_dict.values(), *ep.constants.values()] if isinstance(t, torch.Tensor)}
-    devices |= {v.device.type for n in ep.graph.nodes if n.op == "placeholder"
+    devices = {t.device for t in [*ep.state_dict.values(), *ep.constants.values()] if isinstance(t, torch.Tensor)}
+    devices |= {v.device for n in ep.graph.nodes if n.op == "placeholder"
                 for v in [n.meta.get("val")] if isinstance(v, torch.Tensor)}
-    if devices - {"cpu"}:
-        raise PackageError(f"fxforge.package: the program runs on {', '.join(sorted(devices - {'cpu'}))}; packages "
-                           "hold CPU programs so far (cuda_archs is reserved for CUDA programs)")
+    other = sorted({d.type for d in devices} - {"cpu", "cuda"})
+    gpus = sorted({str(d) for d in devices if d.type == "cuda"})
+    if other or len(gpus) > 1:
+        raise PackageError(f"fxforge.package: the program runs on {', '.join(other or gpus)}; a package holds a "
+                           "program of the CPU or of one CUDA device")
+    device = gpus[0] if gpus else "cpu"
+    if gpus and (not cuda_archs or any(isinstance(a, bool) or not isinstance(a, int) or a < 50 for a in cuda_archs)):
+        raise PackageError(f"fxforge.package: cuda_archs={tuple(cuda_archs)!r}: expected GPU architectures such as "
+                           "(80, 90) (sm_80, sm_90)")
     c = compile_exported(ep, config)
     w = c.artifact
     sig = c.signature
@@ -403,10 +411,11 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
     weight_names = [t for t in targets if t in ep.state_dict]
     constants = {t: v for t, v in state.items() if t not in ep.state_dict}
 
-    foreign = sorted({k.backend for k in c.kernels} - {"c", "torch"})
+    foreign = sorted({k.backend for k in c.kernels} - {"c", "torch", *(["triton"] if gpus else [])})
     if foreign:
-        raise PackageError(f"fxforge.package: the program has {', '.join(foreign)} kernels; packages hold C kernels "
-                           "and ATen calls so far: package it with Config(codegen='c') or Config(codegen='torch')")
+        raise PackageError(f"fxforge.package: the program has {', '.join(foreign)} kernels; packages hold C kernels, "
+                           "Triton kernels of CUDA programs and ATen calls: package it with Config(codegen='c') or "
+                           "Config(codegen='torch')")
     members: dict[str, tuple[bytes, str]] = {}  # path -> (bytes, what it was built for)
     c_names: set[str] = set()
     kernels_meta: list = []
@@ -419,6 +428,9 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
         unit_of = {s: i for i, syms in enumerate(unit_symbols) for s in syms}
         kernels_meta = [[k.name, k.symbol, k.kinds, unit_of[k.symbol]] for k in unit.kernels]
         c_names = {f"{k.name}_c" for k in unit.kernels}
+
+    cuda_info, triton_names = (_cuda_members(w, tuple(cuda_archs), members) if gpus else (None, set()))
+    c_names |= triton_names
 
     spaces = {ns for ns, _, _ in w.ops}
     descriptors, wrapper_tensors = {}, {}
@@ -448,15 +460,16 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
         "torch": torch.__version__,
         "python": list(sys.version_info[:2]),
         "arch": host_arch(),
-        "device": "cpu",
+        "device": device,
         "signature": _signature_json(sig),
-        "state": {t: {"shape": list(ep.state_dict[t].shape), "dtype": str(ep.state_dict[t].dtype).removeprefix("torch.")}
-                  for t in weight_names},
+        "state": {t: {"shape": list(ep.state_dict[t].shape), "dtype": str(ep.state_dict[t].dtype).removeprefix("torch."),
+                      "device": str(ep.state_dict[t].device)} for t in weight_names},
         "tensors": tensors,
         "weights": weights,
         "globals": descriptors,
         "ops": [op.name() for op in w.ops.values()],
         "c": {**c_info, "kernels": kernels_meta, "units": len(unit_symbols)} if kernels_meta else None,
+        "cuda": cuda_info,
         "n_inputs": len(sig.inputs),
         "kernels": [[k.name, k.backend, k.node_count, k.num_args, k.unique_io_buffers] for k in c.kernels],
         "stats": json.loads(json.dumps(c.stats, default=str)),
@@ -501,6 +514,34 @@ def _c_members(unit, isas: tuple[str, ...], members: dict) -> dict:
                 members[f"c/launcher/launcher{suffix}"] = (f.read(), f"{isas[0]}, Python ABI {suffix}")
             info["launcher"] = {"member": f"c/launcher/launcher{suffix}", "ext_suffix": suffix}
     return info
+
+
+def _cuda_members(w, archs: tuple[int, ...], members: dict) -> tuple[dict, set[str]]:
+    """Each Triton kernel of the wrapper compiled for each ``sm_<arch>`` (no GPU needed) into
+    ``members``; what the manifest says of them, and the wrapper globals they stand for."""
+    try:
+        from .codegen.triton import aot
+    except ImportError as e:
+        raise PackageError(f"fxforge.package: the program has Triton kernels and Triton cannot be imported ({e})") from e
+    kernels = []
+    for k in w.kernels:
+        if k.backend != "triton":
+            continue
+        if any(name.endswith("_tuner") for name in k.globals):
+            raise PackageError("fxforge.package: autotuned Triton kernels choose their launch configuration at run "
+                               "time; package the program with Config(autotune=False)")
+        try:
+            built = aot.cubins(k.detail, archs)
+        except NotImplementedError as e:
+            raise PackageError(f"fxforge.package: {e}") from e
+        entry = {}
+        for cub in built:
+            member = f"cuda/sm_{cub.arch}/{k.name}.cubin"
+            members[member] = (cub.data, f"sm_{cub.arch}")
+            entry[str(cub.arch)] = {"member": member, "entry": cub.entry, "num_warps": cub.num_warps,
+                                    "shared": cub.shared, "param_types": cub.param_types}
+        kernels.append([k.name, entry])
+    return {"archs": list(archs), "kernels": kernels}, {f"{name}_triton" for name, _ in kernels}
 
 
 def _write_zip(path: str, manifest: dict, members: dict[str, tuple[bytes, str]]) -> None:
@@ -683,15 +724,18 @@ def load_package(path: str, *, device=None, state_dict: Mapping[str, torch.Tenso
     Nothing is compiled, traced or JIT-built: the C kernels are the package's, built for the
     highest CPU level this host runs (``cpu_isa``: that level instead; ``host_cpu_levels()``
     lists this host's).  ``state_dict``: the parameters and buffers, for a package written with
-    ``weights=False`` (or to replace the packaged ones); ``device``: the device the program
-    runs on (a package holds CPU programs: None or ``"cpu"``).  Every member is checked
+    ``weights=False`` (or to replace the packaged ones); ``device``: None, or the device the
+    program was compiled for (a CUDA program's Triton kernels are the cubins built for this
+    GPU's architecture, launched through the CUDA driver).  Every member is checked
     against the manifest first (``read_package``); a package this host or this torch cannot
     run raises ``PackageError`` saying why.
     """
     pkg = read_package(path)
     m = pkg.manifest
-    if device is not None and torch.device(device).type != m["device"]:
+    want, have = (torch.device(device) if device is not None else None), torch.device(m["device"])
+    if want is not None and (want.type != have.type or None not in (want.index, have.index) and want.index != have.index):
         raise PackageError(f"{path} holds a program compiled for {m['device']}; it cannot run on {device}")
+    arch = _choose_arch(m, path) if m.get("cuda") else None
     tensors = {name: _tensor(pkg, e) for name, e in m["tensors"].items()}
     state = {k.removeprefix("state."): v for k, v in tensors.items() if k.startswith("state.")}
     state.update(_weights(pkg, state_dict, {k.removeprefix("weight."): v for k, v in tensors.items()
@@ -713,6 +757,8 @@ def load_package(path: str, *, device=None, state_dict: Mapping[str, torch.Tenso
     if m["c"] is not None:
         chosen = _choose_isa(m, cpu_isa, path)
         globals_.update(_bind_c(pkg, chosen))
+    if arch is not None:
+        globals_.update(_bind_cuda(pkg, arch))
     source = pkg.members["wrapper.py"].decode()
     w = Wrapper(source, globals_, [], profiled_source=pkg.members["profiled.py"].decode())
     fn, profiled = w.load(f"<fxforge-package {os.path.basename(path)}>")
@@ -721,17 +767,20 @@ def load_package(path: str, *, device=None, state_dict: Mapping[str, torch.Tenso
                      n_inputs=m["n_inputs"])
     out = LoadedPackage(inner, _signature(m["signature"]), state, None)
     out.path, out.manifest, out.cpu_isa, out.report_html = path, m, chosen, pkg.members["report.html"]
+    out.cuda_arch = arch
     return out
 
 
 class LoadedPackage(ExportedCompiled):
     """A loaded package (``load_package``): called like ``ep.module()``; ``path``, its
     ``manifest``, ``cpu_isa`` (the CPU level whose C kernels it runs; None: it has none),
+    ``cuda_arch`` (the GPU architecture whose Triton kernels it runs, 90 for sm_90; None: none),
     ``stats``, ``kernels`` and ``source`` as the compile had them."""
 
     path: str
     manifest: dict
     cpu_isa: str | None
+    cuda_arch: int | None
     report_html: bytes
 
     def write_report(self, path: str) -> str:
@@ -760,8 +809,9 @@ def _weights(pkg: PackageContents, state_dict: Mapping[str, torch.Tensor] | None
             got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise PackageError(f"load_package: state_dict[{k!r}] is {got}; the program was compiled for "
                                f"{tuple(spec['shape'])} torch.{spec['dtype']}")
-        if t.device.type != "cpu":
-            raise PackageError(f"load_package: state_dict[{k!r}] is on {t.device}; the program runs on cpu")
+        if str(t.device) != spec["device"]:
+            raise PackageError(f"load_package: state_dict[{k!r}] is on {t.device}; the program reads it on "
+                               f"{spec['device']}")
         out[k] = t
     return out
 
@@ -785,6 +835,34 @@ def _choose_isa(m: dict, forced: str | None, path: str) -> str:
                            f"{', '.join(runs) or 'none of them'}: package the program again with "
                            f"cpu_isas including {runs[-1] if runs else 'x86-64'}")
     return usable[-1]
+
+
+def _choose_arch(m: dict, path: str) -> int:
+    """The build for this GPU: its compute capability, or the nearest one below it of the same
+    major version (a cubin runs on those only)."""
+    built = [int(a) for a in m["cuda"]["archs"]]
+    if not torch.cuda.is_available():
+        raise PackageError(f"{path} holds a CUDA program (kernels for {', '.join(f'sm_{a}' for a in built)}); this "
+                           "process has no GPU")
+    major, minor = torch.cuda.get_device_capability(torch.device(m["device"]))
+    usable = [a for a in built if a // 10 == major and a % 10 <= minor]
+    if not usable:
+        raise PackageError(f"{path} has kernels for {', '.join(f'sm_{a}' for a in built)}; this GPU is "
+                           f"sm_{major}{minor}: package the program again with cuda_archs including {major}{minor}")
+    return max(usable)
+
+
+def _bind_cuda(pkg: PackageContents, arch: int) -> dict[str, Any]:
+    """The package's Triton kernels for ``sm_<arch>``, each bound to ``<kernel>_triton``
+    (``codegen/triton/cubin.py``: launched through the CUDA driver, nothing compiled)."""
+    from .codegen.triton.cubin import CubinKernel
+
+    out = {}
+    for name, builds in pkg.manifest["cuda"]["kernels"]:
+        b = builds[str(arch)]
+        out[f"{name}_triton"] = CubinKernel(bytes(pkg.members[b["member"]]), b["entry"], b["num_warps"], b["shared"],
+                                            b["param_types"])
+    return out
 
 
 def _bind_c(pkg: PackageContents, isa: str) -> dict[str, Any]:

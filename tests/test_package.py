@@ -260,11 +260,11 @@ def test_cli_package_run_and_report(tmp_path, capsys):
     assert main(["run", str(tmp_path / "none.fxpkg"), "--inputs", str(tmp_path / "in.pt")]) == 2
 
 
-def test_triton_kernels_are_refused_with_the_reason(tmp_path, monkeypatch):
+def test_triton_kernels_of_a_cpu_program_are_refused_with_the_reason(tmp_path, monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     _, ep = _program(dynamic=False)
-    with pytest.raises(PackageError, match="has triton kernels; packages hold C kernels and ATen calls"):
+    with pytest.raises(PackageError, match="has triton kernels; packages hold C kernels, Triton kernels of CUDA programs"):
         package(ep, str(tmp_path / "t.fxpkg"), fxforge.Config(codegen="triton"))
 
 
@@ -305,3 +305,67 @@ def test_odd_state_round_trips(tmp_path):
         torch.testing.assert_close(f(ids, x, 2), m(ids, x, 2))
     with pytest.raises(InputError, match="expected 2"):
         f(ids, x, 3)
+
+
+def test_triton_kernels_become_cubins_for_sm80_and_sm90_without_a_gpu(monkeypatch):
+    """What a CUDA program's package holds for its Triton kernels, built here with no GPU: a cubin
+    per architecture with its entry, warps and PTX parameter types (the launch itself needs a
+    GPU: test_cuda_package_loads_and_runs_without_a_compiler)."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from fxforge.compiler import compile_graph
+    from fxforge.packages import _cuda_members
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x, y: (x * 2 + y).softmax(-1), tracing_mode="fake")(torch.randn(8, 64), torch.randn(8, 64))
+    c = compile_graph(gm, fxforge.Config(codegen="triton"), kind="inference")
+    members = {}
+    info, names = _cuda_members(c.artifact, (80, 90), members)
+    assert info["archs"] == [80, 90] and names == {f"{k.name}_triton" for k in c.kernels if k.backend == "triton"}
+    assert names and all(n in c.source for n in names)
+    for name, builds in info["kernels"]:
+        assert set(builds) == {"80", "90"}
+        for arch, b in builds.items():
+            data, built_for = members[b["member"]]
+            assert data[:4] == b"\x7fELF" and built_for == f"sm_{arch}"
+            assert b["num_warps"] >= 1 and all(t in ("u64", "u32", "s32", "s64", "f32", "u8") for t in b["param_types"])
+
+
+def test_cubin_arguments_are_packed_by_their_ptx_types():
+    from fxforge.codegen.triton.cubin import pack
+
+    t = torch.zeros(64)
+    values = pack(["u64", "u32", "s64", "f32", "u64", "u64"], (t, 7, -3, 0.5))
+    assert [v.value for v in values] == [t.data_ptr(), 7, -3, 0.5, 0, 0]  # Triton's scratch pointers: null
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        pack(["u64"], (t[1:],))
+    with pytest.raises(TypeError, match="takes 1 parameters, got 2"):
+        pack(["u64"], (t, t))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="launching a package's cubins needs a CUDA GPU")
+def test_cuda_package_loads_and_runs_without_a_compiler(tmp_path):
+    torch.manual_seed(0)
+    m = Block().cuda().eval()
+    x = torch.randn(4, 16, 48, device="cuda")
+    ep = torch.export.export(m, (x,))
+    path = package(ep, str(tmp_path / "gpu.fxpkg"), fxforge.Config(codegen="triton"))
+    torch.save({"x": x.cpu(), "want": {k: v.cpu() for k, v in m(x).items()}}, tmp_path / "io.pt")
+    script = textwrap.dedent(f"""
+        import os, torch, fxforge
+        io = torch.load({str(tmp_path / 'io.pt')!r})
+        f = fxforge.load_package({path!r})
+        got = f(io["x"].cuda())
+        for k in ("probs", "h"):
+            torch.testing.assert_close(got[k].cpu(), io["want"][k], rtol=1e-4, atol=1e-5)
+        assert not os.listdir({str(tmp_path / 'triton')!r}), "Triton compiled something"
+        print("ok", f.cuda_arch)
+    """)
+    (tmp_path / "triton").mkdir()
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {**os.environ, "CC": "/bin/false", "PATH": str(empty), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+           "FXFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("ok ")

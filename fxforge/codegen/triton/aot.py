@@ -34,22 +34,61 @@ def signature(emitted: Emitted) -> tuple[dict, dict, dict]:
     return sig, dict(emitted.constexprs), attrs
 
 
-def check_kernel(emitted: Emitted, archs=(80, 90), mode: str = "gpu") -> dict[int, AotResult]:
-    """Compile ``emitted`` for each ``sm_<arch>``; raises on a compile error.  Returns PTX per arch.
+@dataclass
+class Cubin:
+    """A kernel compiled for one GPU architecture, with what launching it needs (``cubin.py``)."""
 
-    ``mode``: which helper prelude to compile with ("gpu": libdevice, what runs on a GPU;
-    "interp": the core-``tl`` formulas the interpreter runs)."""
+    arch: int
+    data: bytes  # the cubin (ELF)
+    entry: str  # the kernel's symbol in it
+    num_warps: int
+    shared: int  # dynamic shared memory bytes
+    param_types: list[str]  # PTX type of each kernel parameter, in order (``u64``, ``f32``...): the
+    # emitted parameters first, then any Triton adds (scratch pointers, passed as null)
+
+
+def _compile(emitted: Emitted, arch: int, mode: str):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
     mod = cache.load(module_text(emitted.kernel_source, mode), helper_names(mode) + [KERNEL_NAME], wrap=JITFunction, tag="_aot")
-    fn = getattr(mod, KERNEL_NAME)
     sig, constexprs, attrs = signature(emitted)
+    src = ASTSource(getattr(mod, KERNEL_NAME), sig, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": emitted.num_warps, "enable_fp_fusion": False})
+
+
+def ptx_param_types(ptx: str) -> list[str]:
+    """The parameter types of the (one) kernel entry in ``ptx``: ``.param .u64 .ptr...`` -> ``u64``."""
+    head = ptx[ptx.index(".entry"):]
+    head = head[head.index("(") + 1:head.index(")")]
+    return re.findall(r"\.param\s+\.(\w+)", head)
+
+
+def cubins(emitted: Emitted, archs=(80, 90)) -> list[Cubin]:
+    """``emitted`` compiled for each ``sm_<arch>`` with the GPU helpers: what a package holds to
+    launch it with no compiler (``codegen/triton/cubin.py``).  Raises where a kernel needs what a
+    plain launch does not give it (scratch memory)."""
+    out = []
+    for arch in archs:
+        compiled = _compile(emitted, arch, "gpu")
+        md = compiled.metadata
+        if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+            raise NotImplementedError(f"Triton kernel {emitted.name} needs scratch memory for sm_{arch}: not packaged")
+        out.append(Cubin(arch, compiled.asm["cubin"], md.name, md.num_warps, md.shared,
+                         ptx_param_types(compiled.asm["ptx"])))
+    return out
+
+
+def check_kernel(emitted: Emitted, archs=(80, 90), mode: str = "gpu") -> dict[int, AotResult]:
+    """Compile ``emitted`` for each ``sm_<arch>``; raises on a compile error.  Returns PTX per arch.
+
+    ``mode``: which helper prelude to compile with ("gpu": libdevice, what runs on a GPU;
+    "interp": the core-``tl`` formulas the interpreter runs)."""
     out = {}
     for arch in archs:
-        src = ASTSource(fn, sig, constexprs, attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": emitted.num_warps, "enable_fp_fusion": False})
+        compiled = _compile(emitted, arch, mode)
         out[arch] = AotResult(arch, compiled.asm["ptx"], "cubin" in compiled.asm)
     return out
