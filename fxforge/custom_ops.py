@@ -361,6 +361,7 @@ def _name(m: fx.Node) -> str:
 
 
 def _val(m: fx.Node) -> Any:
+    """A node's fake value (ATen graphs) or example value (Dynamo's)."""
     return m.meta.get("val", m.meta.get("example_value"))
 
 
@@ -618,10 +619,9 @@ class Dispatch:
 
 
 def _site_values(n: fx.Node) -> tuple[tuple, dict]:
+    """A call's arguments with each node as its (fake or example) value."""
     def val(a: Any) -> Any:
-        if isinstance(a, fx.Node):
-            return a.meta.get("val", a.meta.get("example_value"))
-        return a
+        return _val(a) if isinstance(a, fx.Node) else a
 
     return pytree.tree_map(val, tuple(n.args)), pytree.tree_map(val, dict(n.kwargs))
 
@@ -644,20 +644,28 @@ def tuned_sites(gm: fx.GraphModule, setting: Setting) -> list[tuple[fx.Node, Tun
     return out
 
 
-def inline_winners(gm: fx.GraphModule, config: Any, registry: Any) -> tuple[list[dict], "Dispatches"]:
-    """Tune every call of a registered op in ``gm`` (a graph above autograd: Dynamo's) and point
-    each node whose winner is a decomposition at it: the graph's tracer then records the
-    decomposition's ATen ops, and their gradient.  Returns the sites' records and the
-    per-range choices (``dispatches``: the sites that keep the op node and dispatch at run time)."""
-    records, dispatches = [], Dispatches()
+def _choices(gm: fx.GraphModule, config: Any, registry: Any) -> tuple[list, list[dict], "Dispatches"]:
+    """Tune every call of a registered op in ``gm``: the sites whose winner is a decomposition,
+    as (node, the winner bound to the op's arguments), the sites' records, and the sites chosen
+    per range (they keep the op's node and dispatch at run time)."""
+    inline, records, dispatches = [], [], Dispatches()
     for n, t, record in tuned_sites(gm, Setting(config, registry)):
         if record["winner"] is None:
-            args, kwargs = _site_values(n)
-            dispatches[(t.op, _shape_key(args, kwargs))] = Dispatch.of(t, record)
+            dispatches[(t.op, _shape_key(*_site_values(n)))] = Dispatch.of(t, record)
         elif record["winner"] != "fallback":
-            n.target = next(c for c in t.configs if c.name == record["winner"]).bind(t.op)
+            inline.append((n, next(c for c in t.configs if c.name == record["winner"]).bind(t.op)))
         records.append(record)
-    if records:
+    return inline, records, dispatches
+
+
+def inline_winners(gm: fx.GraphModule, config: Any, registry: Any) -> tuple[list[dict], "Dispatches"]:
+    """For a graph above autograd (Dynamo's): tune its sites and point each node whose winner is
+    a decomposition at it (the graph's tracer then records the decomposition's ATen ops, and
+    their gradient).  Returns the sites' records and the per-range choices."""
+    inline, records, dispatches = _choices(gm, config, registry)
+    for n, fn in inline:
+        n.target = fn
+    if inline:
         gm.recompile()
     return records, dispatches
 
@@ -665,19 +673,11 @@ def inline_winners(gm: fx.GraphModule, config: Any, registry: Any) -> tuple[list
 def decomposition_table(gm: fx.GraphModule, config: Any, registry: Any) -> tuple[dict, list[dict], "Dispatches"]:
     """For an exported program's graph: decompositions (op -> function choosing, by its
     arguments' shapes, the winner of the site with those shapes; the op itself where the op
-    won or the choice is per range), the sites' records and the per-range choices (as
-    ``inline_winners``)."""
-    sites = tuned_sites(gm, Setting(config, registry))
+    won or the choice is per range), the sites' records and the per-range choices."""
+    inline, records, dispatches = _choices(gm, config, registry)
     by_op: dict[torch._ops.OpOverload, dict[str, Callable]] = {}
-    dispatches = Dispatches()
-    for n, t, record in sites:
-        if record["winner"] is None:
-            args, kwargs = _site_values(n)
-            dispatches[(t.op, _shape_key(args, kwargs))] = Dispatch.of(t, record)
-        elif record["winner"] != "fallback":
-            args, kwargs = _site_values(n)
-            by_op.setdefault(t.op, {})[_shape_key(args, kwargs)] = \
-                next(c for c in t.configs if c.name == record["winner"]).bind(t.op)
+    for n, fn in inline:
+        by_op.setdefault(n.target, {})[_shape_key(*_site_values(n))] = fn
     table = {}
     for op, choices in by_op.items():
         def decompose(*args: Any, _choices=choices, **kwargs: Any) -> Any:
@@ -685,7 +685,7 @@ def decomposition_table(gm: fx.GraphModule, config: Any, registry: Any) -> tuple
             return NotImplemented if fn is None else fn(*args, **kwargs)
 
         table[op] = decompose
-    return table, [r for _, _, r in sites], dispatches
+    return table, records, dispatches
 
 
 class Dispatches(dict):
@@ -695,8 +695,7 @@ class Dispatches(dict):
         """The per-range choice for ``node`` (a call of a tuned op), if its site has one."""
         if not self or not isinstance(node.target, torch._ops.OpOverload):
             return None
-        args, kwargs = _site_values(node)
-        return self.get((node.target, _shape_key(args, kwargs)))
+        return self.get((node.target, _shape_key(*_site_values(node))))
 
 
 def _shape_key(args: tuple, kwargs: dict) -> str:

@@ -616,7 +616,7 @@ def _read_package(path: str) -> PackageContents:
     # stored members (tensor bytes) are read straight from the file into the buffers the tensors
     # will live in, each part checked by its SHA-256 (not the archive's CRC), side by side
     buffers = _buffers(manifest, listed, infos)
-    stored = [name for name in listed if name not in members]
+    stored = {name for name in listed if name not in members}
     for name in stored:
         buf, off = buffers[name]
         size = listed[name]["size"]
