@@ -112,9 +112,6 @@ def test_training_step_through_torch_compile():
 
 
 def test_dynamic_shapes_compile_once():
-    # candidates without shape-dependent Python (rms_chunked splits the batch: inlined, it would
-    # guard on the batch size, a documented limit): whichever wins, one graph serves every size
-    fxforge.register_custom_op_autotuning(cases.rmsnorm, [fxforge.CustomOpConfig(cases.rms_direct)])
     torch.manual_seed(0)
     m = cases.Block().eval()
     b = fxforge.backend()
