@@ -60,8 +60,8 @@ import torch.fx as fx
 
 from ..collectives import symmetric_arg_nodes
 from ..config import Config
-from ..graph import (CUSTOM_OP_DISPATCH, FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind, op_display, op_path, output_nodes,
-                     storage_root, tensors)
+from ..graph import (CUSTOM_OP_DISPATCH, FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind,
+                     op_display, op_path, output_nodes, storage_root, tensors)
 from ..plan import Buffer, Group, Plan
 from ..regions import PAD, container_inputs, pad_border, regions
 from . import runtime, symmetric
@@ -663,8 +663,8 @@ class _Builder:
         for i, (bound, branch) in enumerate(zip(d.bounds, d.branches)):
             fn = self.op(branch) if isinstance(branch, torch._ops.OpOverload) else self.const(branch)
             call = f"    {n.name} = {format_call(fn, n.args, n.kwargs, self.ref, self.const)}"
-            if bound is None:
-                self.lines += ["else:" if i else "if True:", call + f"  # {lo}..", ]
+            if bound is None:  # the last range (a Dispatch has two at least)
+                self.lines += ["else:", call + f"  # {lo}.."]
             else:
                 self.lines += [f"{'elif' if i else 'if'} {size} <= {bound}:", call + f"  # {lo}..{bound}"]
                 lo = bound + 1
