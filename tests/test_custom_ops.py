@@ -240,3 +240,58 @@ def test_report_shows_the_choices(tmp_path):
     assert "rms_forgets_weight</code>: output 0 differs" in section
     assert "x.size(0) in 1..16" in section and "x.size(0) in 17.." in section
     assert section.count("<b>") >= 4  # a winner per site and range
+
+
+def test_input_gen_fns_make_the_inputs_candidates_are_checked_on():
+    seen = []
+
+    def positive(fake):
+        seen.append(tuple(fake.shape))
+        return torch.rand(fake.shape) + 0.1
+
+    m = lambda x: cases.relu2(x) + 1  # noqa: E731
+    x = torch.rand(8, 32)
+    fxforge.register_custom_op_autotuning(cases.relu2, [fxforge.CustomOpConfig(cases.twice)],
+                                          input_gen_fns={"x": positive}, min_speedup=1e-9)
+    c = fxforge.compile_exported(torch.export.export(_Wrap(m), (x,)))
+    (rec,) = c.stats["custom_ops"]
+    assert seen and seen[0] == (8, 32) and rec["rejected"] == {} and rec["winner"] == "twice"
+    torch.testing.assert_close(c(x), m(x))  # (right on these inputs, as the generator promised)
+    fxforge.register_custom_op_autotuning(cases.relu2, [fxforge.CustomOpConfig(cases.twice)], min_speedup=1e-9)
+    c = fxforge.compile_exported(torch.export.export(_Wrap(m), (x,)))
+    (rec,) = c.stats["custom_ops"]
+    assert "twice" in rec["rejected"] and rec["winner"] == "fallback"  # random inputs include negatives
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def test_the_chosen_decomposition_fuses_in_triton_kernels_too(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fxforge.register_custom_op_autotuning(cases.rmsnorm, [fxforge.CustomOpConfig(cases.rms_direct)], min_speedup=1e-9)
+
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64))
+
+        def forward(self, x, r):
+            return cases.rmsnorm(x + r, self.w) * 2
+
+    m = Norm()
+    x, r = torch.randn(16, 64), torch.randn(16, 64)
+    ep = torch.export.export(m, (x, r))
+    config = fxforge.Config(codegen="triton")
+    on = fxforge.compile_exported(ep, config)
+    off = fxforge.compile_exported(ep, fxforge.Config(codegen="triton", custom_op_tuning="off"))
+    assert on.stats["custom_ops"][0]["winner"] == "rms_direct"
+    assert on.stats["kernels"] == 1 and on.stats["fallback_nodes"] == 0  # add, norm and scale: one kernel
+    assert off.stats["fallback_nodes"] == 1
+    torch.testing.assert_close(on(x, r), m(x, r), rtol=1e-4, atol=1e-5)
