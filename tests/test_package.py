@@ -369,3 +369,22 @@ def test_cuda_package_loads_and_runs_without_a_compiler(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.startswith("ok ")
+
+
+def test_gpu_build_choice(monkeypatch):
+    """Which cubins a GPU runs: its own compute capability, else the nearest below within its
+    major version; none is a clear error naming the builds (checked without a GPU)."""
+    from fxforge.packages import _choose_arch
+
+    m = {"device": "cuda:0", "cuda": {"archs": [80, 90]}}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(PackageError, match="kernels for sm_80, sm_90\\); this process has no GPU"):
+        _choose_arch(m, "p.fxpkg")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for cc, want in (((8, 0), 80), ((8, 6), 80), ((8, 9), 80), ((9, 0), 90)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cc=cc: cc)
+        assert _choose_arch(m, "p.fxpkg") == want
+    for cc in ((7, 5), (10, 0)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cc=cc: cc)
+        with pytest.raises(PackageError, match=f"has kernels for sm_80, sm_90; this GPU is sm_{cc[0]}{cc[1]}"):
+            _choose_arch(m, "p.fxpkg")
