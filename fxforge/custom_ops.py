@@ -14,20 +14,23 @@ graph calling ``op`` compiles (``torch.compile``, ``compile_exported``) with
    disagrees is rejected: a WARNING names it, the input and the largest error, and
    ``stats["custom_ops"]`` records it.
 2. **Then speed.**  The op itself (``CustomOpConfig()``: the fallback, called opaquely) and each
-   accepted candidate are compiled by fxforge, on their own, with the compile's Config, and
-   timed on the generated inputs (calls interleaved, medians).  A candidate is chosen when it
-   is ``min_speedup`` times as fast as the op or more; the fastest such one wins.
+   accepted candidate are compiled by fxforge with the compile's Config, each at the site
+   among the neighbours the backend fuses with it (``context_of``), and timed (calls
+   interleaved, medians).  A candidate is chosen when it is ``min_speedup`` times as fast as
+   the op or more; the fastest such one wins.
 3. **Inlined.**  The winner replaces the op's node before the graph is lowered (for
    ``torch.compile``, in the graph handed to AOTAutograd, so a training step differentiates the
    decomposition itself; for an exported program, through ``run_decompositions``): its ATen
    ops are ordinary nodes that the normal passes fuse with the op's producers and consumers.
 
-Choices are cached on disk (``$FXFORGE_CACHE_DIR/custom_ops``), keyed by the op, the candidates'
-source code and parameters, the site's input shapes and dtypes, the device, this CPU and the
-thread count: a second process reuses them without checking or timing again.
+With ``dispatch_on`` and ``split_points``, a site whose size is symbolic is checked and timed
+per range of that size; where the ranges' winners differ, the op's node stays and the generated
+wrapper dispatches on the size (``Dispatch``).
 
-``dispatch_on`` and ``split_points`` are accepted with Inductor's meaning; a call site is tuned at
-its sizes when it compiles (a dynamic size at its example value), not per range of sizes yet.
+Choices are cached on disk (``$FXFORGE_CACHE_DIR/custom_ops``), keyed by the op, the candidates'
+source code and parameters, the site's input shapes and dtypes and its neighbours, the device,
+this CPU and the thread count: a second process reuses them without checking or timing again.
+Details: docs/custom-ops.md.
 """
 
 from __future__ import annotations
@@ -237,44 +240,62 @@ def _disagreement(got: Any, want: Any) -> str | None:
     return None
 
 
-def _check(t: Tuning, cfg: CustomOpConfig, args: tuple, kwargs: dict) -> str | None:
-    """Why ``cfg`` does not compute what the op computes on these inputs (values, and gradients
-    where the op has its own), or None."""
-    fn = cfg.bind(t.op)
-    with torch.no_grad():
-        want = t.op(*args, **kwargs)
-        try:
-            got = fn(*args, **kwargs)
-        except Exception as e:
-            return f"raised {type(e).__name__}: {e}"
-    why = _disagreement(got, want)
-    if why is not None:
-        return f"{why} (largest error {_largest_error(got, want):.3g})"
-    if not _has_gradient(t.op):
-        return None
+def _gradients(f: Callable, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
+    """The gradients of ``f``'s outputs, for fixed random output gradients, with respect to each
+    floating-point tensor among ``args``/``kwargs`` (zeros where none flows); None where there is
+    no such input."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     diff = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor) and v.dtype.is_floating_point]
     if not diff:
         return None
-
-    def grads(f: Callable) -> tuple:
-        xs = list(leaves)
-        for i in diff:
-            xs[i] = leaves[i].detach().clone().requires_grad_(True)
-        a, k = pytree.tree_unflatten(xs, spec)
+    xs = list(leaves)
+    for i in diff:
+        xs[i] = leaves[i].detach().clone().requires_grad_(True)
+    a, k = pytree.tree_unflatten(xs, spec)
+    with torch.enable_grad():
         out = [o for o in pytree.tree_leaves(f(*a, **k)) if isinstance(o, torch.Tensor) and o.requires_grad]
         gen = torch.Generator().manual_seed(1)
         seeds = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in out]
-        return torch.autograd.grad(out, [xs[i] for i in diff], seeds, allow_unused=True)
+        grads = torch.autograd.grad(out, [xs[i] for i in diff], seeds, allow_unused=True)
+    return [torch.zeros_like(leaves[i]) if g is None else g for i, g in zip(diff, grads)]
 
-    with torch.enable_grad():
+
+@dataclass
+class _Reference:
+    """What the op computes on one set of inputs: its outputs, and its gradients where it has
+    its own (``_gradients``), found once for every candidate checked against them."""
+
+    args: tuple
+    kwargs: dict
+    outputs: Any
+    gradients: list[torch.Tensor] | None
+
+    @staticmethod
+    def of(t: Tuning, args: tuple, kwargs: dict) -> "_Reference":
+        with torch.no_grad():
+            outputs = t.op(*args, **kwargs)
+        return _Reference(args, kwargs, outputs, _gradients(t.op, args, kwargs) if _has_gradient(t.op) else None)
+
+
+def _check(t: Tuning, cfg: CustomOpConfig, ref: _Reference) -> str | None:
+    """Why ``cfg`` does not compute what the op computes on ``ref``'s inputs (values, and
+    gradients where the op has its own), or None."""
+    fn = cfg.bind(t.op)
+    with torch.no_grad():
         try:
-            got_g = grads(fn)
+            got = fn(*ref.args, **ref.kwargs)
         except Exception as e:
-            return f"its gradient raised {type(e).__name__}: {e}"
-        want_g = grads(t.op)
-    got_g = [torch.zeros_like(leaves[i]) if g is None else g for i, g in zip(diff, got_g)]
-    want_g = [torch.zeros_like(leaves[i]) if g is None else g for i, g in zip(diff, want_g)]
+            return f"raised {type(e).__name__}: {e}"
+    why = _disagreement(got, ref.outputs)
+    if why is not None:
+        return f"{why} (largest error {_largest_error(got, ref.outputs):.3g})"
+    if ref.gradients is None:
+        return None
+    try:
+        got_g = _gradients(fn, ref.args, ref.kwargs)
+    except Exception as e:
+        return f"its gradient raised {type(e).__name__}: {e}"
+    want_g = ref.gradients
     why = _disagreement(got_g, want_g)
     if why is not None:
         return f"its gradient {why.replace('output', 'of input')} (largest error {_largest_error(got_g, want_g):.3g})"
@@ -390,15 +411,30 @@ def _fusable(m: fx.Node, setting: Setting) -> bool:
     return all(backend.accepts(k, setting.config) is None for k in gm.graph.nodes if k.op == "call_function")
 
 
-def context_of(n: fx.Node, setting: Setting) -> Context | None:
-    """Site ``n`` with its neighbours, one step each way (calls whose value is one tensor, no
-    other tuned op, and ``_fusable``), the rest of the graph as placeholders; None where it has
-    none, or an input is not a tensor."""
+def _neighbours(n: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
+    """The calls next to site ``n`` that may join its timing (``context_of``): producing its
+    arguments, using its result; each a call whose value is one tensor, no other tuned op."""
     def near(m: fx.Node) -> bool:
         return m.op in ("call_function", "call_method") and isinstance(_val(m), torch.Tensor) and \
-            registered(m.target) is None and _fusable(m, setting)
-    producers = [a for a in n.all_input_nodes if near(a)]
-    consumers = [u for u in n.users if near(u)]
+            registered(m.target) is None
+
+    return [a for a in n.all_input_nodes if near(a)], [u for u in n.users if near(u)]
+
+
+def _neighbourhood(n: fx.Node) -> str:
+    """What a site's cache key holds of its neighbours: each one's op and its inputs' shapes
+    (what decides ``context_of``), without tracing any."""
+    def spec(m: fx.Node) -> str:
+        return _name(m) + repr([_shape_key((_val(a),), {}) for a in m.all_input_nodes])
+
+    producers, consumers = _neighbours(n)
+    return " ".join(map(spec, producers + consumers))
+
+
+def context_of(n: fx.Node, setting: Setting) -> Context | None:
+    """Site ``n`` with its neighbours (``_neighbours``) that the backend fuses (``_fusable``), the
+    rest of the graph as placeholders; None where it has none, or an input is not a tensor."""
+    producers, consumers = ([m for m in ms if _fusable(m, setting)] for ms in _neighbours(n))
     if not producers and not consumers:
         return None
     inside = set(producers) | {n} | set(consumers)
@@ -431,22 +467,18 @@ def _time(calls: dict[str, Callable[[], Any]]) -> dict[str, float]:
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 
-def _cache_key(t: Tuning, args: tuple, kwargs: dict, config: Any, context: Context | None = None) -> str:
+def _cache_key(t: Tuning, args: tuple, kwargs: dict, config: Any, neighbourhood: str = "") -> str:
     def spec(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return [str(v.dtype), [_hint(s) for s in v.shape], [_hint(s) for s in v.stride()], str(v.device)]
         return repr(_hint(v) if isinstance(v, torch.SymInt) else v)
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from .host import cpu_field
+
+    cpu = cpu_field("model name") or platform.processor() or platform.machine()
     parts = [t.op.name(), torch.__version__, cpu, str(torch.get_num_threads()), config.codegen, repr(t.min_speedup),
              repr(t.dispatch_on), repr(t.split_points),
-             *[c.source() for c in t.configs], json.dumps(pytree.tree_map(spec, (list(args), kwargs))),
-             "" if context is None else context.describe() + json.dumps([spec(v) for v in context.inputs])]
+             *[c.source() for c in t.configs], json.dumps(pytree.tree_map(spec, (list(args), kwargs))), neighbourhood]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -508,23 +540,23 @@ def _choose(t: Tuning, times: dict[str, float]) -> str:
     return min(faster, key=times.__getitem__) if faster else "fallback"
 
 
-def tune_site(t: Tuning, args: tuple, kwargs: dict, setting: Setting, where: str = "",
-              context: Context | None = None) -> dict:
+def tune_site(t: Tuning, args: tuple, kwargs: dict, setting: Setting, node: fx.Node | None = None) -> dict:
     """Check and time every candidate at one call site (``args``/``kwargs``: its fake or example
     values); returns the site's record for ``stats["custom_ops"]``: ``op``, ``node``, ``inputs``,
     ``candidates`` (name -> median seconds per call), ``rejected`` (name -> reason), ``winner``
     (a candidate's name, "fallback" for the op itself) and ``cached``.  A site whose
     ``dispatch_on`` size is symbolic is tuned per range of ``split_points`` instead: ``ranges``
     lists each range's sizes, the size timed, the times and the winner (adjacent ranges with the
-    same winner merged), and ``winner`` is the common one, or None where they differ.  With a
-    ``context`` (``context_of``), a static site is timed with its neighbours, fused as they would
-    be (``context`` in the record names them); without one, or where the candidates' inputs
-    come from ``input_gen_fns``, on its own."""
+    same winner merged), and ``winner`` is the common one, or None where they differ.  Given the
+    site's ``node``, a static site is timed with its neighbours, fused as they would be
+    (``context_of``; ``context`` in the record names them); without one, or where the
+    candidates' inputs come from ``input_gen_fns``, on its own."""
     from .codegen.diskcache import atomic_write, cache_dir
 
+    where = "" if node is None else node.name
     if t.input_gen_fns:
-        context = None  # the inputs it names are the op's own, which neighbours would compute
-    key = _cache_key(t, args, kwargs, setting.config, context)
+        node = None  # the inputs it names are the op's own, which neighbours would compute
+    key = _cache_key(t, args, kwargs, setting.config, "" if node is None else _neighbourhood(node))
     path = os.path.join(cache_dir("custom_ops"), f"{key}.json")
     names = {c.name for c in t.configs}
     try:
@@ -543,8 +575,9 @@ def tune_site(t: Tuning, args: tuple, kwargs: dict, setting: Setting, where: str
     for seed, (_, _, a, k) in enumerate(sites):
         real = _site_inputs(t, a, k, seed)
         inputs.append(real)
+        ref = _Reference.of(t, *real)
         for cfg in t.configs[1:]:
-            why = None if cfg.name in rejected else _check(t, cfg, *real)
+            why = None if cfg.name in rejected else _check(t, cfg, ref)
             if why is not None:
                 rejected[cfg.name] = why
                 log.warning("fxforge: custom op %s: candidate %s rejected on inputs (%s): %s", t.op.name(), cfg.name,
@@ -553,6 +586,7 @@ def tune_site(t: Tuning, args: tuple, kwargs: dict, setting: Setting, where: str
     record: dict[str, Any] = {"op": t.op.name(), "inputs": _describe_inputs(*inputs[0]), "rejected": rejected}
     if symbol is None:
         calls = {}
+        context = None if node is None else context_of(node, setting)
         if context is not None:
             record["context"] = context.describe()
         for cfg in accepted:
@@ -640,7 +674,7 @@ def tuned_sites(gm: fx.GraphModule, setting: Setting) -> list[tuple[fx.Node, Tun
         # tuning runs real calls and compiles of its own: outside the caller's fake mode and its
         # tracing context (Dynamo's, whose shape environment must not see them)
         with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch._guards.tracing(None):
-            out.append((n, t, tune_site(t, args, kwargs, setting, n.name, context_of(n, setting))))
+            out.append((n, t, tune_site(t, args, kwargs, setting, n)))
     return out
 
 

@@ -34,12 +34,10 @@ import ctypes
 import hashlib
 import json
 import os
-import platform
 import re
 import stat
 import sys
 import sysconfig
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -49,6 +47,7 @@ import torch
 from .codegen.wrapper import Wrapper
 from .compiled import Compiled, KernelInfo
 from .export import ExportedCompiled
+from .host import arch as host_arch, cpu_field
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -78,11 +77,6 @@ class PackageError(RuntimeError):
 # --------------------------------------------------------------------------- CPU levels
 
 
-def host_arch() -> str:
-    m = platform.machine().lower()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
-
-
 def cpu_levels(arch: str) -> tuple[str, ...]:
     """The CPU levels a package can build for on ``arch``, lowest first."""
     if arch == "x86_64":
@@ -98,11 +92,7 @@ def host_cpu_levels() -> tuple[str, ...]:
     arch = host_arch()
     if arch != "x86_64":
         return cpu_levels(arch)
-    try:
-        with open("/proc/cpuinfo") as f:
-            have = set(next((l for l in f if l.startswith("flags")), "").split(":", 1)[-1].split())
-    except OSError:
-        have = set()
+    have = set(cpu_field("flags").split())
     out = []
     for level, needs in X86_LEVELS.items():
         if not set(needs) <= have:
@@ -141,11 +131,13 @@ def _describe(name: str, v: Any) -> dict:
     if isinstance(v, torch.Tensor):
         return {"tensor": name}
     if isinstance(v, torch._ops.OpOverload):
-        return {"op": v.name()}
+        ns, rest = v.name().split("::", 1)
+        name, _, overload = rest.partition(".")
+        return {"op": [ns, name, overload or "default"]}
     if v is None or isinstance(v, (bool, int, float, str)):
         return {"value": v}
     if isinstance(v, torch.dtype):
-        return {"dtype": str(v).removeprefix("torch.")}
+        return {"dtype": _dtype_name(v)}
     if isinstance(v, torch.device):
         return {"device": str(v)}
     module, qualname = getattr(v, "__module__", None), getattr(v, "__qualname__", None)
@@ -169,15 +161,13 @@ def _import_attr(module: str, qualname: str) -> Any:
     return obj
 
 
-def _op(name: str) -> Any:
-    """The OpOverload ``ns::name.overload`` of this process (its library loaded)."""
-    ns, rest = name.split("::", 1)
-    op_name, _, overload = rest.partition(".")
+def _op(ns: str, name: str, overload: str) -> Any:
+    """The OpOverload ``torch.ops.<ns>.<name>.<overload>`` of this process (its library loaded)."""
     try:
-        return getattr(getattr(getattr(torch.ops, ns), op_name), overload or "default")
+        return getattr(getattr(getattr(torch.ops, ns), name), overload)
     except (AttributeError, RuntimeError) as e:
-        raise PackageError(f"the package calls the op {name}, which this process does not have: import the "
-                           "library that registers it before load_package") from e
+        raise PackageError(f"the package calls the op {ns}::{name}.{overload}, which this process does not have: "
+                           "import the library that registers it before load_package") from e
 
 
 def _resolve(name: str, d: dict, tensors: Mapping[str, torch.Tensor]) -> Any:
@@ -188,7 +178,7 @@ def _resolve(name: str, d: dict, tensors: Mapping[str, torch.Tensor]) -> Any:
     if "tensor" in d:
         return tensors[d["tensor"]]
     if "op" in d:
-        return _op(d["op"])
+        return _op(*d["op"])
     if "value" in d:
         return d["value"]
     if "dtype" in d:
@@ -205,6 +195,11 @@ def _resolve(name: str, d: dict, tensors: Mapping[str, torch.Tensor]) -> Any:
 
 
 # --------------------------------------------------------------------------- specs as JSON
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``float32`` (``getattr(torch, name)`` gives it back)."""
+    return str(dtype).removeprefix("torch.")
 
 
 def _dim_json(d: Any) -> Any:
@@ -226,7 +221,7 @@ def _spec_json(v: Any) -> dict:
 
     if isinstance(v, TensorSpec):
         return {"tensor": {"shape": [_dim_json(d) for d in v.shape], "stride": [_dim_json(d) for d in v.stride],
-                           "dtype": str(v.dtype).removeprefix("torch."), "device": str(v.device)}}
+                           "dtype": _dtype_name(v.dtype), "device": str(v.device)}}
     if v is None or isinstance(v, (bool, int, float, str)):
         return {"const": v}
     import sympy
@@ -328,7 +323,7 @@ def _tensor_members(tensors: Mapping[str, torch.Tensor], members: dict) -> dict:
             for j, part in enumerate(parts):
                 members[part] = (data[j * PART_BYTES:(j + 1) * PART_BYTES], "any")
             seen[key] = parts
-        out[name] = {"members": seen[key], "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+        out[name] = {"members": seen[key], "dtype": _dtype_name(t.dtype), "shape": list(t.shape),
                      "stride": list(t.stride()), "device": str(t.device)}
     return out
 
@@ -380,6 +375,7 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
     from torch.export.graph_signature import InputKind
 
     from .export import compile_exported
+    from .report.html import render
 
     if not isinstance(ep, ExportedProgram):
         raise TypeError(f"fxforge.package expects a torch.export.ExportedProgram, got {type(ep).__name__}; "
@@ -417,25 +413,14 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
                            "Triton kernels of CUDA programs and ATen calls: package it with Config(codegen='c') or "
                            "Config(codegen='torch')")
     members: dict[str, tuple[bytes, str]] = {}  # path -> (bytes, what it was built for)
-    c_names: set[str] = set()
-    kernels_meta: list = []
-    unit_symbols: list = []
-    c_info: dict[str, Any] = {}
     unit = w.units.get("c")
-    if unit is not None and unit.kernels:
-        c_info = _c_members(unit, isas, members)
-        unit_symbols = c_info.pop("_symbols")
-        unit_of = {s: i for i, syms in enumerate(unit_symbols) for s in syms}
-        kernels_meta = [[k.name, k.symbol, k.kinds, unit_of[k.symbol]] for k in unit.kernels]
-        c_names = {f"{k.name}_c" for k in unit.kernels}
+    c_info, c_names = _c_members(unit, isas, members) if unit is not None and unit.kernels else (None, set())
+    cuda_info, triton_names = _cuda_members(w, tuple(cuda_archs), members) if gpus else (None, set())
 
-    cuda_info, triton_names = (_cuda_members(w, tuple(cuda_archs), members) if gpus else (None, set()))
-    c_names |= triton_names
-
-    spaces = {ns for ns, _, _ in w.ops}
+    bound_at_load = c_names | triton_names | {ns for ns, _, _ in w.ops}  # (kernels, op namespaces)
     descriptors, wrapper_tensors = {}, {}
     for name, v in w.globals.items():
-        if name in c_names or name in spaces:
+        if name in bound_at_load:
             continue
         d = _describe(name, v)
         if "tensor" in d:
@@ -448,11 +433,7 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
     tensors = _tensor_members({**{f"state.{k}": v for k, v in constants.items()},
                                **{f"global.{k}": v for k, v in wrapper_tensors.items()},
                                **({f"weight.{t}": ep.state_dict[t] for t in weight_names} if weights else {})}, members)
-    with tempfile.TemporaryDirectory() as tmp:
-        report = os.path.join(tmp, "report.html")
-        c.write_report(report)
-        with open(report, "rb") as f:
-            members["report.html"] = (f.read(), "any")
+    members["report.html"] = (render(c).encode(), "any")
 
     manifest = {
         "format": FORMAT,
@@ -462,13 +443,13 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
         "arch": host_arch(),
         "device": device,
         "signature": _signature_json(sig),
-        "state": {t: {"shape": list(ep.state_dict[t].shape), "dtype": str(ep.state_dict[t].dtype).removeprefix("torch."),
-                      "device": str(ep.state_dict[t].device)} for t in weight_names},
+        "state": {t: {"shape": list(v.shape), "dtype": _dtype_name(v.dtype), "device": str(v.device)}
+                  for t in weight_names for v in [ep.state_dict[t]]},
         "tensors": tensors,
         "weights": weights,
         "globals": descriptors,
-        "ops": [op.name() for op in w.ops.values()],
-        "c": {**c_info, "kernels": kernels_meta, "units": len(unit_symbols)} if kernels_meta else None,
+        "ops": [list(key) for key in w.ops],  # (namespace, name, overload): runtime.bind_ops's keys
+        "c": c_info,
         "cuda": cuda_info,
         "n_inputs": len(sig.inputs),
         "kernels": [[k.name, k.backend, k.node_count, k.num_args, k.unique_io_buffers] for k in c.kernels],
@@ -480,9 +461,10 @@ def package(ep, path: str, config=None, *, cpu_isas=None, cuda_archs=(80, 90), w
     return path
 
 
-def _c_members(unit, isas: tuple[str, ...], members: dict) -> dict:
+def _c_members(unit, isas: tuple[str, ...], members: dict) -> tuple[dict, set[str]]:
     """Build the unit's translation units for each CPU level (and the launcher for this
-    interpreter, at the lowest level) into ``members``; what the manifest says of them."""
+    interpreter, at the lowest level) into ``members``; what the manifest says of them (each
+    kernel's name, symbol, argument kinds and unit), and the wrapper globals they stand for."""
     from .codegen.c.build import CompileError, compiler, openmp, shared_object, shared_objects
     from .codegen.c.launcher import launcher_include, launcher_source
 
@@ -500,8 +482,9 @@ def _c_members(unit, isas: tuple[str, ...], members: dict) -> dict:
         for i, p in enumerate(paths):
             with open(p, "rb") as f:
                 members[f"c/{isa}/unit{i}.so"] = (f.read(), isa)
-    info: dict[str, Any] = {"isas": list(isas), "openmp": parallel, "launcher": None,
-                            "_symbols": [symbols for _, symbols, _ in units]}
+    unit_of = {s: i for i, (_, symbols, _) in enumerate(units) for s in symbols}
+    info: dict[str, Any] = {"isas": list(isas), "openmp": parallel, "launcher": None, "units": len(units),
+                            "kernels": [[k.name, k.symbol, k.kinds, unit_of[k.symbol]] for k in unit.kernels]}
     include = launcher_include()
     if include is not None:
         try:
@@ -513,7 +496,7 @@ def _c_members(unit, isas: tuple[str, ...], members: dict) -> dict:
             with open(path, "rb") as f:
                 members[f"c/launcher/launcher{suffix}"] = (f.read(), f"{isas[0]}, Python ABI {suffix}")
             info["launcher"] = {"member": f"c/launcher/launcher{suffix}", "ext_suffix": suffix}
-    return info
+    return info, {f"{k.name}_c" for k in unit.kernels}
 
 
 def _cuda_members(w, archs: tuple[int, ...], members: dict) -> tuple[dict, set[str]]:
@@ -747,12 +730,7 @@ def load_package(path: str, *, device=None, state_dict: Mapping[str, torch.Tenso
     if m["ops"]:
         from .codegen.runtime import bind_ops
 
-        ops = {}
-        for name in m["ops"]:
-            ns, rest = name.split("::", 1)
-            op_name, _, overload = rest.partition(".")
-            ops[(ns, op_name, overload or "default")] = _op(name)
-        globals_.update(bind_ops(ops))
+        globals_.update(bind_ops({tuple(key): _op(*key) for key in m["ops"]}))
     chosen = None
     if m["c"] is not None:
         chosen = _choose_isa(m, cpu_isa, path)
@@ -805,7 +783,7 @@ def _weights(pkg: PackageContents, state_dict: Mapping[str, torch.Tensor] | None
     out = {}
     for k, spec in wanted.items():
         t = state_dict[k]
-        if not isinstance(t, torch.Tensor) or list(t.shape) != spec["shape"] or str(t.dtype) != f"torch.{spec['dtype']}":
+        if not isinstance(t, torch.Tensor) or list(t.shape) != spec["shape"] or _dtype_name(t.dtype) != spec["dtype"]:
             got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise PackageError(f"load_package: state_dict[{k!r}] is {got}; the program was compiled for "
                                f"{tuple(spec['shape'])} torch.{spec['dtype']}")

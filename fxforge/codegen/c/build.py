@@ -103,14 +103,10 @@ def _which(cc: str, path: str | None) -> str | None:
 @functools.lru_cache(maxsize=None)
 def _identity(cc: str, flags: tuple[str, ...]) -> str:
     """What a cached shared object depends on besides its source: the compiler, its flags and this CPU."""
+    from ...host import cpu_field
+
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l for l in f if l.startswith("flags")), "")
-    except OSError:
-        pass
-    return "\0".join([cc, version, " ".join(flags), cpu])
+    return "\0".join([cc, version, " ".join(flags), cpu_field("flags")])
 
 
 # Float functions a C library may compute on vectors (glibc's libmvec: ``_ZGVeN16v_sinf``...), each

@@ -330,18 +330,16 @@ def launcher_include() -> str | None:
 def launcher() -> Any:
     """The launcher module (built unless cached, loaded once per process, bound to torch's
     data-pointer entry), or None: the kernels are called through ``ctypes``."""
-    include, data_ptr = python_include(), _data_ptr_entry()
-    if include is None or data_ptr is None:
+    include = launcher_include()
+    if include is None:
         return None
     try:
-        module = _load_extension(shared_object(launcher_source(), include))
+        return load_launcher(shared_object(launcher_source(), include))
     except (CompileError, ImportError, OSError) as e:
         log.warning("fxforge: the C kernel launcher failed to build or load; calling the kernels through "
                     "ctypes (slower calls)")
         log.debug("fxforge: the C kernel launcher: %s", e)
         return None
-    module._bind(data_ptr, torch.Tensor, torch.nn.Parameter)
-    return module
 
 
 def _load_extension(path: str) -> Any:
@@ -378,7 +376,7 @@ def bind(kernels: list[tuple[str, str, str, Any]], lib_of: dict[str, ctypes.CDLL
 
 
 def load_launcher(path: str) -> Any:
-    """The launcher module built at ``path`` (a package's), bound to torch's data-pointer entry;
+    """The launcher module built at ``path`` (here, or a package's), bound to torch's data-pointer entry;
     None where this torch lacks that entry (the kernels are then called through ``ctypes``)."""
     data_ptr = _data_ptr_entry()
     if data_ptr is None:
