@@ -223,7 +223,18 @@ def _dims_equal(a, b) -> bool:
         sym = a if isinstance(a, torch.SymInt) else b
         static = b if sym is a else a
         return sym.node.hint is not None and int(sym.node.hint) == int(static)
-    return sympy.simplify(ea - eb) == 0
+    if sympy.simplify(ea - eb) == 0:
+        return True
+    if not isinstance(a, torch.SymInt):
+        return False
+    # The same, where recomputation specialised some symbols to their hints (a meta kernel that
+    # guards on a size, its guard suppressed): a symbol on one side only takes its hint on both.
+    env = a.node.shape_env
+    one_sided = (ea.free_symbols ^ eb.free_symbols) & set(env.var_to_val)
+    if not one_sided:
+        return False
+    hints = {s: env.var_to_val[s] for s in one_sided}
+    return sympy.simplify(ea.xreplace(hints) - eb.xreplace(hints)) == 0
 
 
 def _compare(old: Any, new: Any) -> str | None:

@@ -111,3 +111,20 @@ def test_compile_stats_carry_pass_records():
     out = c(x, y)
     torch.testing.assert_close(out[0], (torch.relu(x @ y) + 1).sum(-1))
     torch.testing.assert_close(out[1], x.t())
+
+
+def test_sizes_compare_equal_where_recomputation_specialised_a_symbol():
+    """A meta kernel that guards on a size, its guard suppressed while verifying, computes with
+    that symbol's hint: ``s0*s1`` stored, ``5*s0`` recomputed (s1's hint 5) is the same stride;
+    ``4*s0``, or another symbol in its place, is not."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from fxforge.pipeline import _dims_equal
+
+    env = ShapeEnv()
+    s0, s1 = (env.create_symintnode(env.create_symbol(h, ConstantSource(n)), hint=h) for n, h in (("a", 3), ("b", 5)))
+    assert _dims_equal(s0 * s1, s0 * 5) and _dims_equal(s0 * 5, s0 * s1) and _dims_equal(s1, 5)
+    assert not _dims_equal(s0 * s1, s0 * 4)
+    assert not _dims_equal(s0 * s1, s0 * s0)
+    assert not _dims_equal(s0 + 1, s0)
