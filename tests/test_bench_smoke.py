@@ -44,6 +44,8 @@ def test_smoke_run_writes_json_and_table(bench_modules, tmp_path):
             assert res[n]["time"]["median_s"] > 0 and res[n]["time"]["calls"] >= 3
             assert res[n]["memory"]["peak_bytes"] > 0
         assert res["fxforge"]["first_call_s"] > 0 and res["fxforge"]["backend_s"] > 0
+        mem = res["fxforge"]["memory"]  # arenas held between calls count in fxforge's peak
+        assert mem["peak_bytes"] == mem["allocated_peak_bytes"] + mem["held_bytes"]
         assert res["fxforge"]["max_abs_err"] < 1e-3
         r = case["ratios"]
         for k in ("time_fxforge_over_eager", "peak_fxforge_over_eager", "first_call_fxforge_over_aot_eager"):
@@ -54,6 +56,8 @@ def test_smoke_run_writes_json_and_table(bench_modules, tmp_path):
                   "fallback_nodes", "compile_seconds", "pass_seconds", "graphs", "arena_over_bound_mean"):
             assert k in f, k
         assert f["kernels"] > 0 and f["pass_seconds"]
+    inference = data["cases"][0]
+    assert inference["contenders"]["fxforge"]["memory"]["held_bytes"] == inference["fxforge"]["kept_arena_bytes"] > 0
     kinds = [g["graph"] for c in data["cases"] for g in c["fxforge"]["graphs"]]
     assert kinds == ["inference", "forward", "backward"]
     (row,) = data["synthetic"]["rows"]
@@ -112,3 +116,22 @@ def test_gpu_flag_without_cuda_exits_clearly(bench_modules, capsys, tmp_path, mo
     assert run.main(["--gpu", "--out", str(tmp_path)]) == 2
     assert "no CUDA device" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_breakdown_rows_categories_and_table(bench_modules):
+    """bench/breakdown.py: profiler rows of one kind merge (graph and kernel numbers dropped),
+    each falls in its category, and the table puts the contenders' sums side by side."""
+    import breakdown
+
+    assert breakdown.row_key("fxforge backward-1 kernel94 [c] hardtanh_backward") == "fxforge backward [c] hardtanh_backward"
+    assert breakdown.row_key("graph_1_cpp_fused_gelu_view_3") == "cpp_fused_gelu_view"
+    cats = {k: breakdown.category(k) for k in ("aten::mm", "aten::mkldnn_convolution", "fxforge forward [c] gelu",
+                                                "cpp_fused_gelu_view", "aten::native_batch_norm_backward",
+                                                "CompiledFunctionBackward", "fxforge forward [torch] convolution")}
+    assert list(cats.values()) == [breakdown.CATEGORIES[i] for i in (0, 0, 1, 1, 2, 3, 3)]
+    res = {"cases": {"m train (2t)": {
+        "fxforge": {"median_ms": 10.0, "faults_per_step": 100, "rows": {"aten::mm": 4.0, "fxforge forward [c] gelu": 1.5}},
+        "inductor": {"median_ms": 9.0, "faults_per_step": 7, "rows": {"aten::mm": 3.0, "cpp_fused_gelu": 0.25}}}}}
+    md = breakdown.markdown(res)
+    assert "| matmul and convolution (ATen) | 4.00 | 3.00 |" in md and "| generated kernels | 1.50 | 0.25 |" in md
+    assert "| minor faults per step | 100 | 7 |" in md and "| 1.500 | `fxforge forward [c] gelu` |" in md
