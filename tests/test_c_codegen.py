@@ -521,23 +521,20 @@ def test_column_reductions_too_large_or_symbolic_are_aten_kernels(name):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 8])
-def test_large_column_reductions_walk_their_rows_in_blocks_of_columns(threads):
+def test_large_column_reductions_walk_their_rows_in_chunks(threads):
     """Past COLUMN_MAX_NUMEL a column kernel with many columns still runs in C, walking its rows
-    in order (memory as it lies); built for several threads, each takes a block of columns: the
-    same sums, bit for bit, at any thread count and whatever it was built for."""
+    in order (memory as it lies), in chunks of rows (``row_chunks``: from the sizes alone); built
+    for several threads, each takes a chunk: the same sums, bit for bit, at any thread count and
+    whatever it was built for."""
     fn = COLUMN_CASES["two_sums_and_a_full_output"]
     rows = kernel_module.COLUMN_MAX_NUMEL // 200 + 1
     a, g = torch.randn(rows, 200), torch.randn(rows, 200)
     b = check(fn, a, g, atol=1e-4, rtol=1e-5, config=fxforge.Config(codegen="c", debug=True, threads=threads))
     src = b.compiled[0].source
-    assert re.search(r"double acc\d+\[200\];", src), src
-    blocks = re.search(r"for \(int64_t xb = 0; xb < 200; xb \+= (\d+)\)", src)
-    if threads == 1:
-        assert blocks is None and "omp parallel" not in src
-    else:
-        assert blocks and "#pragma omp parallel for" in src, src
-        block = int(blocks.group(1))
-        assert block % kernel_module.COLUMN_BLOCK_MIN == 0 and -(-200 // block) <= threads
+    assert re.search(r"double acc\d+\[200\];", src) and re.search(r"double acc\d+_chunks\[\d+\]\[200\];", src), src
+    chunks = re.search(r"(#pragma omp parallel for\n#\s+)?for \(int64_t rc = 0; rc < (\d+); rc\+\+\)", src)
+    assert chunks and 2 <= int(chunks.group(2)) <= kernel_module.COLUMN_CHUNKS_MAX, src
+    assert (chunks.group(1) is not None) == (threads > 1) and "xb" not in src, src
     saved = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -547,6 +544,19 @@ def test_large_column_reductions_walk_their_rows_in_blocks_of_columns(threads):
     finally:
         torch.set_num_threads(saved)
     assert all(torch.equal(x, y) for x, y in zip(one, two))
+
+
+def test_column_kernels_with_too_few_rows_for_chunks_split_blocks_of_columns():
+    """A column kernel whose rows are too few for two chunks (``row_chunks``) splits blocks of
+    columns across threads (``column_blocks``): each walks every row's columns of its block."""
+    fn = COLUMN_CASES["two_sums_and_a_full_output"]
+    a, g = torch.randn(40, 1000), torch.randn(40, 1000)
+    b = check(fn, a, g, atol=1e-4, rtol=1e-5, config=fxforge.Config(codegen="c", debug=True, threads=4))
+    src = b.compiled[0].source
+    blocks = re.search(r"for \(int64_t xb = 0; xb < 1000; xb \+= (\d+)\)", src)
+    assert blocks and "#pragma omp parallel for" in src and "_chunks" not in src, src
+    block = int(blocks.group(1))
+    assert block % kernel_module.COLUMN_BLOCK_MIN == 0 and -(-1000 // block) <= 4
 
 
 def _loads_inside_fold_loops(source: str) -> list[str]:

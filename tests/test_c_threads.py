@@ -92,6 +92,38 @@ def test_the_split_pays_at_every_thread_count():
         assert saved >= kernel_module.FORK_NS * math.log2(t) > saved - kernel_module.WORK_NS
 
 
+def _columns(x, h):
+    """Column kernels over many rows: a channels-last batch norm's per-channel sums over N, H and
+    W, and a bias's gradient whose rows are stored too (gelu's gradient and its sum over rows)."""
+    g = torch.ops.aten.gelu_backward(h, h * 0.5 + 1)
+    return x.sum(dim=[0, 2, 3]), (x * x).amax(dim=[0, 2, 3]), g, g.sum(0)
+
+
+def test_column_kernels_fold_rows_in_chunks_with_the_same_bits_at_any_thread_count(threads):
+    """Rows folded in chunks, one thread a chunk (``kernel.row_chunks``), the chunks depending on
+    the sizes alone: the same bits from kernels built for 1 or 4 threads, run on 1 to 3; a
+    channels-last tensor's rows read at ``C * rindex`` (``Emitter.contiguous_groups``)."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(4, 40, 24, 20, generator=gen).to(memory_format=torch.channels_last)
+    h = torch.randn(3000, 72, generator=gen)
+    results, sources = [], []
+    for built in (1, 4):
+        torch._dynamo.reset()
+        b = fxforge.backend(fxforge.Config(codegen="c", debug=True, threads=built))
+        fn = torch.compile(_columns, backend=b, fullgraph=True)
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(fn(x, h))
+        sources.append(b.compiled[-1].source)
+    torch.testing.assert_close(results[0], _columns(x, h), rtol=1e-5, atol=1e-4)
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            assert torch.equal(a, c), "a column kernel's result changed with the thread count it was built for or ran on"
+    assert all(src.count("_chunks[") >= 3 for src in sources), sources[0]
+    assert "#pragma omp parallel for" in sources[1] and "#pragma omp parallel" not in sources[0]
+    assert "in_ptr0[(40*rindex + xi0)]" in sources[0], sources[0]
+
+
 def test_config_threads_is_checked():
     for bad in (0, -2, 1.5, True, "4"):
         with pytest.raises(ValueError, match="Config.threads"):

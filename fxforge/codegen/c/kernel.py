@@ -22,6 +22,7 @@ import hashlib
 import math
 import operator
 from dataclasses import dataclass, field
+from typing import Callable
 
 import sympy
 import torch
@@ -68,6 +69,15 @@ COLUMN_ROW_BLOCK_MAX_STMTS = 48
 # Such a kernel splits across threads by blocks of at least this many columns of its outermost
 # kept loop (``column_blocks``): one vector of float32 at AVX-512's width.
 COLUMN_BLOCK_MIN = 16
+# Such a kernel over enough rows folds them in chunks instead (``row_chunks``): each chunk (at
+# most COLUMN_CHUNKS_MAX, each at least COLUMN_CHUNK_MIN_ELEMENTS elements) folds its rows into
+# its own part of every column, then the parts fold in chunk order.  One thread takes a chunk:
+# it reads (and stores) rows of its own, where a block of columns reads a strip of every row and
+# shares every page with the other threads, and a few columns still split across many threads.
+# The chunks depend on the sizes alone: the same sums at any thread count.
+COLUMN_CHUNKS_MAX = 64
+COLUMN_CHUNK_MIN_ELEMENTS = 16384
+COLUMN_PARTS_MAX_BYTES = 256 << 10
 # A float32 tensor read or stored across the rows a kernel walks (element j of row x at x + s*j:
 # a transposed value, a permuted copy) moves through a tile: TILE_ROWS consecutive rows at a
 # time, copied before them into a local array holding each row contiguously (or stored from it
@@ -123,6 +133,11 @@ def flat_index(loops: tuple[tuple[str, sympy.Expr], ...]) -> sympy.Expr:
     for v, s in reversed(loops):
         flat, inner = flat + sympy.Symbol(v, integer=True, nonnegative=True) * inner, inner * s
     return flat
+
+
+def _ceil_to(n: int, multiple: int) -> int:
+    """The least multiple of ``multiple`` at least ``n`` (and at least ``multiple``)."""
+    return max(1, -(-n // multiple)) * multiple
 
 
 @dataclass
@@ -721,11 +736,13 @@ class CEmitter(Emitter):
         three nests of the columns' loops (``top``): the accumulators (one array element per
         column) set, then for each block of rows (``COLUMN_ROW_BLOCK``) the columns (the vectorized
         loop) with their definitions and the fold loop's body for each row of the block, then per
-        column its definitions and what follows.  Each column folds its rows in one order.  Under
-        ``condition``
-        (``parallel_condition``) the outermost kept loop is cut into blocks of columns
-        (``column_blocks``), one thread a block: each walks every row's columns of its block,
-        the same sums at any thread count."""
+        column its definitions and what follows.  Each column folds its rows in one order.  Over
+        enough rows (``row_chunks``) the rows fold in chunks, each into a part of its own per
+        column, the chunks split across threads under ``condition`` (``parallel_condition``), and
+        the parts then fold into the columns' elements in chunk order.  Otherwise, under
+        ``condition``, the outermost kept loop is cut into blocks of columns (``column_blocks``),
+        one thread a block: each walks every row's columns of its block.  Either way the chunks
+        and the order depend on the sizes alone: the same sums at any thread count."""
         if not self.by_rows or self.fold_nest is None:  # (decided by fold_columns: COLUMNS_BY_ROWS_MIN...)
             return None
         at = next(i for i, st in enumerate(self.body) if st is self.fold_nest)
@@ -733,7 +750,11 @@ class CEmitter(Emitter):
         # what the columns' loops before the fold define (coordinates, hoisted reads), without the
         # stores of row values: those are made once, after the fold
         defs = [st for st in pre if not isinstance(st, Store)]
-        blocks = self.column_blocks() if condition is not None else None
+        columns, rn, per_block = int(self.frame.xnumel), sympy.sympify(self.frame.rnumel), COLUMN_ROW_BLOCK
+        row = self.fold_nest.body  # one row's fold (``ri`` its row), from the row's index on
+        small = sum(1 for _ in walk(row)) <= COLUMN_ROW_BLOCK_MAX_STMTS
+        chunks = self.row_chunks(int(rn), columns) if rn.is_Integer and small else None
+        blocks = self.column_blocks() if condition is not None and chunks is None else None
         loops = top.loops
         if blocks is not None:  # the outermost kept loop over the block's columns alone
             var, size, block = blocks
@@ -742,24 +763,50 @@ class CEmitter(Emitter):
         def nest(stmts: list[Stmt]) -> Nest:
             return Nest(loops, top.body + stmts, simd=top.simd)
 
-        row = self.fold_nest.body  # one row's fold (``ri`` its row), from the row's index on
+        def element_of(acc: str) -> str:
+            return f"{acc}[{XINDEX}]"
 
-        def fold_rows(first: sympy.Expr | None, count: int) -> list[Stmt]:
+        def fold_rows(first: sympy.Expr | None, count: int, into: Callable[[str], str] = element_of) -> list[Stmt]:
             """Rows ``first`` to ``first + count`` of a column folded into its parts, unrolled (None:
-            the row ``ri`` of the loop around), then the parts into the column's array elements."""
+            the row ``ri`` of the loop around), then the parts into the column's array elements
+            (``into``: an accumulator's element for the column)."""
             parts = [Let(f.part, ir_aten.identity(f.low, f.part_dtype), mutable=True)
                      for f in self.by_rows.values()]
             rows = row if first is None else [Nest([], [Index("ri", first + k)] + row) for k in range(count)]
             return parts + rows + [
-                Set(f"{acc}[{XINDEX}]", ir_aten.combine(f.low, Var(f"{acc}[{XINDEX}]", f.dtype),
-                                                        ir.cast(Var(f.part, f.part_dtype), f.dtype)))
+                Set(into(acc), ir_aten.combine(f.low, Var(into(acc), f.dtype), ir.cast(Var(f.part, f.part_dtype), f.dtype)))
                 for acc, f in self.by_rows.items()]
 
-        columns = int(self.frame.xnumel)
         out = [self.scratch.alloc(CTYPE[f.dtype], a, (columns,), f.dtype.itemsize) for a, f in self.by_rows.items()]
         nests = [nest([Set(f"{acc}[{XINDEX}]", ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()])]
-        rn, per_block = sympy.sympify(self.frame.rnumel), COLUMN_ROW_BLOCK
-        if rn.is_Integer and sum(1 for _ in walk(row)) <= COLUMN_ROW_BLOCK_MAX_STMTS:
+        if chunks is not None:  # the rows in chunks, one thread a chunk, then the chunks' parts in order
+            per_chunk, count = chunks
+            whole = int(rn) - int(rn) % per_block
+            padded = _ceil_to(columns, 8)  # (each chunk's part on cache lines of its own)
+            out += [self.scratch.alloc(CTYPE[f.dtype], f"{a}_chunks", (count, padded), f.dtype.itemsize)
+                    for a, f in self.by_rows.items()]
+
+            def chunk_of(acc: str) -> str:  # the column's part in chunk ``rc``
+                return f"{acc}_chunk[{XINDEX}]"
+
+            def at_chunk(const: str) -> list[Stmt]:
+                return [Line(f"{const}{CTYPE[f.dtype]}* const {acc}_chunk = {acc}_chunks[rc];") for acc, f in self.by_rows.items()]
+
+            rb = sympy.Symbol("rb", integer=True, nonnegative=True)
+            end = f"(rc + 1) * {per_chunk}"
+            fold = at_chunk("") + [
+                nest([Set(chunk_of(acc), ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()]),
+                Line(f"const int64_t re = {end} < {whole} ? {end} : {whole};"),
+                Nest([Loop("rb", "re", f"rc * {per_chunk}", per_block)], [nest(defs + fold_rows(rb, per_block, chunk_of))])]
+            gather = at_chunk("const ") + [nest([
+                Set(f"{acc}[{XINDEX}]", ir_aten.combine(f.low, Var(f"{acc}[{XINDEX}]", f.dtype), Var(chunk_of(acc), f.dtype)))
+                for acc, f in self.by_rows.items()])]
+            # after the accumulators are set: the chunks folded, then their parts gathered
+            nests += [split(Nest([Loop("rc", count)], fold), 1, condition), Nest([Loop("rc", count)], gather)]
+            if int(rn) % per_block:  # the rows after the last whole block, on the calling thread
+                nests.append(nest(defs + fold_rows(sympy.Integer(whole), int(rn) % per_block)))
+            return out + nests + [nest(pre + post)]
+        if rn.is_Integer and small:
             whole = int(rn) - int(rn) % per_block
             if whole:
                 rb = sympy.Symbol("rb", integer=True, nonnegative=True)
@@ -773,6 +820,20 @@ class CEmitter(Emitter):
             return out + nests
         return out + [split(Nest([Loop("xb", size, 0, block)], [block_rows("xb", size, block)] + nests),
                             1, condition)]
+
+    def row_chunks(self, rows: int, columns: int) -> tuple[int, int] | None:
+        """How a column kernel walking its rows (``columns_by_rows``) folds them in chunks
+        (``COLUMN_CHUNKS_MAX``): (rows a chunk, a whole number of ``COLUMN_ROW_BLOCK``; chunks), or
+        None (too few rows for two chunks, or their parts over ``COLUMN_PARTS_MAX_BYTES``).  From the
+        sizes alone, never the thread count."""
+        whole = rows - rows % COLUMN_ROW_BLOCK
+        least = _ceil_to(-(-COLUMN_CHUNK_MIN_ELEMENTS // columns), COLUMN_ROW_BLOCK)
+        part_bytes = _ceil_to(columns, 8) * sum(f.dtype.itemsize for f in self.by_rows.values())
+        count = min(COLUMN_CHUNKS_MAX, whole // least, COLUMN_PARTS_MAX_BYTES // part_bytes)
+        if count < 2:
+            return None
+        per_chunk = _ceil_to(-(-whole // count), COLUMN_ROW_BLOCK)
+        return per_chunk, -(-whole // per_chunk)
 
     def column_blocks(self) -> tuple[str, int, int] | None:
         """How a column kernel walking its rows (``columns_by_rows``) cuts its outermost kept loop

@@ -357,16 +357,36 @@ class Emitter:
         lead = out_rank - val.ndim
         flat = self.flat_of.get(tuple(coords[d] for d in range(out_rank)) if len(coords) == out_rank else None)
         shape = [self.size(s) for s in val.shape]
-        if lead == 0 and flat is not None and list(flat[0]) == shape and _contiguous(shape, [self.size(s) for s in val.stride()]):
-            e = e + flat[1]  # a contiguous tensor read at its own flat index
-        else:
-            for j in range(val.ndim):
-                if shape[j] == 1:
-                    continue
-                c = coords.get(lead + j)
-                if c is not None:
-                    e = e + c * self.size(val.stride()[j])
+        strides = [self.size(s) for s in val.stride()]
+        if lead == 0 and flat is not None and list(flat[0]) == shape and _contiguous(shape, strides):
+            return e + flat[1]  # a contiguous tensor read at its own flat index
+        done: set[int] = set()
+        for j, index, inner in self.contiguous_groups(coords, lead, shape, strides):
+            e, done = e + index * inner, done | set(j)
+        for j in range(val.ndim):
+            if shape[j] == 1 or j in done:
+                continue
+            c = coords.get(lead + j)
+            if c is not None:
+                e = e + c * strides[j]
         return e
+
+    def contiguous_groups(self, coords: dict[int, sympy.Expr], lead: int, shape: list, strides: list):
+        """The dims of a tensor (``shape``, ``strides``; right-aligned at ``lead``) whose
+        coordinates one flat index made (``coords``: ``flat_of``), at least two of more than one
+        element, laid out contiguously one in the next: their offset is that index times the
+        innermost one's stride (a channels-last batch norm's sums over N, H and W read rows of C
+        at ``C * rindex``, with no coordinate of their own).  Yields (dims, index, stride)."""
+        at = {c: d - lead for d, c in coords.items() if d >= lead and not (isinstance(c, sympy.Integer))}
+        for group, (sizes, index) in self.flat_of.items():
+            dims = [at.get(c) for c in group if not isinstance(c, sympy.Integer)]
+            if len(dims) < 2 or None in dims or dims != sorted(dims) or len(set(dims)) < len(dims):
+                continue
+            real = [(s, c) for s, c in zip(sizes, group) if not isinstance(c, sympy.Integer)]
+            if [shape[j] for j in dims] != [s for s, _ in real]:
+                continue
+            if all(sympy.simplify(strides[a] - strides[b] * shape[b]) == 0 for a, b in zip(dims, dims[1:])):
+                yield dims, index, strides[dims[-1]]
 
     def check_int64(self, vals: list[torch.Tensor]) -> None:
         for v in vals:
