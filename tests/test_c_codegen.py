@@ -1101,3 +1101,23 @@ def test_debug_mode_checks_each_tensors_layout_naming_the_argument(kernels_throu
                 with pytest.raises(Exception) as e:
                     fn(*call)
                 assert "fxforge C kernel" not in str(e.value)
+
+
+@pytest.mark.parametrize("case", ["one_row", "channels_last", "broadcast_channels"])
+def test_dims_laid_out_one_in_the_next_read_at_their_flat_index(case):
+    """Coordinates one flat index made, over dims laid out contiguously, are read at that index
+    (``Emitter.contiguous_groups``): each dim counted once where a row's coordinates and every
+    element's both cover it, and a tensor that lacks some of the dims (broadcast) read per dim."""
+    g = torch.Generator().manual_seed(3)
+    if case == "one_row":  # a layer norm over both dims of its one row, its bias (2, 2)
+        fn = lambda x, b: torch.nn.functional.layer_norm(x, [2, 2], None, b)  # noqa: E731
+        args = torch.randn(1, 2, 2, generator=g), torch.randn(2, 2, generator=g)
+    elif case == "channels_last":  # per-channel sums over N, H and W: rows of C at C * rindex
+        fn = lambda x: (x.sum(dim=[0, 2, 3]), (x * x).amax(dim=[0, 2, 3]))  # noqa: E731
+        args = (torch.randn(3, 40, 5, 6, generator=g).to(memory_format=torch.channels_last),)
+    else:  # the same, with a per-(H, W) term broadcast over N and C
+        fn = lambda x, hw: (x * hw).sum(dim=[0, 2, 3])  # noqa: E731
+        args = torch.randn(3, 40, 5, 6, generator=g).to(memory_format=torch.channels_last), torch.randn(5, 6, generator=g)
+    b = check(fn, *args, atol=1e-5, rtol=1e-5)
+    if case == "channels_last":
+        assert "in_ptr0[(40*rindex + xi0)]" in b.compiled[0].source, b.compiled[0].source

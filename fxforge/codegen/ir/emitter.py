@@ -362,7 +362,8 @@ class Emitter:
             return e + flat[1]  # a contiguous tensor read at its own flat index
         done: set[int] = set()
         for j, index, inner in self.contiguous_groups(coords, lead, shape, strides):
-            e, done = e + index * inner, done | set(j)
+            if not done & set(j):  # (groups may overlap: a row's coordinates and every element's)
+                e, done = e + index * inner, done | set(j)
         for j in range(val.ndim):
             if shape[j] == 1 or j in done:
                 continue
@@ -377,15 +378,16 @@ class Emitter:
         element, laid out contiguously one in the next: their offset is that index times the
         innermost one's stride (a channels-last batch norm's sums over N, H and W read rows of C
         at ``C * rindex``, with no coordinate of their own).  Yields (dims, index, stride)."""
-        at = {c: d - lead for d, c in coords.items() if d >= lead and not (isinstance(c, sympy.Integer))}
+        at = {c: d - lead for d, c in coords.items() if d >= lead and not isinstance(c, sympy.Integer)}
         for group, (sizes, index) in self.flat_of.items():
-            dims = [at.get(c) for c in group if not isinstance(c, sympy.Integer)]
-            if len(dims) < 2 or None in dims or dims != sorted(dims) or len(set(dims)) < len(dims):
+            # (a constant coordinate is a dim of one element, which adds nothing to the index)
+            if any(isinstance(c, sympy.Integer) and s != 1 for s, c in zip(sizes, group)):
                 continue
             real = [(s, c) for s, c in zip(sizes, group) if not isinstance(c, sympy.Integer)]
-            if [shape[j] for j in dims] != [s for s, _ in real]:
+            dims = [at.get(c) for _, c in real]
+            if len(dims) < 2 or None in dims or dims != sorted(set(dims)) or [shape[j] for j in dims] != [s for s, _ in real]:
                 continue
-            if all(sympy.simplify(strides[a] - strides[b] * shape[b]) == 0 for a, b in zip(dims, dims[1:])):
+            if all(sympy.expand(strides[a] - strides[b] * shape[b]) == 0 for a, b in zip(dims, dims[1:])):
                 yield dims, index, strides[dims[-1]]
 
     def check_int64(self, vals: list[torch.Tensor]) -> None:
