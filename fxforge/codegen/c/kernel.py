@@ -779,39 +779,16 @@ class CEmitter(Emitter):
 
         out = [self.scratch.alloc(CTYPE[f.dtype], a, (columns,), f.dtype.itemsize) for a, f in self.by_rows.items()]
         nests = [nest([Set(f"{acc}[{XINDEX}]", ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()])]
-        if chunks is not None:  # the rows in chunks, one thread a chunk, then the chunks' parts in order
-            per_chunk, count = chunks
-            whole = int(rn) - int(rn) % per_block
-            padded = _ceil_to(columns, 8)  # (each chunk's part on cache lines of its own)
-            out += [self.scratch.alloc(CTYPE[f.dtype], f"{a}_chunks", (count, padded), f.dtype.itemsize)
-                    for a, f in self.by_rows.items()]
-
-            def chunk_of(acc: str) -> str:  # the column's part in chunk ``rc``
-                return f"{acc}_chunk[{XINDEX}]"
-
-            def at_chunk(const: str) -> list[Stmt]:
-                return [Line(f"{const}{CTYPE[f.dtype]}* const {acc}_chunk = {acc}_chunks[rc];") for acc, f in self.by_rows.items()]
-
-            rb = sympy.Symbol("rb", integer=True, nonnegative=True)
-            end = f"(rc + 1) * {per_chunk}"
-            fold = at_chunk("") + [
-                nest([Set(chunk_of(acc), ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()]),
-                Line(f"const int64_t re = {end} < {whole} ? {end} : {whole};"),
-                Nest([Loop("rb", "re", f"rc * {per_chunk}", per_block)], [nest(defs + fold_rows(rb, per_block, chunk_of))])]
-            gather = at_chunk("const ") + [nest([
-                Set(f"{acc}[{XINDEX}]", ir_aten.combine(f.low, Var(f"{acc}[{XINDEX}]", f.dtype), Var(chunk_of(acc), f.dtype)))
-                for acc, f in self.by_rows.items()])]
-            # after the accumulators are set: the chunks folded, then their parts gathered
-            nests += [split(Nest([Loop("rc", count)], fold), 1, condition), Nest([Loop("rc", count)], gather)]
-            if int(rn) % per_block:  # the rows after the last whole block, on the calling thread
-                nests.append(nest(defs + fold_rows(sympy.Integer(whole), int(rn) % per_block)))
-            return out + nests + [nest(pre + post)]
         if rn.is_Integer and small:
             whole = int(rn) - int(rn) % per_block
-            if whole:
-                rb = sympy.Symbol("rb", integer=True, nonnegative=True)
+            rb = sympy.Symbol("rb", integer=True, nonnegative=True)
+            if chunks is not None:  # the rows in chunks, one thread a chunk, then the chunks' parts in order
+                arrays, folds = self.chunked_folds(chunks, whole, columns, condition, lambda into: nest(
+                    defs + fold_rows(rb, per_block, into)), nest)
+                out, nests = out + arrays, nests + folds
+            elif whole:
                 nests.append(Nest([Loop("rb", whole, 0, per_block)], [nest(defs + fold_rows(rb, per_block))]))
-            if int(rn) % per_block:
+            if int(rn) % per_block:  # the rows after the last whole block
                 nests.append(nest(defs + fold_rows(sympy.Integer(whole), int(rn) % per_block)))
         else:
             nests.append(Nest(self.fold_nest.loops, [nest(defs + fold_rows(None, 1))]))
@@ -820,6 +797,34 @@ class CEmitter(Emitter):
             return out + nests
         return out + [split(Nest([Loop("xb", size, 0, block)], [block_rows("xb", size, block)] + nests),
                             1, condition)]
+
+    def chunked_folds(self, chunks: tuple[int, int], whole: int, columns: int, condition,
+                      fold_block: Callable[[Callable[[str], str]], Nest],
+                      nest: Callable[[list[Stmt]], Nest]) -> tuple[list[Array], list[Stmt]]:
+        """The rows ``[0, whole)`` of a column kernel walking its rows folded in ``chunks``
+        (``row_chunks``): each chunk's blocks of rows (``fold_block(into)``, folding into the
+        element ``into(acc)``) into a part of its own per column, the chunks split across threads
+        under ``condition``; then the parts folded into the columns' elements in chunk order.
+        Returns the parts' arrays and the two nests."""
+        per_chunk, count = chunks
+        arrays = [self.scratch.alloc(CTYPE[f.dtype], f"{a}_chunks", (count, _ceil_to(columns, 8)), f.dtype.itemsize)
+                  for a, f in self.by_rows.items()]  # (each chunk's part on cache lines of its own)
+
+        def chunk_of(acc: str) -> str:  # the column's part in chunk ``rc``
+            return f"{acc}_chunk[{XINDEX}]"
+
+        def at_chunk(const: str) -> list[Stmt]:
+            return [Line(f"{const}{CTYPE[f.dtype]}* const {acc}_chunk = {acc}_chunks[rc];") for acc, f in self.by_rows.items()]
+
+        end = f"(rc + 1) * {per_chunk}"
+        fold = at_chunk("") + [
+            nest([Set(chunk_of(acc), ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()]),
+            Line(f"const int64_t re = {end} < {whole} ? {end} : {whole};"),
+            Nest([Loop("rb", "re", f"rc * {per_chunk}", COLUMN_ROW_BLOCK)], [fold_block(chunk_of)])]
+        gather = at_chunk("const ") + [nest([
+            Set(f"{acc}[{XINDEX}]", ir_aten.combine(f.low, Var(f"{acc}[{XINDEX}]", f.dtype), Var(chunk_of(acc), f.dtype)))
+            for acc, f in self.by_rows.items()])]
+        return arrays, [split(Nest([Loop("rc", count)], fold), 1, condition), Nest([Loop("rc", count)], gather)]
 
     def row_chunks(self, rows: int, columns: int) -> tuple[int, int] | None:
         """How a column kernel walking its rows (``columns_by_rows``) folds them in chunks
