@@ -24,6 +24,7 @@ import copy
 import json
 import re
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -96,7 +97,7 @@ def measure_case(name: str, mode: str, steps: int) -> dict:
         rows: collections.Counter = collections.Counter()
         for e in prof.key_averages():
             rows[row_key(e.key)] += e.self_cpu_time_total / steps / 1000.0
-        out[contender] = {"median_ms": sorted(times)[len(times) // 2] * 1000, "faults_per_step": faults,
+        out[contender] = {"median_ms": statistics.median(times) * 1000, "faults_per_step": faults,
                           "rows": dict(rows)}
         print(f"  {name} {mode} {contender}: {out[contender]['median_ms']:.2f} ms, {faults:.0f} faults/step",
               flush=True)
@@ -108,8 +109,9 @@ def markdown(results: dict, top: int = 12) -> str:
     meta = results.get("meta", {})
     lines = ["# Where a step's time goes: fxforge against Inductor", ""]
     if meta:
-        lines += [f"- date: {meta.get('date')}; command: `{meta.get('command')}`",
-                  f"- machine: {meta.get('machine')}; torch {meta.get('torch')}", ""]
+        lines += [f"- date: {meta.get('date_utc')}; command: `{meta.get('command')}`",
+                  f"- machine: {meta.get('cpu')}, {meta.get('cores')} cores, torch threads {meta.get('torch_threads')}; "
+                  f"torch {meta.get('torch')}, fxforge {meta.get('fxforge_commit')}", ""]
     lines += ["Self CPU time per step under torch.profiler (ms; the profiler's overhead included, so "
               "compare contenders row by row, not with the timed median). Faults: minor page faults "
               "per step, first touches of memory fresh from the kernel. How it is measured: "
@@ -145,19 +147,16 @@ def main(argv=None) -> int:
         path = Path(args.render)
         path.with_suffix(".md").write_text(markdown(json.loads(path.read_text())))
         return 0
-    import platform
-
     import torch
+
+    from run import machine_info
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                        "command": "python bench/breakdown.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                        "machine": f"{platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}",
-                        "torch": torch.__version__},
-               "cases": {}}
+    command = "python bench/breakdown.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    results = {"meta": {**machine_info("cpu"), "command": command}, "cases": {}}
     for case in args.cases:
         name, _, mode = case.partition(":")
         results["cases"][f"{name} {mode or 'train'} ({torch.get_num_threads()}t)"] = measure_case(name, mode or "train", args.steps)
