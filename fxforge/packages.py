@@ -744,8 +744,7 @@ def load_package(path: str, *, device=None, state_dict: Mapping[str, torch.Tenso
     inner = Compiled(fn, profiled=profiled, source=source, stats=dict(m["stats"]), kernels=kernels, graph=None,
                      n_inputs=m["n_inputs"])
     out = LoadedPackage(inner, _signature(m["signature"]), state, None)
-    out.path, out.manifest, out.cpu_isa, out.report_html = path, m, chosen, pkg.members["report.html"]
-    out.cuda_arch = arch
+    out.path, out.manifest, out.cpu_isa, out.cuda_arch, out.report_html = path, m, chosen, arch, pkg.members["report.html"]
     return out
 
 
