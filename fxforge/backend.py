@@ -161,10 +161,12 @@ def _in_strides(gm: fx.GraphModule, strides: dict[int, tuple]):
 
 
 def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
-    """AOTAutograd's partitioner ``name``, run on the joint graph after the backend's splits that
-    belong before it (``lowering/splits.split_joint``)."""
+    """AOTAutograd's partitioner ``name``, run on the joint graph after activation gradients are
+    rewritten to read results (``lowering/result_grads.py``) and the backend's splits that belong
+    before partitioning (``lowering/splits.split_joint``)."""
     from torch._functorch import partitioners
 
+    from .lowering.result_grads import GradsFromResults
     from .lowering.splits import split_joint
 
     partition = {
@@ -174,13 +176,13 @@ def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
 
     def split_then_partition(joint: fx.GraphModule, joint_inputs, **kwargs):
         try:
-            stats = split_joint(joint, splits)
+            stats = {"grads_from_results": GradsFromResults()(joint).stats, **split_joint(joint, splits)}
             if stats:
-                log.debug("fxforge: the joint graph's splits before partitioning: %s", stats)
+                log.debug("fxforge: the joint graph's rewrites before partitioning: %s", stats)
         except Exception as e:  # the splits run again on the compiled graphs, where they can
             if debug:
                 raise
-            log.warning("fxforge: splitting the joint graph failed (%s: %s); it is partitioned as traced",
+            log.warning("fxforge: rewriting the joint graph failed (%s: %s); it is partitioned as traced",
                         type(e).__name__, e)
         return partition(joint, joint_inputs, **kwargs)
 
