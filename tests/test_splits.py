@@ -128,18 +128,61 @@ def test_a_batch_norm_whose_statistics_are_read_stays_atens():
     assert rec["stats"]["split"] == 0
 
 
-def test_training_batch_norm_keeps_atens_kernel_and_its_gradients():
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("layout", ["auto", "as_traced"])
+def test_training_batch_norm_is_split_and_fuses_with_the_activation(affine, layout):
+    """A training batch norm: its statistics two column sums over the channels, its output a
+    pointwise kernel with the residual add and the relu; its gradient two column sums and a
+    pointwise kernel.  Gradients, outputs and the running statistics as eager's."""
     torch.manual_seed(0)
-    m = ConvBlock()
-    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
-    cm = torch.compile(m, backend=b)
-    ref = ConvBlock()
+    m = ConvBlock(affine)
+    if affine:
+        with torch.no_grad():
+            m.bn.weight.normal_()
+            m.bn.bias.normal_()
+    ref = ConvBlock(affine)
     ref.load_state_dict(m.state_dict())
-    x, r = torch.randn(2, 4, 7, 9), torch.randn(2, 6, 7, 9)
-    cm(x, r).square().sum().backward()
-    ref(x, r).square().sum().backward()
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True, conv_layout=layout))
+    cm = torch.compile(m, backend=b)
+    for _ in range(2):  # the running statistics move twice
+        x, r = torch.randn(2, 4, 7, 9) * 3 + 1, torch.randn(2, 6, 7, 9)
+        out = cm(x, r)
+        want = ref(x, r)
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+        out.square().sum().backward()
+        want.square().sum().backward()
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):  # (a channels-last convolution's sums)
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+    torch.testing.assert_close(m.bn.running_mean, ref.bn.running_mean)
     torch.testing.assert_close(m.bn.running_var, ref.bn.running_var)
+    assert m.bn.num_batches_tracked.item() == 2
+    for c in b.compiled:
+        assert "batch_norm" not in c.source, c.stats["graph"]
     fw = next(c for c in b.compiled if c.stats["graph"] == "forward")
-    assert "_native_batch_norm_legit_functional" in fw.source
+    # normalize, affine, residual add, relu: one kernel over the convolution's output
+    assert max(k.node_count for k in fw.kernels if k.backend == "c") >= (5 if affine else 3)
+
+
+def test_a_batch_norm_over_one_value_per_channel_or_dynamic_shapes_stays_atens():
+    """Statistics over one element per channel (eager raises on it in training) and sizes only
+    known at run time keep ATen's kernel."""
+    from fxforge.lowering.splits import _per_channel_count
+
+    class V:
+        def __init__(self, t):
+            self.meta = {"val": t}
+
+    assert _per_channel_count(V(torch.empty(1, 3))) is None
+    assert _per_channel_count(V(torch.empty(2, 3, 4))) == 8
+    torch.manual_seed(0)
+    m = torch.nn.BatchNorm1d(5)
+    ref = torch.nn.BatchNorm1d(5)
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    cm = torch.compile(m, backend=b, dynamic=True)
+    for n in (6, 9):
+        x = torch.randn(n, 5, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        cm(x).sum().backward()
+        ref(x2).sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(m.running_var, ref.running_var)

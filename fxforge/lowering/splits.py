@@ -109,6 +109,79 @@ def _batch_norm_inference(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node 
     return [_normalized(gm, mode, x, per_channel(mean), per_channel(rstd), w, b, per_channel), None, None]
 
 
+def _per_channel_count(x: fx.Node) -> int | None:
+    """The elements per channel of ``(N, C, *spatial)`` (what a batch norm's statistics reduce
+    over), where static and at least 2 (the running variance is unbiased: ``n / (n - 1)``)."""
+    shape = x.meta[VAL].shape
+    if len(shape) < 2 or not all(isinstance(d, int) for d in shape) or shape[1] == 0:
+        return None
+    count = x.meta[VAL].numel() // shape[1]
+    return count if count >= 2 else None
+
+
+def _channel_sum(gm: fx.GraphModule, mode, v: fx.Node) -> fx.Node:
+    """``v``'s sum per channel over every other dim, ``(C,)``: a column reduction where the
+    channels are innermost (channels-last)."""
+    return fake_call(gm, mode, aten.sum.dim_IntList, (v, [0, *range(2, v.meta[VAL].dim())]))
+
+
+def _batch_norm_training(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
+    """``_native_batch_norm_legit_functional(x, w, b, running_mean, running_var, True, momentum,
+    eps)`` -> ``(out, mean, rstd, running_mean', running_var')``: the mean per channel, the
+    biased variance as the mean of squared deviations from it (two column sums over the
+    channels), then the per-channel pointwise normalization, which fuses with the activation
+    after it; the running statistics move by ``momentum`` (the variance unbiased, as eager's)."""
+    x, w, b, running_mean, running_var, training, momentum, eps = n.args
+    count = _per_channel_count(x)
+    if (not training or count is None or not _float_params(x, w, b, running_mean, running_var)
+            or not all(isinstance(v, (int, float)) for v in (momentum, eps))):
+        return None
+    call = functools.partial(fake_call, gm, mode)
+    per_channel = functools.partial(_channels, gm, mode, rank=x.meta[VAL].dim())
+    mean = call(aten.div.Tensor, (_channel_sum(gm, mode, x), count))
+    centered = call(aten.sub.Tensor, (x, per_channel(mean)))
+    var = call(aten.div.Tensor, (_channel_sum(gm, mode, call(aten.mul.Tensor, (centered, centered))), count))
+    rstd = call(aten.rsqrt.default, (call(aten.add.Tensor, (var, eps)),))
+    out = _normalized(gm, mode, x, per_channel(mean), per_channel(rstd), w, b, per_channel)
+
+    def moved(running: fx.Node, batch: fx.Node) -> fx.Node:
+        return call(aten.add.Tensor, (call(aten.mul.Tensor, (running, 1 - momentum)), call(aten.mul.Tensor, (batch, momentum))))
+
+    unbiased = call(aten.mul.Tensor, (var, count / (count - 1)))
+    return [out, mean, rstd, moved(running_mean, mean), moved(running_var, unbiased)]
+
+
+def _batch_norm_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node | None] | None:
+    """``native_batch_norm_backward(g, x, w, running_mean, running_var, mean, invstd, True, eps,
+    mask)`` -> with the per-channel sums ``s = sum(g)`` and ``d = sum(g * (x - mean))``:
+    ``(g - s / n - (x - mean) * d * invstd**2 / n) * invstd * w``, ``d * invstd``, ``s`` (the
+    outputs ``mask`` asks for; ``n`` the elements per channel): two column sums and a pointwise
+    gradient, which fuse with the activation's gradient before them.  Each computes ``x - mean``
+    itself: recomputed, it costs a read of ``x``, where stored it would cost a write and a read."""
+    g, x, w, _rm, _rv, mean, invstd, train, _eps, mask = n.args
+    count = _per_channel_count(x)
+    if (not train or mean is None or invstd is None or count is None
+            or not _float_params(x, w, mean, invstd) or g.meta[VAL].dtype != x.meta[VAL].dtype):
+        return None
+    call = functools.partial(fake_call, gm, mode)
+    per_channel = functools.partial(_channels, gm, mode, rank=x.meta[VAL].dim())
+
+    def centered() -> fx.Node:
+        return call(aten.sub.Tensor, (x, per_channel(mean)))
+
+    sum_g = _channel_sum(gm, mode, g)
+    dot = _channel_sum(gm, mode, call(aten.mul.Tensor, (g, centered())))
+    grad_in = None
+    if mask[0]:
+        k = call(aten.div.Tensor, (call(aten.mul.Tensor, (call(aten.mul.Tensor, (dot, invstd)), invstd)), count))
+        grad_in = call(aten.sub.Tensor, (g, per_channel(call(aten.div.Tensor, (sum_g, count)))))
+        grad_in = call(aten.sub.Tensor, (grad_in, call(aten.mul.Tensor, (centered(), per_channel(k)))))
+        scale = invstd if w is None else call(aten.mul.Tensor, (invstd, w))
+        grad_in = call(aten.mul.Tensor, (grad_in, per_channel(scale)))
+    grad_w = call(aten.mul.Tensor, (dot, invstd)) if mask[1] else None
+    return [grad_in, grad_w, sum_g if mask[2] else None]
+
+
 def _log_softmax(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
     """``_log_softmax(x, dim, half_to_float)`` -> ``(x - m) - log(sum(exp(x - m)))``, ``m`` the
     row's max (``amax``: a row of NaN or of -inf only is NaN, as eager's)."""
@@ -216,6 +289,8 @@ SPLITTERS: dict[str, Callable[[fx.GraphModule, object, fx.Node], list[fx.Node | 
     "aten._log_softmax_backward_data.default": _log_softmax_backward,
     "aten._softmax_backward_data.default": _softmax_backward,
     "aten._native_batch_norm_legit_no_training.default": _batch_norm_inference,
+    "aten._native_batch_norm_legit_functional.default": _batch_norm_training,
+    "aten.native_batch_norm_backward.default": _batch_norm_backward,
     "aten.nll_loss_forward.default": _nll_loss_forward,
     "aten.nll_loss_backward.default": _nll_loss_backward,
 }
