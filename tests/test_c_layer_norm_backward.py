@@ -76,14 +76,18 @@ CASES = {"affine": _mix, "no_affine": lambda dt: _mix(dt, affine=False), "two_no
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("input_grad", [False, True])
-def test_template_matches_eager(case, dtype, input_grad):
+@pytest.mark.parametrize("batch", [4, 128])
+def test_template_matches_eager(case, dtype, input_grad, batch):
+    """4 x 16 rows in one pass; 128 x 16 (49,152 elements a norm) in chunks of rows
+    (``templates._row_chunks``), the weight's and bias's gradients summed per chunk."""
     torch.manual_seed(0)
     # the first norm's grad_input is not asked for unless the input requires grad (mask [False, ...])
-    bw = _grads_match(CASES[case](dtype), torch.randn(4, 16, 24, dtype=dtype) * 3 + 1, requires_grad=input_grad)
+    bw = _grads_match(CASES[case](dtype), torch.randn(batch, 16, 24, dtype=dtype) * 3 + 1, requires_grad=input_grad)
     # without weights or an input gradient the first norm's backward computes nothing
     expected = 2 if input_grad or case != "no_affine" else 1
     assert bw.source.count("template: layer norm backward") == expected, bw.source
     assert "native_layer_norm_backward.default(" not in bw.source
+    assert ("const int64_t ue = " in bw.source) == (batch > 4), bw.source
 
 
 def test_normalized_dims_that_are_not_one_run_run_as_aten_with_the_reason():

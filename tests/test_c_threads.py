@@ -124,6 +124,46 @@ def test_column_kernels_fold_rows_in_chunks_with_the_same_bits_at_any_thread_cou
     assert "in_ptr0[(40*rindex + xi0)]" in sources[0], sources[0]
 
 
+def _norms(x, r, w, b):
+    """Layer norms whose gradients are the template (``templates.layer_norm_backward``): over rows
+    laid out contiguously, and over a transposed residual's rows (staged in blocks of rows)."""
+    return F.layer_norm(x, (x.shape[-1],), w, b), F.layer_norm(x + r.transpose(1, 2), (x.shape[-1],), w, b)
+
+
+def test_layer_norm_gradient_walks_rows_in_chunks_with_the_same_bits_at_any_thread_count(threads):
+    """The layer norm gradient's rows in chunks (``templates._row_chunks``, from the sizes
+    alone), each adding its share of the weight's and bias's gradients into a part of its own,
+    the parts added in chunk order: the same bits from kernels built for 1 or 4 threads, run on
+    1 to 3; the chunks split across threads only in the kernel built for several."""
+    gen = torch.Generator().manual_seed(11)
+    args = [torch.randn(6, 100, 64, generator=gen), torch.randn(6, 64, 100, generator=gen),
+            torch.randn(64, generator=gen), torch.randn(64, generator=gen)]
+    cots = [torch.randn(6, 100, 64, generator=gen) for _ in range(2)]
+
+    def grads(fn):
+        leaves = [a.detach().clone().requires_grad_(i != 1) for i, a in enumerate(args)]
+        outs = fn(*leaves)
+        sum((o * c).sum() for o, c in zip(outs, cots)).backward()
+        return [leaves[i].grad for i in (0, 2, 3)]
+
+    results, sources = [], []
+    for built in (1, 4):
+        torch._dynamo.reset()
+        be = fxforge.backend(fxforge.Config(codegen="c", debug=True, threads=built))
+        fn = torch.compile(_norms, backend=be, fullgraph=True)
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(grads(fn))
+        sources.append([c.source for c in be.compiled if c.stats["graph"] == "backward"][-1])
+    torch.testing.assert_close(results[0], grads(_norms), rtol=1e-4, atol=1e-4)
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            assert torch.equal(a, c), "the layer norm gradient changed with the thread count it was built for or ran on"
+    for src in sources:
+        assert src.count("template: layer norm backward") == 2 and src.count("acc_dw_chunks[rc]") >= 2, src
+    assert "#pragma omp parallel for" in sources[1] and "#pragma omp parallel" not in sources[0]
+
+
 def test_config_threads_is_checked():
     for bad in (0, -2, 1.5, True, "4"):
         with pytest.raises(ValueError, match="Config.threads"):

@@ -91,11 +91,12 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     computed = [n for n in group.nodes if node_kind(n) == "compute"]
     template = template_of(computed[0]) if len(computed) == 1 else None
+    threads = ctx.config.threads or torch.get_num_threads()
     if template is not None:
-        k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout)
+        k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout, threads)
     else:
         k = CEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, layout=ctx.layout,
-                     threads=ctx.config.threads or torch.get_num_threads()).emit()
+                     threads=threads).emit()
     unit = ctx.units.get("c")
     if unit is None:
         unit = ctx.units["c"] = CUnit(debug=ctx.config.debug, background=True)

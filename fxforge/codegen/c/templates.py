@@ -35,14 +35,16 @@ import math
 import sympy
 import torch
 import torch.fx as fx
+from torch.utils._sympy.functions import ModularIndexing
 
 from ...graph import VAL, free_symbols, tensors
 from ..ir import values as ir
 from ..ir.emitter import Param
-from ..ir.stmts import Let, Line, Load, Loop, Nest, Set, Stmt, Store
+from ..ir.stmts import Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
 from ..ir.values import Var
 from . import build
-from .kernel import TILE_ROWS, CEmitted, Scratch, block_rows, c_function, launch_source
+from .kernel import (COLUMN_CHUNK_MIN_ELEMENTS, COLUMN_CHUNKS_MAX, COLUMN_PARTS_MAX_BYTES, TILE_ROWS, CEmitted,
+                     Scratch, block_rows, c_function, launch_source, parallel_min_work, split)
 from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
 from .printer import CStatements, c_index, values
 
@@ -50,6 +52,9 @@ aten = torch.ops.aten
 
 # Per-column accumulators live on the C stack (a double a column for each of dw and db).
 LAYER_NORM_MAX_COLUMNS = 8192
+# What the layer norm gradient computes an element, in the emitter's node-elements
+# (``kernel.WORK_NS``): dx's five ops, the two row sums' three, dw's three, db's one.
+LAYER_NORM_BACKWARD_OPS = 12
 # Strided rows staged ``kernel.TILE_ROWS`` at a time where they start one element apart, in at
 # most this many bytes of C stack.
 STAGE_BLOCK_MAX_BYTES = 64 << 10
@@ -148,11 +153,16 @@ class _Tensors:
         return CEmitted(symbol, "\n".join(c_lines) + "\n", launch, name, args, self.params, 1, len(args), self.specs)
 
 
-def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmitted:
     """``native_layer_norm_backward(dy, x, shape, mean, rstd, w, b, mask)``: dx, dw, db.
 
     Why a template: it folds rows (the input's gradient) and columns (the weight's and bias's)
     in one pass; a kernel of the IR has one frame, rows or columns.
+
+    Enough rows are walked in chunks (``_row_chunks``, from the sizes alone): each chunk adds
+    its rows' shares of dw and db into a part of its own, the chunks split across ``threads``
+    where that pays (``kernel.parallel_min_work``), then the parts are added in chunk order: the
+    same sums at any thread count.
 
     Per row (mean ``mu``, ``rs`` = rstd, g = dy * w over the row's n elements, as ATen):
     ``ds = sum(g * x)``, ``db = sum(g)``, ``b = (db * mu - ds) * rs^3 / n``, ``c = -b * mu - db * rs / n``,
@@ -222,9 +232,14 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
     g = ir.mul(at("dy"), at("w")) if "w" in ptr else at("dy")
     mu, rs = Var("mu", dt), Var("rs", dt)
     accs = [(key, f"acc_{key}") for key in ("dw", "db") if key in ptr]
-    stmts: list[Stmt] = [ts.scratch.alloc("double", acc, (n,), 8) for _, acc in accs]
-    if accs:
-        stmts.append(Nest([Loop("j", n)], [Set(f"{acc}[j]", ir.Const(0.0, f64)) for _, acc in accs]))
+    # the rows' outer loops: the lead dims, the last one by blocks where blocked
+    outer = loops[:-1] + [Loop("ib", inner, 0, block)] if blocked else loops
+    chunks = _row_chunks(outer, xv.numel(), n * 8 * len(accs))
+    stmts: list[Stmt] = []
+    if chunks is None:  # one pass over the rows, into one accumulator a column
+        stmts += [ts.scratch.alloc("double", acc, (n,), 8) for _, acc in accs]
+        if accs:
+            stmts.append(Nest([Loop("j", n)], [Set(f"{acc}[j]", ir.Const(0.0, f64)) for _, acc in accs]))
     body: list[Stmt] = [Load("mu", ptr["mean"], row["mean"], dt, "x"), Load("rs", ptr["rstd"], row["rstd"], dt, "x")]
     if blocked:
         body += [Line(f"const {ct}* row_{key} = blk_{key}[i{lead - 1} - ib];") for key in staged]
@@ -267,14 +282,69 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitt
                      Store(ptr[key], first[key] + r + col[key] * j, Var(f"blk_{key}[r][j]", dt), "xr")])
                  for key in written]
         i = f"i{lead - 1}"
-        rows_nest = Nest(loops[:-1] + [Loop("ib", inner, 0, block)],
-                         stage + [Nest([Loop(i, "ib + nb", "ib")], body)] + store)
+        rows_nest = Nest(outer, stage + [Nest([Loop(i, "ib + nb", "ib")], body)] + store)
     else:
-        rows_nest = Nest(loops, body)
-    stmts.append(rows_nest)
-    stmts += [Nest([Loop("j", n)], [Store(ptr[key], col[key] * j, ir.cast(Var(f"{acc}[j]", f64), dt), "xr")])
-              for key, acc in accs]
+        rows_nest = Nest(outer, body)
+    if chunks is None:
+        stmts.append(rows_nest)
+        stmts += [Nest([Loop("j", n)], [Store(ptr[key], col[key] * j, ir.cast(Var(f"{acc}[j]", f64), dt), "xr")])
+                  for key, acc in accs]
+        return ts.kernel(name, "layer norm backward", stmts)
+    # (a row's local arrays are private to the thread running its chunk where they are on the
+    # stack; in the call's one heap block they would be shared: then one thread runs them all)
+    least = parallel_min_work(threads)
+    parallel = least is not None and not ts.scratch.heap and xv.numel() * LAYER_NORM_BACKWARD_OPS >= least
+    per_chunk, count = chunks
+    units = _units(outer)
+    width = -(-n // 8) * 8  # each chunk's part on cache lines of its own
+    stmts += [ts.scratch.alloc("double", f"{acc}_chunks", (count, width), 8) for _, acc in accs]
+    chunk: list[Stmt] = [Line(f"double* const {acc} = {acc}_chunks[rc];") for _, acc in accs]
+    if accs:
+        chunk.append(Nest([Loop("j", n)], [Set(f"{acc}[j]", ir.Const(0.0, f64)) for _, acc in accs]))
+    chunk += [Line(f"const int64_t ue = (rc + 1) * {per_chunk} < {units} ? (rc + 1) * {per_chunk} : {units};"),
+              Nest([Loop("u", "ue", f"rc * {per_chunk}")], _unravel(outer, _loop_var("u")) + rows_nest.body)]
+    stmts.append(split(Nest([Loop("rc", count)], chunk), 1, True if parallel else None))
+    for key, acc in accs:  # the parts, added in chunk order
+        total = Var(f"sum_{key}", f64)
+        stmts.append(Nest([Loop("j", n)], [
+            Let(total.name, ir.Const(0.0, f64), mutable=True),
+            Nest([Loop("rc", count)], [Set(total.name, Var(f"{acc}_chunks[rc][j]", f64), op="+")]),
+            Store(ptr[key], col[key] * j, ir.cast(total, dt), "xr")]))
     return ts.kernel(name, "layer norm backward", stmts)
+
+
+def _trips(loop: Loop) -> int:
+    return -(-(int(loop.stop) - int(loop.start)) // int(loop.step))
+
+
+def _units(loops: list[Loop]) -> int:
+    """The iterations of ``loops`` nested (static bounds)."""
+    return math.prod(_trips(l) for l in loops)
+
+
+def _unravel(loops: list[Loop], u: sympy.Symbol) -> list[Stmt]:
+    """Each of ``loops``' variables at iteration ``u`` of their nest (row-major)."""
+    out, inner = [], 1
+    for loop in reversed(loops):
+        trips = _trips(loop)
+        out.append(Index(loop.var, ModularIndexing(u, inner, trips) * int(loop.step) + int(loop.start)))
+        inner *= trips
+    return out[::-1]
+
+
+def _row_chunks(loops: list[Loop], elements: int, part_bytes: int) -> tuple[int, int] | None:
+    """How a template walks the iterations of ``loops`` (rows, or blocks of rows; ``elements``
+    in all) in chunks, as the emitter's column kernels walk their rows (at most
+    ``kernel.COLUMN_CHUNKS_MAX``, each at least ``COLUMN_CHUNK_MIN_ELEMENTS`` elements, parts of
+    ``part_bytes`` each at most ``COLUMN_PARTS_MAX_BYTES`` in all): (iterations a chunk,
+    chunks), or None (fewer than two).  From the sizes alone, never the thread count."""
+    units = _units(loops)
+    fit = COLUMN_PARTS_MAX_BYTES // part_bytes if part_bytes else COLUMN_CHUNKS_MAX
+    count = min(COLUMN_CHUNKS_MAX, units, elements // COLUMN_CHUNK_MIN_ELEMENTS, fit)
+    if count < 2:
+        return None
+    per_chunk = -(-units // count)
+    return per_chunk, -(-units // per_chunk)
 
 
 def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> str | None:
@@ -332,7 +402,7 @@ def _row_kernel(name: str, node: fx.Node, ref, buffer, layout, what: str, out: s
     return ts.kernel(name, what, [Nest(loops, body(first.dtype, int(first.shape[-1]), at))])
 
 
-def softmax(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+def softmax(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmitted:
     """``_softmax(x, dim=-1)``, per row as ATen's CPU kernel (why a template: it stores ``exp``
     while summing it, then scales what it stored: the IR reads no output back, and would compute
     the exponentials twice): ``m = max(x)``, ``e = exp(x - m)``
@@ -397,7 +467,7 @@ def _index_rows(ts: _Tensors, indices: torch.Tensor, per_index) -> Nest:
     return Nest(loops, read + per_index(row, k))
 
 
-def embedding(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+def embedding(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmitted:
     """``embedding(weight, indices)``: ``out[i..., j] = weight[indices[i...], j]``, as ATen's
     ``index_select``; an index outside ``[0, V)`` raises eager's ``IndexError`` (error 2 of
     ``launcher.KERNEL_ERRORS``).  ``padding_idx`` only matters to the gradient.
@@ -418,7 +488,7 @@ def embedding(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
             Store(ts.ptr["out"], row("out") + os * j, _elem(ts.ptr["weight"], w0 * k + w1 * j, wv.dtype), "xr")])])])
 
 
-def embedding_backward(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+def embedding_backward(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmitted:
     """``embedding_dense_backward(grad, indices, num_weights, padding_idx, False)``: zeros, then
     ``dw[k] += grad[i...]`` for each index ``k`` in row-major order, skipping ``padding_idx`` and
     indices outside ``[0, num_weights)``: ATen's CPU kernel, in its order (each row's sum rounds
@@ -463,7 +533,7 @@ def _arange_refusal(node: fx.Node) -> str | None:
     return None
 
 
-def arange(name: str, node: fx.Node, ref, buffer, layout) -> CEmitted:
+def arange(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmitted:
     """``arange(start, end, step)`` of ints: ``out[i] = start + i * step``.
 
     Why a template: the value is the element's index; the IR's ATen semantics compute values from
