@@ -92,6 +92,27 @@ def test_the_split_pays_at_every_thread_count():
         assert saved >= kernel_module.FORK_NS * math.log2(t) > saved - kernel_module.WORK_NS
 
 
+def _built_and_run_at_thread_counts(fn, run, source):
+    """``run(compiled fn)`` with kernels built for 1 and for 4 threads (``Config.threads``), each
+    run on 1 to 3: the results, and each build's ``source(backend)``."""
+    results, sources = [], []
+    for built in (1, 4):
+        torch._dynamo.reset()
+        b = fxforge.backend(fxforge.Config(codegen="c", debug=True, threads=built))
+        compiled = torch.compile(fn, backend=b, fullgraph=True)
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(run(compiled))
+        sources.append(source(b))
+    return results, sources
+
+
+def _same_bits(results: list, what: str) -> None:
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            assert torch.equal(a, c), f"{what} changed with the thread count it was built for or ran on"
+
+
 def _columns(x, h):
     """Column kernels over many rows: a channels-last batch norm's per-channel sums over N, H and
     W, and a bias's gradient whose rows are stored too (gelu's gradient and its sum over rows)."""
@@ -106,19 +127,9 @@ def test_column_kernels_fold_rows_in_chunks_with_the_same_bits_at_any_thread_cou
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(4, 40, 24, 20, generator=gen).to(memory_format=torch.channels_last)
     h = torch.randn(3000, 72, generator=gen)
-    results, sources = [], []
-    for built in (1, 4):
-        torch._dynamo.reset()
-        b = fxforge.backend(fxforge.Config(codegen="c", debug=True, threads=built))
-        fn = torch.compile(_columns, backend=b, fullgraph=True)
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            results.append(fn(x, h))
-        sources.append(b.compiled[-1].source)
+    results, sources = _built_and_run_at_thread_counts(_columns, lambda fn: fn(x, h), lambda b: b.compiled[-1].source)
     torch.testing.assert_close(results[0], _columns(x, h), rtol=1e-5, atol=1e-4)
-    for other in results[1:]:
-        for a, c in zip(results[0], other):
-            assert torch.equal(a, c), "a column kernel's result changed with the thread count it was built for or ran on"
+    _same_bits(results, "a column kernel's result")
     assert all(src.count("_chunks[") >= 3 for src in sources), sources[0]
     assert "#pragma omp parallel for" in sources[1] and "#pragma omp parallel" not in sources[0]
     assert "in_ptr0[(40*rindex + xi0)]" in sources[0], sources[0]
@@ -146,19 +157,10 @@ def test_layer_norm_gradient_walks_rows_in_chunks_with_the_same_bits_at_any_thre
         sum((o * c).sum() for o, c in zip(outs, cots)).backward()
         return [leaves[i].grad for i in (0, 2, 3)]
 
-    results, sources = [], []
-    for built in (1, 4):
-        torch._dynamo.reset()
-        be = fxforge.backend(fxforge.Config(codegen="c", debug=True, threads=built))
-        fn = torch.compile(_norms, backend=be, fullgraph=True)
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            results.append(grads(fn))
-        sources.append([c.source for c in be.compiled if c.stats["graph"] == "backward"][-1])
+    results, sources = _built_and_run_at_thread_counts(
+        _norms, grads, lambda b: [c.source for c in b.compiled if c.stats["graph"] == "backward"][-1])
     torch.testing.assert_close(results[0], grads(_norms), rtol=1e-4, atol=1e-4)
-    for other in results[1:]:
-        for a, c in zip(results[0], other):
-            assert torch.equal(a, c), "the layer norm gradient changed with the thread count it was built for or ran on"
+    _same_bits(results, "the layer norm gradient")
     for src in sources:
         assert src.count("template: layer norm backward") == 2 and src.count("acc_dw_chunks[rc]") >= 2, src
     assert "#pragma omp parallel for" in sources[1] and "#pragma omp parallel" not in sources[0]
