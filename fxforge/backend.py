@@ -177,9 +177,8 @@ def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
     def split_then_partition(joint: fx.GraphModule, joint_inputs, **kwargs):
         try:
             stats = {"grads_from_results": GradsFromResults()(joint).stats, **split_joint(joint, splits)}
-            if stats:
-                log.debug("fxforge: the joint graph's rewrites before partitioning: %s", stats)
-        except Exception as e:  # the splits run again on the compiled graphs, where they can
+            log.debug("fxforge: the joint graph's rewrites before partitioning: %s", stats)
+        except Exception as e:  # (each rewrite leaves a valid graph; the splits run again on the compiled graphs)
             if debug:
                 raise
             log.warning("fxforge: rewriting the joint graph failed (%s: %s); it is partitioned as traced",
