@@ -55,6 +55,8 @@ CASES = {  # (function, its arguments, rewritten?)
     "alpha": (lambda a, b, c: torch.add(a @ b, c, alpha=2), ((6, 5), (5, 7), (6, 7)), False),
     "transposed_other": (lambda a, b, c: a @ b + c.t(), ((6, 5), (5, 7), (7, 6)), False),
     "float64_other": (lambda a, b, c: a @ b + c.double(), ((6, 5), (5, 7), (6, 7)), False),
+    # the product added to itself: the add reads it twice, so nothing may take its place
+    "doubled": (lambda a, b, c: (lambda p: p + p)(a @ b) + c, ((6, 5), (5, 7), (6, 7)), False),
 }
 
 

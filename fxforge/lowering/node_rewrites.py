@@ -55,14 +55,16 @@ def replace(node: fx.Node, value: fx.Node, computed_by: fx.Node) -> None:
 def add_terms(n: fx.Node, takes: Callable[[fx.Node], bool]) -> tuple[fx.Node, fx.Node] | None:
     """``(term, other)`` of ``n`` where ``n`` is ``add.Tensor(a, b)`` (``alpha`` 1) of float32 or
     float64 tensors of one shape, dtype and layout (no broadcast, no promotion), and one term is
-    a node ``takes`` accepts that nothing but the add reads (the first such, in argument order);
+    a node ``takes`` accepts that nothing but the add reads, and the add once (``add(t, t)``
+    reads it twice; the first such, in argument order);
     else None.  The pattern of rewrites folding the add into the term's op (``matmul_accumulate``,
     ``embedding_grads``)."""
     if (n.op != "call_function" or n.target is not torch.ops.aten.add.Tensor or n.kwargs.get("alpha", 1) != 1
             or len(n.args) != 2):
         return None
     for term, other in (n.args, n.args[::-1]):
-        if not (isinstance(term, fx.Node) and isinstance(other, fx.Node) and len(term.users) == 1 and takes(term)):
+        if not (isinstance(term, fx.Node) and isinstance(other, fx.Node) and other is not term
+                and len(term.users) == 1 and takes(term)):
             continue
         want, got, have = (x.meta.get(VAL) for x in (n, term, other))
         if not all(isinstance(t, torch.Tensor) for t in (want, got, have)):
