@@ -140,6 +140,20 @@ def _ceil_to(n: int, multiple: int) -> int:
     return max(1, -(-n // multiple)) * multiple
 
 
+def chunks(units: int, most: int, part_bytes: int, step: int = 1) -> tuple[int, int] | None:
+    """``units`` iterations cut into chunks (``COLUMN_CHUNKS_MAX``): at most ``most`` of them and
+    as many as their parts (``part_bytes`` each, 0: none) fit in ``COLUMN_PARTS_MAX_BYTES``;
+    (iterations a chunk, a multiple of ``step``; chunks), or None (fewer than two).  A column
+    kernel's rows (``CEmitter.row_chunks``) and a template's rows (``templates._row_chunks``) are
+    chunked so; from the sizes alone, never the thread count."""
+    fit = COLUMN_PARTS_MAX_BYTES // part_bytes if part_bytes else COLUMN_CHUNKS_MAX
+    count = min(COLUMN_CHUNKS_MAX, most, fit)
+    if count < 2:
+        return None
+    per_chunk = _ceil_to(-(-units // count), step)
+    return per_chunk, -(-units // per_chunk)
+
+
 @dataclass
 class ColumnFold:
     """A fold of a column kernel walking its rows in order (``CEmitter.columns_by_rows``): its
@@ -834,11 +848,7 @@ class CEmitter(Emitter):
         whole = rows - rows % COLUMN_ROW_BLOCK
         least = _ceil_to(-(-COLUMN_CHUNK_MIN_ELEMENTS // columns), COLUMN_ROW_BLOCK)
         part_bytes = _ceil_to(columns, 8) * sum(f.dtype.itemsize for f in self.by_rows.values())
-        count = min(COLUMN_CHUNKS_MAX, whole // least, COLUMN_PARTS_MAX_BYTES // part_bytes)
-        if count < 2:
-            return None
-        per_chunk = _ceil_to(-(-whole // count), COLUMN_ROW_BLOCK)
-        return per_chunk, -(-whole // per_chunk)
+        return chunks(whole, whole // least, part_bytes, COLUMN_ROW_BLOCK)
 
     def column_blocks(self) -> tuple[str, int, int] | None:
         """How a column kernel walking its rows (``columns_by_rows``) cuts its outermost kept loop

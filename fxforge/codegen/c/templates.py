@@ -43,8 +43,8 @@ from ..ir.emitter import Param
 from ..ir.stmts import Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
 from ..ir.values import Var
 from . import build
-from .kernel import (COLUMN_CHUNK_MIN_ELEMENTS, COLUMN_CHUNKS_MAX, COLUMN_PARTS_MAX_BYTES, TILE_ROWS, CEmitted,
-                     Scratch, block_rows, c_function, launch_source, parallel_min_work, split)
+from .kernel import (COLUMN_CHUNK_MIN_ELEMENTS, TILE_ROWS, CEmitted, Scratch, block_rows, c_function, chunks,
+                     launch_source, parallel_min_work, split)
 from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
 from .printer import CStatements, c_index, values
 
@@ -234,9 +234,9 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
     accs = [(key, f"acc_{key}") for key in ("dw", "db") if key in ptr]
     # the rows' outer loops: the lead dims, the last one by blocks where blocked
     outer = loops[:-1] + [Loop("ib", inner, 0, block)] if blocked else loops
-    chunks = _row_chunks(outer, xv.numel(), n * 8 * len(accs))
+    chunking = _row_chunks(outer, xv.numel(), n * 8 * len(accs))
     stmts: list[Stmt] = []
-    if chunks is None:  # one pass over the rows, into one accumulator a column
+    if chunking is None:  # one pass over the rows, into one accumulator a column
         stmts += [ts.scratch.alloc("double", acc, (n,), 8) for _, acc in accs]
         if accs:
             stmts.append(Nest([Loop("j", n)], [Set(f"{acc}[j]", ir.Const(0.0, f64)) for _, acc in accs]))
@@ -285,7 +285,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
         rows_nest = Nest(outer, stage + [Nest([Loop(i, "ib + nb", "ib")], body)] + store)
     else:
         rows_nest = Nest(outer, body)
-    if chunks is None:
+    if chunking is None:
         stmts.append(rows_nest)
         stmts += [Nest([Loop("j", n)], [Store(ptr[key], col[key] * j, ir.cast(Var(f"{acc}[j]", f64), dt), "xr")])
                   for key, acc in accs]
@@ -294,7 +294,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
     # stack; in the call's one heap block they would be shared: then one thread runs them all)
     least = parallel_min_work(threads)
     parallel = least is not None and not ts.scratch.heap and xv.numel() * LAYER_NORM_BACKWARD_OPS >= least
-    per_chunk, count = chunks
+    per_chunk, count = chunking
     units = _units(outer)
     width = -(-n // 8) * 8  # each chunk's part on cache lines of its own
     stmts += [ts.scratch.alloc("double", f"{acc}_chunks", (count, width), 8) for _, acc in accs]
@@ -334,17 +334,11 @@ def _unravel(loops: list[Loop], u: sympy.Symbol) -> list[Stmt]:
 
 def _row_chunks(loops: list[Loop], elements: int, part_bytes: int) -> tuple[int, int] | None:
     """How a template walks the iterations of ``loops`` (rows, or blocks of rows; ``elements``
-    in all) in chunks, as the emitter's column kernels walk their rows (at most
-    ``kernel.COLUMN_CHUNKS_MAX``, each at least ``COLUMN_CHUNK_MIN_ELEMENTS`` elements, parts of
-    ``part_bytes`` each at most ``COLUMN_PARTS_MAX_BYTES`` in all): (iterations a chunk,
-    chunks), or None (fewer than two).  From the sizes alone, never the thread count."""
+    in all) in chunks, as the emitter's column kernels walk their rows (``kernel.chunks``, each
+    at least ``COLUMN_CHUNK_MIN_ELEMENTS`` elements, parts of ``part_bytes`` each): (iterations
+    a chunk, chunks), or None (fewer than two)."""
     units = _units(loops)
-    fit = COLUMN_PARTS_MAX_BYTES // part_bytes if part_bytes else COLUMN_CHUNKS_MAX
-    count = min(COLUMN_CHUNKS_MAX, units, elements // COLUMN_CHUNK_MIN_ELEMENTS, fit)
-    if count < 2:
-        return None
-    per_chunk = -(-units // count)
-    return per_chunk, -(-units // per_chunk)
+    return chunks(units, min(units, elements // COLUMN_CHUNK_MIN_ELEMENTS), part_bytes)
 
 
 def _last_dim_rows_refusal(what: str, node: fx.Node, x: fx.Node, dim: int) -> str | None:
