@@ -73,6 +73,11 @@ def test_a_tied_table_takes_its_rows_in_place(codegen, padding_idx):
     op = torch.ops.fxforge.embedding_grad_add.default
     adds = [b for b in bw.plan.memory.buffers.values() if b.producer.target == op]
     assert any(b.reuses is not None for b in adds), bw.plan.memory.dump()  # the first over the head's mm
+    # the output is written over the chain mm -> first add -> second add: every link is the
+    # output's own storage, allocated fresh, none in an arena
+    chain = {b.name: b for b in adds}
+    chain.update({b.reuses: bw.plan.memory.buffers[b.reuses] for b in adds if b.reuses is not None})
+    assert len(chain) == 3 and all(b.kind == "fresh" for b in chain.values()), bw.plan.memory.dump()
 
 
 @pytest.mark.parametrize("codegen", CODEGENS)

@@ -279,15 +279,19 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
                     and SYMMETRIC not in b.producer.meta:
                 src = inplace_source(b.producer, b, buffers, pos, home) if g is None else \
                     group_inplace_source(g, b, buffers, pos, home)
-                if src is None or src.name in reused or (b.kind == "fresh" and src.reuses is not None) \
-                        or SYMMETRIC in src.producer.meta:  # symmetric bytes are in another arena
-                    continue
+                if src is None or src.name in reused or SYMMETRIC in src.producer.meta:
+                    continue  # (symmetric bytes are in another arena)
                 if b.kind == "fresh":
-                    # an output written over an arena buffer that dies there: that buffer is
-                    # allocated fresh instead and handed to the caller as the output (a tied
-                    # embedding's gradient, ``mm + embedding_dense_backward``, then holds two
-                    # vocabulary-sized buffers at its end, not three)
-                    src.kind = "fresh"
+                    # an output written over an arena buffer that dies there: that buffer, and
+                    # the in-place chain it ends (each an arena buffer), are allocated fresh
+                    # instead and handed to the caller as the output (a tied embedding's
+                    # gradient, ``mm + embedding_dense_backward``, then holds two
+                    # vocabulary-sized buffers at its end, not three; a table shared by an
+                    # encoder and a decoder adds both embeddings' rows into the head's ``mm``)
+                    link = src
+                    while link is not None:
+                        link.kind = "fresh"
+                        link = buffers[link.reuses] if link.reuses is not None else None
                 b.reuses = src.name
                 reused.add(src.name)
     by_device: dict[str, list[Buffer]] = {}
