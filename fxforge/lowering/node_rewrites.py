@@ -80,7 +80,8 @@ class AddRewrite:
     """A pass folding each ``add(term, other)`` that ``add_terms`` finds into one new node:
     subclasses name the pass (``name``), say which terms it takes (``takes``), and make the node
     (``fold``, called at the add's place in the graph; None: the add stays, the graph as it was).
-    The add's users read the new node, and the term, read by the add alone, goes.  The stat
+    The add's users read the new node, and the term, read by the add alone, goes (with the nodes
+    only it read).  The stat
     ``accumulated`` counts the adds folded."""
 
     name: str
@@ -91,11 +92,15 @@ class AddRewrite:
     def fold(self, gm: fx.GraphModule, mode, add: fx.Node, term: fx.Node, other: fx.Node) -> fx.Node | None:
         raise NotImplementedError
 
+    def terms(self, add: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+        """``(term, other)`` of an add this pass folds (``add_terms`` unless a subclass widens it)."""
+        return add_terms(add, self.takes)
+
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         mode = None
         done = 0
         for n in list(gm.graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor)):
-            found = add_terms(n, self.takes)
+            found = self.terms(n)
             if found is None:
                 continue
             mode = mode or fake_mode_of(gm)  # (looked up once there is something to rewrite)
@@ -106,7 +111,11 @@ class AddRewrite:
             if new is None:
                 continue
             replace(n, new, new)
+            read = found[0].all_input_nodes
             gm.graph.erase_node(found[0])
+            for x in read:  # what only the term read (the product under a reshaped term)
+                if x.op == "call_function" and not x.users and not x.is_impure():
+                    gm.graph.erase_node(x)
             done += 1
         if done:
             gm.recompile()
