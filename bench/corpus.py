@@ -28,10 +28,14 @@ The model families (``FAMILIES``, what ``make bench`` runs) each stand for one k
 * ``big-activation``: layer norm over a residual add, then ``relu(h * 2 + 1) - sigmoid(y)`` on a
   64 x 512 x 768 activation (inference only: no weights worth a gradient).
 
-The held-out models (``HOLDOUT``), run by name, never tuned on: ``distilbert-2l`` (DistilBERT
-masked LM), ``neox-2l`` (GPT-NeoX: rotary embeddings, parallel attention and MLP) and ``bart-2l``
-(BART encoder-decoder, a final logits bias, the embedding tied to the head), each 2 (+ 2)
-layers, hidden 256, 4 heads, feed-forward 1024.
+The held-out models (``HOLDOUT``, ``--models holdout``), never tuned on: ``distilbert-2l``
+(DistilBERT masked LM), ``neox-2l`` (GPT-NeoX: rotary embeddings, parallel attention and MLP),
+``bart-2l`` (BART encoder-decoder, a final logits bias, the embedding tied to the head),
+``opt-2l`` (OPT: ReLU MLP, learned positions), ``phi-2l`` (Phi: partial rotary embeddings,
+parallel attention and MLP), ``mistral-2l`` (Mistral: grouped-query attention, 2 key/value heads)
+and ``convnext-2l`` (ConvNeXt image classifier: 7 x 7 depthwise convolutions, layer norm, GELU;
+depths 2-2-2-2, widths 32-64-128-256, batch 8 of 3 x 64 x 64 images), each 2 (+ 2) layers,
+hidden 256, 4 heads, feed-forward 1024 (Mistral 896).
 
 The CNNs and the mixer take random images and, for training, random class labels with a
 cross-entropy loss.
@@ -136,6 +140,27 @@ def _hf(family: str, layers: int, hidden: int) -> Model:
                               decoder_attention_heads=heads, encoder_ffn_dim=4 * hidden, decoder_ffn_dim=4 * hidden,
                               dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=SEQ)
             cls, vocab = tf.BartForConditionalGeneration, c.vocab_size
+        elif family == "opt":
+            c = tf.OPTConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                             ffn_dim=4 * hidden, word_embed_proj_dim=hidden, max_position_embeddings=SEQ,
+                             dropout=0.0, attention_dropout=0.0)
+            cls, vocab = tf.OPTForCausalLM, c.vocab_size
+        elif family == "phi":
+            c = tf.PhiConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                             intermediate_size=4 * hidden, max_position_embeddings=SEQ, resid_pdrop=0.0,
+                             embd_pdrop=0.0, attention_dropout=0.0)
+            cls, vocab = tf.PhiForCausalLM, c.vocab_size
+        elif family == "mistral":
+            inter = (hidden * 7 // 2 + 63) // 64 * 64
+            c = tf.MistralConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                 num_key_value_heads=max(1, heads // 2), intermediate_size=inter,
+                                 max_position_embeddings=SEQ, attention_dropout=0.0, sliding_window=None)
+            cls, vocab = tf.MistralForCausalLM, c.vocab_size
+        elif family == "convnext":
+            c = tf.ConvNextConfig(image_size=IMAGE_SIZE, depths=[layers] * 4,
+                                  hidden_sizes=[hidden // 8, hidden // 4, hidden // 2, hidden], num_labels=CLASSES,
+                                  drop_path_rate=0.0)
+            cls, vocab = tf.ConvNextForImageClassification, None
         else:
             raise ValueError(family)
         c.use_cache = False
@@ -153,8 +178,8 @@ def _hf(family: str, layers: int, hidden: int) -> Model:
 
     def inputs(device, train):
         _, _, vocab = config()
-        if family == "vit":
-            kw = {"pixel_values": _images(IMAGE_BATCH, 224, device)}
+        if family in ("vit", "convnext"):
+            kw = {"pixel_values": _images(IMAGE_BATCH, 224 if family == "vit" else IMAGE_SIZE, device)}
             if train:
                 kw["labels"] = _labels(IMAGE_BATCH, device)
             return kw
@@ -172,7 +197,7 @@ def _hf(family: str, layers: int, hidden: int) -> Model:
 # --------------------------------------------------------------------------------------------
 # models written here: vision, mixer, one large activation
 
-IMAGE_BATCH, CLASSES = 8, 10
+IMAGE_BATCH, CLASSES, IMAGE_SIZE = 8, 10, 64
 
 
 def _images(batch: int, size: int, device: str, seed: int = 1) -> torch.Tensor:
@@ -385,7 +410,7 @@ FAMILIES = ["resnet", "mobilenet", "bert-2l", "gpt2-2l", "llama-2l", "t5-2l", "v
 OVERHEAD = ["demo", "mixer-small", "chain", "gpt2-2l"]
 # Models nothing was tuned on, to check that what holds on the families holds elsewhere:
 # ``python bench/run.py --models distilbert-2l neox-2l bart-2l``.
-HOLDOUT_FAMILIES = ("distilbert", "neox", "bart")
+HOLDOUT_FAMILIES = ("distilbert", "neox", "bart", "opt", "phi", "mistral", "convnext")
 HOLDOUT = [f"{family}-2l" for family in HOLDOUT_FAMILIES]
 
 

@@ -53,7 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help=f"models {' '.join(QUICK_MODELS)}; synthetic 1k, 10k")
     p.add_argument("--full", action="store_true", help="all models incl. every 12-layer one; synthetic up to 100k")
     p.add_argument("--models", nargs="*", metavar="NAME",
-                   help=f"explicit model list, none for synthetic graphs only (any of: {', '.join(corpus.all_models())})")
+                   help=f"explicit model list, none for synthetic graphs only; 'holdout' names the held-out models "
+                        f"(corpus.HOLDOUT) (any of: {', '.join(corpus.all_models())})")
     p.add_argument("--modes", nargs="+", choices=("inference", "train"), default=["inference", "train"])
     p.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS),
                    help="eager is always measured (it is the reference)")
@@ -76,7 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def selected_models(args) -> list[str]:
     if args.models is not None:
-        return args.models
+        return [m for name in args.models for m in (corpus.HOLDOUT if name == "holdout" else [name])]
     return FULL_MODELS if args.full else QUICK_MODELS if args.quick else DEFAULT_MODELS
 
 
