@@ -79,10 +79,9 @@ def bias_terms(add: fx.Node) -> tuple[fx.Node, fx.Node] | None:
         want, got, prod, b = (x.meta.get(VAL) for x in (add, term, mm, bias))
         if not all(isinstance(t, torch.Tensor) for t in (want, got, prod, b)) or b.dim() == 0:
             continue
-        cols = expr(prod.shape[-1])
+        shape, cols = _shape(term), _shape(mm)[-1]
         if (want.dtype in _DTYPES and got.dtype == prod.dtype == b.dtype == want.dtype
-                and [expr(s) for s in got.shape] == [expr(s) for s in want.shape]
-                and expr(got.shape[-1]) == cols and b.dim() <= want.dim()
-                and all(expr(s) == 1 for s in b.shape[:-1]) and expr(b.shape[-1]) in (1, cols)):
+                and shape == _shape(add) and shape[-1] == cols and b.dim() <= want.dim()
+                and all(s == 1 for s in _shape(bias)[:-1]) and _shape(bias)[-1] in (1, cols)):
             return term, bias
     return None

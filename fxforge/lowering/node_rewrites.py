@@ -80,9 +80,8 @@ class AddRewrite:
     """A pass folding each ``add(term, other)`` that ``add_terms`` finds into one new node:
     subclasses name the pass (``name``), say which terms it takes (``takes``), and make the node
     (``fold``, called at the add's place in the graph; None: the add stays, the graph as it was).
-    The add's users read the new node, and the term, read by the add alone, goes (with the nodes
-    only it read).  The stat
-    ``accumulated`` counts the adds folded."""
+    The add's users read the new node, and the term, read by the add alone, goes, with the nodes
+    only it read.  The stat ``accumulated`` counts the adds folded."""
 
     name: str
 
