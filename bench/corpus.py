@@ -409,7 +409,7 @@ FAMILIES = ["resnet", "mobilenet", "bert-2l", "gpt2-2l", "llama-2l", "t5-2l", "v
 # ``python bench/run.py --models demo mixer-small chain gpt2-2l --threads 1 --tag overhead``.
 OVERHEAD = ["demo", "mixer-small", "chain", "gpt2-2l"]
 # Models nothing was tuned on, to check that what holds on the families holds elsewhere:
-# ``python bench/run.py --models distilbert-2l neox-2l bart-2l``.
+# ``python bench/run.py --models holdout``.
 HOLDOUT_FAMILIES = ("distilbert", "neox", "bart", "opt", "phi", "mistral", "convnext")
 HOLDOUT = [f"{family}-2l" for family in HOLDOUT_FAMILIES]
 
