@@ -66,7 +66,7 @@ def _shape(n: fx.Node) -> list:
 def bias_terms(add: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     """``(term, bias)`` of ``add(term, bias)`` (either order, ``alpha`` 1): ``term`` an ``mm``, or
     a reshape of one keeping its columns last, read by the add alone (the ``mm`` by the reshape
-    alone), and ``bias`` a tensor of 1s in every dim but the last, broadcast over the rows to
+    alone), and ``bias`` of size 1 in every dim but the last, broadcast over the rows to
     the sum's shape, all of one dtype (float32 or float64); else None."""
     if add.kwargs.get("alpha", 1) != 1 or len(add.args) != 2 or not all(isinstance(a, fx.Node) for a in add.args):
         return None
@@ -79,9 +79,9 @@ def bias_terms(add: fx.Node) -> tuple[fx.Node, fx.Node] | None:
         want, got, prod, b = (x.meta.get(VAL) for x in (add, term, mm, bias))
         if not all(isinstance(t, torch.Tensor) for t in (want, got, prod, b)) or b.dim() == 0:
             continue
-        shape, cols = _shape(term), _shape(mm)[-1]
-        if (want.dtype in _DTYPES and got.dtype == prod.dtype == b.dtype == want.dtype
-                and shape == _shape(add) and shape[-1] == cols and b.dim() <= want.dim()
-                and all(s == 1 for s in _shape(bias)[:-1]) and _shape(bias)[-1] in (1, cols)):
+        shape, cols, bshape = _shape(term), _shape(mm)[-1], _shape(bias)
+        if (want.dtype in _DTYPES and prod.dtype == b.dtype == want.dtype
+                and shape == _shape(add) and shape[-1] == cols and len(bshape) <= len(shape)
+                and all(s == 1 for s in bshape[:-1]) and bshape[-1] in (1, cols)):
             return term, bias
     return None

@@ -41,7 +41,7 @@ def _number(v) -> bool:
 
 def _hardtanh(grad: fx.Node):
     """``hardtanh_backward(g, x, lo, hi)`` -> (the forward node whose result stands for ``x``,
-    the gradient's new args and kwargs), or None.  (Each rule's form.)"""
+    the gradient's new args and kwargs), or None: the form every rule here returns."""
     g, x, lo, hi = grad.args[:4]
     if not (_number(lo) and _number(hi) and lo < hi):
         return None
