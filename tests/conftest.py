@@ -18,15 +18,15 @@ def fxforge_command() -> list[str]:
     return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "fxforge.cli"]
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def fresh_dynamo():
-    """dynamo's caches reset before and after the test (modules opt in with
-    ``pytestmark = pytest.mark.usefixtures("fresh_dynamo")``)."""
+    """Every test starts with dynamo's caches empty: a module compiled by an earlier test in the
+    same worker (``nn.Sequential.forward``'s code is shared by all instances) would otherwise
+    make dynamo mark this test's sizes dynamic, depending on how xdist ordered the tests."""
     import torch
 
     torch._dynamo.reset()
     yield
-    torch._dynamo.reset()
 
 
 @pytest.fixture

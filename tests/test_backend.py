@@ -33,9 +33,6 @@ backend_module = importlib.import_module("fxforge.backend")  # fxforge.backend i
 TINY = GPTConfig(vocab=64, seq=16, d=32, heads=2, layers=1)
 
 
-pytestmark = pytest.mark.usefixtures("fresh_dynamo")
-
-
 @pytest.fixture
 def compile_log(monkeypatch):
     """Every Compiled that fxforge's backend builds in this test, whatever Backend built it."""

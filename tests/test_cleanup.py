@@ -28,9 +28,6 @@ aten = torch.ops.aten
 NAME = EliminateIdentityViews.name
 
 
-pytestmark = pytest.mark.usefixtures("fresh_dynamo")
-
-
 @pytest.fixture
 def without_pass(monkeypatch):
     """fxforge's default pipeline minus EliminateIdentityViews (the baseline to compare with)."""
