@@ -45,7 +45,7 @@ FULL_MODELS = QUICK_MODELS + ["gpt2-12l", "llama-12l", "bert-12l"]
 CONTENDERS = ("eager", "fxforge", "inductor", "aot_eager")
 STAT_SUMS = ("nodes_in", "kernels", "fused_nodes", "fallback_nodes", "arena_bytes", "lower_bound_bytes",
              "eager_live_peak_bytes", "schedule_peak_bytes", "arenas", "copy_bytes", "symmetric_arena_bytes",
-             "kept_arena_bytes", "compile_seconds")
+             "kept_arena_bytes", "recycled_bytes", "compile_seconds")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -232,11 +232,13 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
 
 
 def fxforge_peak_bytes(backend, fn, device: str) -> dict:
-    """``measure.peak_bytes`` of a call of fxforge-compiled code, plus the arenas the backend's
-    graphs hold between calls (kept and symmetric arenas: ``held_bytes``), which exist before the
-    call and so make no allocation event in it; ``allocated_peak_bytes`` is the call's own."""
+    """``measure.peak_bytes`` of a call of fxforge-compiled code, plus what the backend's graphs
+    hold between calls (kept and symmetric arenas, recycled outputs: ``held_bytes``), which exists
+    before the call and so makes no allocation event in it; ``allocated_peak_bytes`` is the call's
+    own."""
     mem = measure.peak_bytes(fn, device)
-    held = sum(c.stats.get("kept_arena_bytes", 0) + c.stats.get("symmetric_arena_bytes", 0) for c in backend.compiled)
+    held = sum(c.stats.get(k, 0) for c in backend.compiled
+               for k in ("kept_arena_bytes", "symmetric_arena_bytes", "recycled_bytes"))
     return {**mem, "held_bytes": held, "allocated_peak_bytes": mem["peak_bytes"], "peak_bytes": mem["peak_bytes"] + held}
 
 

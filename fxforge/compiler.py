@@ -225,6 +225,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
         copy_bytes=graph_copy_bytes(groups, memory.hint, memory, demoted),
         symmetric_arena_bytes=symmetric_arena_bytes(memory),
         kept_arena_bytes=memory.kept_bytes,
+        recycled_bytes=memory.recycled_bytes,
         symmetric_copy_ins=dict(sum((Counter(r.stats.get("symmetric_copy_ins", {})) for r in records), Counter())),
         collectives=collective_stats(gm),
         refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),

@@ -75,6 +75,17 @@ class Config:
     # share of the step, hold at most this much more between steps (and during the other graph
     # of the step).
     keep_training_arenas_max_bytes: int = 4 << 20
+    # Hand a static-shape CPU graph's fresh buffer (an output, or what an output is written over)
+    # out again over the bytes it had on an earlier call, when nothing holds them any more (no
+    # tensor, view or storage object of that result is alive): "inference" (every graph but a
+    # training step's forward and backward, which would hold their released outputs through the
+    # step), "always", "never".  Only buffers of at least recycle_min_bytes: the allocator serves
+    # those as fresh pages from the OS, each faulted in on its first write (glibc's malloc from
+    # 128 KiB, its default mmap threshold).  Each keeps the bytes of its last two calls (for the
+    # loop ``out = f(x)``, which holds the last result while the next call runs): once the caller
+    # drops the results, up to twice stats["recycled_bytes"] stays allocated between calls.
+    recycle_outputs: str = "inference"
+    recycle_min_bytes: int = 128 << 10
     # Memory layout of convolutions' operands and of the values computed from their outputs
     # (lowering/conv_layout.py): "auto" (channels-last on CPU graphs where oneDNN runs the
     # convolutions), "channels_last" (on every device), "as_traced".  Static sizes only; what the
@@ -120,15 +131,16 @@ class Config:
         _choice("decompose", self.decompose, ("auto", "none", "core"))
         _choice("partitioner", self.partitioner, ("min_cut", "default"))
         _choice("keep_arenas", self.keep_arenas, ("inference", "always", "never"))
+        _choice("recycle_outputs", self.recycle_outputs, ("inference", "always", "never"))
         _choice("conv_layout", self.conv_layout, ("auto", "channels_last", "as_traced"))
         _choice("custom_op_tuning", self.custom_op_tuning, ("on", "off"))
         for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args"):
             self._set(knob, _limit(knob, getattr(self, knob)))
         self._set("max_fusion_peak_growth", _fraction("max_fusion_peak_growth", self.max_fusion_peak_growth))
-        for knob in ("symmetric_all_reduce_bytes", "keep_training_arenas_max_bytes"):
+        for knob in ("symmetric_all_reduce_bytes", "keep_training_arenas_max_bytes", "recycle_min_bytes"):
             s = getattr(self, knob)
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-                raise ValueError(f"Config.{knob}={s!r}: expected a byte count >= 0 (0: never)")
+                raise ValueError(f"Config.{knob}={s!r}: expected a byte count >= 0")
         t = self.threads
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise ValueError(f"Config.threads={t!r}: expected a thread count >= 1, or None (torch.get_num_threads())")

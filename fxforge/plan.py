@@ -73,6 +73,9 @@ class Buffer:
     # In a symmetric arena: the last position a collective reads it (peers may read it until the
     # next fence; ``end`` holds it that long).
     released: int | None = None
+    # kind "fresh": allocated over the bytes it had on an earlier call when nothing holds them any
+    # more (``Config.recycle_outputs``; ``runtime.Recycled``).
+    recycled: bool = False
 
 
 @dataclass
@@ -109,6 +112,8 @@ class MemoryPlan:
     # Bytes of the one block holding every (non-symmetric) arena when they are kept across calls
     # (``Config.keep_arenas``; static sizes); 0: each arena is allocated per call over its window.
     kept_bytes: int = 0
+    # Bytes of the fresh buffers handed out again over an earlier call's bytes (``Buffer.recycled``).
+    recycled_bytes: int = 0
 
     def __post_init__(self) -> None:
         self._slots = {(b.producer, b.index): b for b in self.buffers.values()}

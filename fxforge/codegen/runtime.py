@@ -21,10 +21,13 @@
 * ``KeptArenas``: a static graph's arenas and the views of their buffers, made on the first call
   and reused by every later call that finds them free; a call made while another holds them (a
   re-entrant call, another thread) makes its own, as a graph without kept arenas does.
+* ``Recycled``: fresh buffers allocated over the bytes they had on the call before, when the
+  caller holds nothing of them any more (``Buffer.recycled``).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
@@ -98,6 +101,52 @@ class KeptArenas:
     def give(self, views: tuple) -> None:
         if views is self._views:
             self._lock.release()
+
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _hold(t: torch.Tensor) -> tuple[torch.UntypedStorage, torch.Tensor]:
+    """What ``Recycled`` keeps of a buffer it handed out: its storage object (the one every
+    ``untyped_storage()`` of that storage returns while it lives) and a tensor of its own over it."""
+    return t.untyped_storage(), reinterpret(t, tuple(t.shape), t.stride(), 0)
+
+
+def _counts(held: tuple[torch.UntypedStorage, torch.Tensor]) -> tuple[int, int]:
+    """References to a held storage: to its Python object, and to the storage itself."""
+    storage = held[0]
+    return sys.getrefcount(storage), _use_count(storage._cdata)
+
+
+# the counts of a held buffer once nothing else refers to it (measured: they depend on how this
+# torch keeps a storage's Python object alive); None: this torch cannot tell, nothing is recycled
+_FREE = _counts(_hold(torch.empty(1))) if _use_count is not None else None
+
+
+class Recycled:
+    """A graph's recycled fresh buffers (``Buffer.recycled``), by name: the bytes each had on the
+    last two calls, handed out again when nothing but this object refers to them -- no tensor,
+    view or storage object of what that call returned is alive -- and otherwise a fresh
+    allocation that takes the older one's place.  Two, for the loop ``out = f(x)``: the name
+    still holds the last result while the next call runs.  No lock: a call takes a buffer's
+    entries out before it checks them, so two calls at once never share one (the other
+    allocates fresh)."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[tuple[torch.UntypedStorage, torch.Tensor], ...]] = {}
+
+    def empty(self, name: str, size: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+        held = self._held.pop(name, ())
+        for h in held:
+            if _counts(h) == _FREE:
+                self._held[name] = held
+                return reinterpret(h[1], size, stride, 0)
+        t = empty_strided_cpu(size, stride, dtype)
+        if _FREE is not None:
+            self._held[name] = held[-1:] + (_hold(t),)
+        return t
 
 
 def same_layout(t: torch.Tensor, stride: Sequence[int]) -> bool:

@@ -20,7 +20,10 @@ Shape of the source::
         return (out,)
 
 Graph outputs (and everything they view) are allocated fresh per call, never in the arena, so
-values an earlier call returned are never overwritten by a later one.  Intermediates are
+values an earlier call returned are never overwritten by a later one.  A large one on the CPU
+(``Buffer.recycled``) is allocated over the bytes it had on the call before where the caller holds
+nothing of that result any more (``_recycled.empty(...)``: ``runtime.Recycled``), which spares
+the allocator's fresh pages and their faults.  Intermediates are
 released (``del``) after their last use, so eager fallbacks do not hold memory longer than eager.
 An arena (there may be several per device, each over a window of the schedule) is allocated just
 before the first kernel writing one of its buffers, and its name and typed views are deleted
@@ -328,6 +331,9 @@ class _Builder:
                 raise AssertionError(f"{b.name}: no bound value holds the storage of {b.reuses}")
             self.globals["reinterpret"] = runtime.reinterpret
             return f"reinterpret({x.name}, {shape}, {stride}, -{x.name}.storage_offset())"
+        if b.recycled:  # over the bytes it had on the call before, where nothing holds them
+            self.globals["Recycled"] = runtime.Recycled
+            return f"_recycled.empty({b.name!r}, {shape}, {stride}, {literal(b.dtype)})"
         if b.kind == "fresh":
             return self.empty(shape, stride, b.dtype, b.device)
         typed = self.typed_arena(b.arena, b.dtype)
@@ -622,6 +628,8 @@ class _Builder:
             src += [ks.rstrip("\n"), "", ""]
         if self.kept:
             src += self.setup_source()
+        if "Recycled" in self.globals:
+            src += ["_recycled = Recycled()  # fresh buffers handed out again once the caller drops them", "", ""]
 
         def function(name: str, body: list[str]) -> list[str]:
             if self.kept:
