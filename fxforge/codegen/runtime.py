@@ -21,8 +21,8 @@
 * ``KeptArenas``: a static graph's arenas and the views of their buffers, made on the first call
   and reused by every later call that finds them free; a call made while another holds them (a
   re-entrant call, another thread) makes its own, as a graph without kept arenas does.
-* ``Recycled``: fresh buffers allocated over the bytes they had on the call before, when the
-  caller holds nothing of them any more (``Buffer.recycled``).
+* ``Recycled``: fresh buffers allocated over the bytes they had on one of the last two calls,
+  when the caller holds nothing of them any more (``Buffer.recycled``).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ Shape of the source::
 
 Graph outputs (and everything they view) are allocated fresh per call, never in the arena, so
 values an earlier call returned are never overwritten by a later one.  A large one on the CPU
-(``Buffer.recycled``) is allocated over the bytes it had on the call before where the caller holds
-nothing of that result any more (``_recycled.empty(...)``: ``runtime.Recycled``), which spares
+(``Buffer.recycled``) is allocated over the bytes it had on one of the last two calls where the
+caller holds nothing of that result any more (``_recycled.empty(...)``: ``runtime.Recycled``), which spares
 the allocator's fresh pages and their faults.  Intermediates are
 released (``del``) after their last use, so eager fallbacks do not hold memory longer than eager.
 An arena (there may be several per device, each over a window of the schedule) is allocated just
@@ -331,7 +331,7 @@ class _Builder:
                 raise AssertionError(f"{b.name}: no bound value holds the storage of {b.reuses}")
             self.globals["reinterpret"] = runtime.reinterpret
             return f"reinterpret({x.name}, {shape}, {stride}, -{x.name}.storage_offset())"
-        if b.recycled:  # over the bytes it had on the call before, where nothing holds them
+        if b.recycled:  # over the bytes of an earlier call's result that nothing holds any more
             self.globals["Recycled"] = runtime.Recycled
             return f"_recycled.empty({b.name!r}, {shape}, {stride}, {literal(b.dtype)})"
         if b.kind == "fresh":
