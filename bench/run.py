@@ -22,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import shutil
 import time
 import traceback
@@ -72,6 +73,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="skip the partitioner comparison of training cases (a second fxforge compile with the "
                         "other AOTAutograd partitioner)")
     p.add_argument("--debug", action="store_true", help="Config(debug=True): verify between passes, raise on errors")
+    p.add_argument("--processes", choices=("case", "one"), default="case",
+                   help="case (default): each case (model, mode, thread count) in a fresh Python process, as a "
+                        "user runs one model in a process, so no case's time depends on the heap and caches the "
+                        "cases before it left; one: every case in this process")
+    p.add_argument("--case-of", default=None, help=argparse.SUPPRESS)  # a parent's case run: no table, no GPU kernels
     return p.parse_args(argv)
 
 
@@ -440,12 +446,36 @@ def main(argv=None) -> int:
         measure.SCRATCH_DIRS.clear()
 
 
+def case_in_process(args, name: str, mode: str, threads: int) -> dict:
+    """One case measured by ``bench/run.py`` in a fresh process (``--processes case``): the case
+    it wrote, or one carrying the process's error."""
+    with tempfile.TemporaryDirectory(prefix="fxforge-bench-case-") as tmp:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--models", name, "--modes", mode,
+               "--threads", str(threads), "--contenders", *args.contenders, "--calls", str(args.calls),
+               "--budget", str(args.budget), "--synthetic", "--processes", "one", "--out", tmp, "--tag", "case",
+               "--case-of", f"{name}:{mode}"]
+        cmd += ([] if args.partitioners else ["--no-partitioners"]) + (["--debug"] if args.debug else []) + \
+            (["--gpu"] if args.gpu else [])
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, cwd=str(HERE.parent))
+            cases = json.loads((Path(tmp) / "case.json").read_text())["cases"] if p.returncode == 0 else []
+            error = f"exit {p.returncode}: {p.stderr[-4000:]}"
+        except (subprocess.TimeoutExpired, OSError, ValueError) as e:
+            cases, error = [], _err(e)
+    if len(cases) == 1:
+        return cases[0]
+    return {"model": name, "mode": mode, "contenders": {}, "ratios": {}, "threads": threads,
+            "errors": {"case": f"the case's own process wrote no case ({error})"}}
+
+
 def _run(args, device, names, known, out_dir, tag) -> int:
     t_start = time.perf_counter()
     results: dict[str, Any] = {"meta": machine_info(device), "args": vars(args), "cases": [], "skipped": []}
-    results["meta"]["warmup_s"] = warm_process(device, args.contenders)
-    print(f"bench: {device}, models {' '.join(names)}, modes {' '.join(args.modes)}, "
-          f"synthetic {selected_sizes(args)} -> {out_dir}/{tag}.{{json,md}}", flush=True)
+    if args.processes == "one":  # (each case's own process warms itself)
+        results["meta"]["warmup_s"] = warm_process(device, args.contenders)
+    if args.case_of is None:
+        print(f"bench: {device}, models {' '.join(names)}, modes {' '.join(args.modes)}, "
+              f"synthetic {selected_sizes(args)} -> {out_dir}/{tag}.{{json,md}}", flush=True)
 
     def save():
         results["meta"]["wall_s"] = time.perf_counter() - t_start
@@ -467,17 +497,23 @@ def _run(args, device, names, known, out_dir, tag) -> int:
                 continue
             for mode in [m for m in args.modes if m in model.modes]:
                 t0 = time.perf_counter()
-                try:
-                    case = run_case(model, mode, args, device)
-                except Exception as e:
-                    case = {"model": name, "mode": mode, "contenders": {}, "errors": {"case": _err(e)}, "ratios": {}}
-                case["threads"] = torch.get_num_threads()
+                if args.processes == "case":
+                    case = case_in_process(args, name, mode, threads)
+                else:
+                    try:
+                        case = run_case(model, mode, args, device)
+                    except Exception as e:
+                        case = {"model": name, "mode": mode, "contenders": {}, "errors": {"case": _err(e)}, "ratios": {}}
+                    case["threads"] = torch.get_num_threads()
+                    case["pid"] = os.getpid()
                 case["wall_s"] = time.perf_counter() - t0
                 results["cases"].append(case)
                 print("  " + table.one_line(case), flush=True)
                 save()
                 torch._dynamo.reset()
     torch.set_num_threads(default_threads)
+    if args.case_of is not None:
+        return 0
 
     sizes = selected_sizes(args)
     if sizes:

@@ -6,6 +6,7 @@ compile alone takes ~30 s on 2 cores (the full bench measures it)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def test_smoke_run_writes_json_and_table(bench_modules, tmp_path):
     for key in ("date_utc", "torch", "cpu", "cores", "torch_threads", "wall_s"):
         assert key in data["meta"]
     assert [(c["model"], c["mode"]) for c in data["cases"]] == [("demo-tiny", "inference"), ("demo-tiny", "train")]
+    pids = [c["pid"] for c in data["cases"]]  # each case measured in a process of its own
+    assert len(set(pids)) == 2 and os.getpid() not in pids
     for case in data["cases"]:
         assert not case["errors"], case["errors"]
         res = case["contenders"]
@@ -57,7 +60,8 @@ def test_smoke_run_writes_json_and_table(bench_modules, tmp_path):
             assert k in f, k
         assert f["kernels"] > 0 and f["pass_seconds"]
     inference = data["cases"][0]
-    assert inference["contenders"]["fxforge"]["memory"]["held_bytes"] == inference["fxforge"]["kept_arena_bytes"] > 0
+    assert inference["contenders"]["fxforge"]["memory"]["held_bytes"] == \
+        inference["fxforge"]["kept_arena_bytes"] + inference["fxforge"]["recycled_bytes"] > 0
     kinds = [g["graph"] for c in data["cases"] for g in c["fxforge"]["graphs"]]
     assert kinds == ["inference", "forward", "backward"]
     (row,) = data["synthetic"]["rows"]
