@@ -4,7 +4,6 @@ thread count, the work split only where it pays, and calls from several Python t
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch.nn.functional as F
 
 import fxforge
 from fxforge.codegen.c import build, kernel as kernel_module
+from thread_helpers import run_in_threads
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
               pytest.mark.usefixtures("kernel_cache")]
@@ -185,21 +185,12 @@ def test_calls_from_several_python_threads(threads):
     args = _inputs(512, 96)
     want = _model(*args)
     fn(*args)  # compiled once, before the threads call it
-    errors = []
 
     def call():
-        try:
-            for _ in range(5):
-                torch.testing.assert_close(fn(*args), want, rtol=1e-5, atol=1e-4)
-        except Exception as e:  # reported below, on the test's thread
-            errors.append(e)
+        for _ in range(5):
+            torch.testing.assert_close(fn(*args), want, rtol=1e-5, atol=1e-4)
 
-    ts = [threading.Thread(target=call) for _ in range(3)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout=120)
-    assert not errors, errors[0]
+    run_in_threads(call, 3)
 
 
 def test_openmp_can_be_turned_off(monkeypatch):

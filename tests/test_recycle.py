@@ -1,7 +1,6 @@
 """Recycled outputs (``Config.recycle_outputs``, ``runtime.Recycled``): a large fresh output is
 allocated over an earlier call's bytes only when nothing the caller can reach refers to them."""
 
-import threading
 import weakref
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 
 import fxforge
 from fxforge.codegen import runtime
+from thread_helpers import run_in_threads
 
 CODEGENS = ["torch", "c"]
 
@@ -143,22 +143,13 @@ def test_calls_from_two_threads_never_share_a_buffer():
     f, _ = compiled("c")
     w = torch.randn(64, 1024)
     call(f, w)  # compiled before the threads start
-    errors = []
 
     def work():
-        try:
-            for _ in range(30):
-                r, ref = call(f, w)
-                torch.testing.assert_close(r, ref)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for _ in range(30):
+            r, ref = call(f, w)
+            torch.testing.assert_close(r, ref)
 
-    threads = [threading.Thread(target=work) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors[0]
+    run_in_threads(work, 2)
 
 
 def test_recycled_hands_out_only_what_nothing_refers_to():
