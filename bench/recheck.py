@@ -4,25 +4,23 @@ the state of one process.
     python bench/recheck.py --cases mobilenet:inference phi-2l:train --threads 1 0 --processes 5 --tag recheck
     python bench/recheck.py --render bench/results/recheck.json   # the Markdown again
 
-``run.py`` measures every case once, in one process.  Some cases' times depend on that process:
-where the allocator placed the weights and buffers (the convolution library's speed depends on
-it), what earlier cases left in the heap.  Both contenders move, not always together, so one
-process's ratio can be far from the case's.  Here each (case, thread count) runs in
-``--processes`` fresh processes; each builds the model, compiles it with fxforge and with
-Inductor, warms up, and times eager, fxforge and Inductor with calls interleaved
-(``measure.interleaved_medians``).  The table gives each process's fxforge / Inductor ratio and
-their median; the times are medians over processes of each process's median.
+``run.py`` measures every case once, in a fresh process.  Some cases' times depend on that
+process: where the allocator placed the weights and buffers (the convolution library's speed
+depends on it).  Both contenders move, not always together, so one process's ratio can be far
+from the case's.  Here each (case, thread count) runs ``--processes`` times, each in a fresh
+process as ``run.py`` runs it (``run.case_in_process``: eager, fxforge and Inductor timed with
+calls interleaved).  The table gives each process's fxforge / Inductor ratio and their median;
+the times are medians over processes of each process's median.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -30,42 +28,19 @@ sys.path.insert(0, str(HERE))
 CONTENDERS = ("eager", "fxforge", "inductor")
 
 
-def measure_once(case: str, calls: int, budget_s: float) -> dict:
-    """One process's median seconds per call of each contender on ``case`` (``model:mode``)."""
-    import torch
-
-    import corpus
-    import fxforge
-    import measure
-    from run import _step
+def recheck(case: str, threads: int, processes: int, calls: int, budget_s: float) -> dict:
+    """``processes`` fresh processes' medians of ``case`` at ``threads``."""
+    from run import case_in_process
 
     name, _, mode = case.partition(":")
-    train = (mode or "train") == "train"
-    model = corpus.all_models()[name]
-    base = model.build()
-    base.train(train)
-    kw = model.inputs("cpu", train)
-    run, _ = _step(model, kw, train)
-    models = {"eager": base,
-              "fxforge": torch.compile(copy.deepcopy(base), backend=fxforge.backend(fxforge.Config(progress=False))),
-              "inductor": torch.compile(copy.deepcopy(base), backend="inductor")}
-    for m in models.values():  # (compiles)
-        run(m)
-    res = measure.interleaved_medians({c: (lambda m=m: run(m)) for c, m in models.items()}, calls=calls,
-                                      budget_s=budget_s, warmup=2)
-    return {c: r["median_s"] for c, r in res.items()}
-
-
-def recheck(case: str, threads: int, processes: int, calls: int, budget_s: float) -> dict:
-    """``processes`` fresh processes' medians (``measure_once``) of ``case`` at ``threads``."""
+    opts = SimpleNamespace(contenders=list(CONTENDERS), calls=calls, budget=budget_s, partitioners=False,
+                           debug=False, gpu=False)
     runs = []
     for _ in range(processes):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", case, "--threads", str(threads),
-               "--calls", str(calls), "--budget", str(budget_s)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=str(HERE.parent))
-        if p.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
-        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        c = case_in_process(opts, name, mode or "train", threads)
+        if c["errors"]:
+            raise RuntimeError(f"{case} at {threads} threads: {c['errors']}")
+        runs.append({**{k: c["contenders"][k]["time"]["median_s"] for k in CONTENDERS}, "threads": c["threads"]})
     ratios = [r["fxforge"] / r["inductor"] for r in runs]
     return {"threads": runs[0]["threads"], "runs": runs, "ratios": ratios,
             "median_ms": {c: statistics.median(r[c] for r in runs) * 1000 for c in CONTENDERS},
@@ -102,19 +77,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--tag", default="recheck")
     ap.add_argument("--render", metavar="JSON", help="write the Markdown of a results file and stop")
-    ap.add_argument("--one", metavar="MODEL:MODE", help=argparse.SUPPRESS)  # (a child process: one measurement)
     args = ap.parse_args(argv)
     if args.render:
         path = Path(args.render)
         path.with_suffix(".md").write_text(markdown(json.loads(path.read_text())))
-        return 0
-    import torch
-
-    if args.one:
-        if args.threads[0] > 0:
-            torch.set_num_threads(args.threads[0])
-        medians = measure_once(args.one, args.calls, args.budget)
-        print(json.dumps({**medians, "threads": torch.get_num_threads()}))
         return 0
     from run import machine_info
 

@@ -112,8 +112,6 @@ class MemoryPlan:
     # Bytes of the one block holding every (non-symmetric) arena when they are kept across calls
     # (``Config.keep_arenas``; static sizes); 0: each arena is allocated per call over its window.
     kept_bytes: int = 0
-    # Bytes of the fresh buffers handed out again over an earlier call's bytes (``Buffer.recycled``).
-    recycled_bytes: int = 0
 
     def __post_init__(self) -> None:
         self._slots = {(b.producer, b.index): b for b in self.buffers.values()}
@@ -121,6 +119,12 @@ class MemoryPlan:
     def of(self, producer: fx.Node, index: int | None) -> Buffer | None:
         """The buffer written for output ``index`` of ``producer`` (None: not planned)."""
         return self._slots.get((producer, index))
+
+    @property
+    def recycled_bytes(self) -> int:
+        """Bytes of the fresh buffers handed out again over an earlier call's bytes
+        (``Buffer.recycled``: static sizes)."""
+        return sum(int(b.nbytes) for b in self.buffers.values() if b.recycled)
 
     def hint(self, e) -> int:
         return hint(e, self.shape_env)

@@ -22,9 +22,9 @@ Shape of the source::
 Graph outputs (and everything they view) are allocated fresh per call, never in the arena, so
 values an earlier call returned are never overwritten by a later one.  A large one on the CPU
 (``Buffer.recycled``) is allocated over the bytes it had on one of the last two calls where the
-caller holds nothing of that result any more (``_recycled.empty(...)``: ``runtime.Recycled``), which spares
-the allocator's fresh pages and their faults.  Intermediates are
-released (``del``) after their last use, so eager fallbacks do not hold memory longer than eager.
+caller holds nothing of that result any more (``_recycled.empty(...)``: ``runtime.Recycled``),
+which spares the allocator's fresh pages and their faults.  Intermediates are released (``del``)
+after their last use, so eager fallbacks do not hold memory longer than eager.
 An arena (there may be several per device, each over a window of the schedule) is allocated just
 before the first kernel writing one of its buffers, and its name and typed views are deleted
 together with the last of its buffers, so its storage is freed as soon as no buffer in it is

@@ -327,26 +327,22 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     symm_arenas, barriers = plan_symmetric(gm, symmetric, pos, length, config.alignment, env,
                                            f"{kind}\n{gm.code}") if symmetric else ([], [])
     kept = keep_arenas(arenas, buffers, config, kind, (first, last))
-    return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers, kept,
-                      recycle_fresh(buffers, config, kind))
+    recycle_fresh(buffers, config, kind)
+    return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers, kept)
 
 
-def recycle_fresh(buffers: dict[str, Buffer], config: Config, kind: str) -> int:
+def recycle_fresh(buffers: dict[str, Buffer], config: Config, kind: str) -> None:
     """Mark the fresh CPU buffers of static size at least ``recycle_min_bytes`` as recycled
     (``Config.recycle_outputs``): on a later call each is allocated over the bytes it had before
-    when the caller no longer holds them.  Their bytes, or 0 where the policy excludes this graph
-    (a training step's forward or backward under "inference")."""
+    when the caller no longer holds them.  None where the policy excludes this graph (a training
+    step's forward or backward under "inference")."""
     if config.recycle_outputs == "never" or \
             (config.recycle_outputs == "inference" and kind in ("forward", "backward")):
-        return 0
-    total = 0
+        return
     for b in buffers.values():
         nbytes = sympy.sympify(b.nbytes)
-        if b.kind == "fresh" and b.reuses is None and b.device.type == "cpu" and nbytes.is_Integer \
-                and int(nbytes) >= config.recycle_min_bytes:
-            b.recycled = True
-            total += int(nbytes)
-    return total
+        b.recycled = b.kind == "fresh" and b.reuses is None and b.device.type == "cpu" and nbytes.is_Integer \
+            and int(nbytes) >= config.recycle_min_bytes
 
 
 def keep_arenas(arenas: list[Arena], buffers: dict[str, Buffer], config: Config, kind: str,
