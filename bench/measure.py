@@ -11,6 +11,7 @@
   allocated before the call.
 * ``fresh_inductor``: a cold Inductor compile (fresh cache dir, FX graph and AOTAutograd caches
   off, in-memory code caches cleared).
+* ``fresh_fxforge``: a cold fxforge compile (fresh ``FXFORGE_CACHE_DIR``: every kernel is built).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def peak_bytes(fn: Callable[[], Any], device: str = "cpu") -> dict:
             "large_allocations": sum(1 for _, b in events if b >= 1024), "allocated_bytes": total}
 
 
-SCRATCH_DIRS: list[str] = []  # cache dirs made by fresh_inductor; bench/run.py removes them at the end
+SCRATCH_DIRS: list[str] = []  # cache dirs made by fresh_inductor / fresh_fxforge; bench/run.py removes them at the end
 
 
 class fresh_inductor:
@@ -142,6 +143,28 @@ class fresh_inductor:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.old_env
+        return False
+
+
+class fresh_fxforge:
+    """Context: fxforge compiles cold.  A new, empty ``FXFORGE_CACHE_DIR`` (listed in
+    ``SCRATCH_DIRS``), so every kernel of the graphs compiled inside is built, as on a machine
+    that never compiled the model.  What one process builds once whatever it compiles (the C
+    launcher, the compiler probes) is kept in memory after the first compile; ``bench/run.py``
+    pays it in ``warm_process``."""
+
+    def __enter__(self):
+        self.dir = tempfile.mkdtemp(prefix="fxforge-cold-")
+        SCRATCH_DIRS.append(self.dir)
+        self.old_env = os.environ.get("FXFORGE_CACHE_DIR")
+        os.environ["FXFORGE_CACHE_DIR"] = self.dir
+        return self
+
+    def __exit__(self, *exc):
+        if self.old_env is None:
+            os.environ.pop("FXFORGE_CACHE_DIR", None)
+        else:
+            os.environ["FXFORGE_CACHE_DIR"] = self.old_env
         return False
 
 

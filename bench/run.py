@@ -176,7 +176,8 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
         try:
             b = fxforge.backend(fxforge.Config(codegen="triton" if device == "cuda" else "auto", partitioner=other))
             cm = torch.compile(m, backend=b)
-            run(cm)
+            with measure.fresh_fxforge():  # its kernels must not warm the measured compile below
+                run(cm)
             zero(cm)
             case["partitioners"] = {other: {**saved_figures(b), **fxforge_peak_bytes(b, lambda: run(cm, zero_grads=False), device)}}
         except Exception as e:
@@ -191,7 +192,8 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
         m = copy.deepcopy(base)
         try:
             cm = torch.compile(m, backend=backend)
-            res["fxforge"] = first_call(cm)
+            with measure.fresh_fxforge():
+                res["fxforge"] = first_call(cm)
             res["fxforge"]["backend_s"] = sum(c.stats["compile_seconds"] for c in backend.compiled)
             models["fxforge"] = cm
         except Exception as e:
@@ -329,19 +331,20 @@ def _err(e: BaseException) -> str:
 
 
 def warm_process(device: str, contenders) -> float:
-    """Pay one-time process costs (imports, Inductor's compile worker pool) before any timed
-    compile, so the first model does not carry them.  Returns the seconds it took."""
+    """Pay one-time process costs (imports, Inductor's compile worker pool, fxforge's C launcher
+    and compiler probes) before any timed compile, so the first model does not carry them.
+    Returns the seconds it took."""
     t0 = time.perf_counter()
 
     def f(x):
         return (x.sin() + 1).relu().sum(-1)
 
     x = torch.randn(8, 8, device=device)
-    for b in [c for c in ("aot_eager", "inductor") if c in contenders]:
+    for b in [c for c in ("aot_eager", "inductor", "fxforge") if c in contenders]:
         torch._dynamo.reset()
         try:
-            with measure.fresh_inductor():
-                torch.compile(f, backend=b)(x)
+            with measure.fresh_inductor(), measure.fresh_fxforge():
+                torch.compile(f, backend=fxforge.backend() if b == "fxforge" else b)(x)
         except Exception:
             pass
     torch._dynamo.reset()
