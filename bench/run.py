@@ -318,6 +318,14 @@ def ratios(case: dict) -> dict:
     out["time_inductor_over_eager"] = table.ratio(get("inductor", "time", "median_s"), get("eager", "time", "median_s"))
     out["first_call_fxforge_over_inductor"] = table.ratio(get("fxforge", "first_call_s"), get("inductor", "first_call_s"))
     out["first_call_fxforge_over_aot_eager"] = table.ratio(get("fxforge", "first_call_s"), get("aot_eager", "first_call_s"))
+    # aot_eager's first call (dynamo + AOTAutograd, no backend compile) is the floor every backend shares
+    fx, ind, floor = (get(n, "first_call_s") for n in ("fxforge", "inductor", "aot_eager"))
+    out["first_call_aot_eager_over_inductor"] = table.ratio(floor, ind)
+
+    def above(t):
+        return None if t is None or floor is None else max(t - floor, 0.0)
+
+    out["first_call_above_floor_fxforge_over_inductor"] = table.ratio(above(fx), above(ind))
     out["backend_fxforge_over_inductor"] = table.ratio(get("fxforge", "backend_s"), get("inductor", "backend_s"))
     return out
 
