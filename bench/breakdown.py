@@ -32,6 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import table  # noqa: E402  (bench/table.py)
+
 LIBRARY = re.compile(r"aten::(mm|addmm|bmm|baddbmm|_?convolution\w*|mkldnn_\w+|_slow_conv\w+|linear|matmul)$")
 WRAPPER = ("CompiledFunction", "CompiledFunctionBackward", "Torch-Compiled Region", "TorchDynamo Cache Lookup")
 CATEGORIES = ("matmul and convolution (ATen)", "generated kernels", "other ATen ops", "compiled functions' own time",
@@ -111,7 +113,7 @@ def markdown(results: dict, top: int = 12) -> str:
     if meta:
         lines += [f"- date: {meta.get('date_utc')}; command: `{meta.get('command')}`",
                   f"- machine: {meta.get('cpu')}, {meta.get('cores')} cores, torch threads {meta.get('torch_threads')}; "
-                  f"torch {meta.get('torch')}, fxforge {meta.get('fxforge_commit')}", ""]
+                  f"torch {meta.get('torch')}, fxforge {meta.get('fxforge_commit')}{table.allocator_note(meta)}", ""]
     lines += ["Self CPU time per step under torch.profiler (ms; the profiler's overhead included, so "
               "compare contenders row by row, not with the timed median). Faults: minor page faults "
               "per step, first touches of memory fresh from the kernel. How it is measured: "

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -38,28 +39,33 @@ def interleaved_medians(
     Each round calls every function once, in an order rotated by one each round (no contender is
     always first after another's cache pollution).  Stops after ``calls`` rounds, or once
     ``budget_s`` is spent and at least ``min_calls`` rounds ran.  Returns per name: ``median_s``,
-    ``p25_s``, ``p75_s``, ``min_s``, ``calls``."""
+    ``p25_s``, ``p75_s``, ``min_s``, ``calls``, and ``faults`` (median minor page faults per call:
+    first writes to memory fresh from the kernel, the process's count around each call)."""
     names = list(fns)
     for _ in range(warmup):
         for n in names:
             fns[n]()
     sync(device)
     times: dict[str, list[float]] = {n: [] for n in names}
+    faults: dict[str, list[int]] = {n: [] for n in names}
     start = time.perf_counter()
     r = 0
     while r < calls and (r < min_calls or time.perf_counter() - start < budget_s):
         order = names[r % len(names):] + names[: r % len(names)]
         for n in order:
             sync(device)
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             fns[n]()
             sync(device)
             times[n].append(time.perf_counter() - t0)
+            faults[n].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
         r += 1
     out = {}
     for n, ts in times.items():
         q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
-        out[n] = {"median_s": statistics.median(ts), "p25_s": q[0], "p75_s": q[2], "min_s": min(ts), "calls": len(ts)}
+        out[n] = {"median_s": statistics.median(ts), "p25_s": q[0], "p75_s": q[2], "min_s": min(ts), "calls": len(ts),
+                  "faults": statistics.median(faults[n])}
     return out
 
 

@@ -25,6 +25,8 @@ from types import SimpleNamespace
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import table  # noqa: E402  (bench/table.py)
+
 CONTENDERS = ("eager", "fxforge", "inductor")
 
 
@@ -40,7 +42,9 @@ def recheck(case: str, threads: int, processes: int, calls: int, budget_s: float
         c = case_in_process(opts, name, mode or "train", threads)
         if c["errors"]:
             raise RuntimeError(f"{case} at {threads} threads: {c['errors']}")
-        runs.append({**{k: c["contenders"][k]["time"]["median_s"] for k in CONTENDERS}, "threads": c["threads"]})
+        times = {k: c["contenders"][k]["time"] for k in CONTENDERS}
+        runs.append({**{k: t["median_s"] for k, t in times.items()}, "threads": c["threads"],
+                     "faults": {k: t.get("faults") for k, t in times.items()}})
     ratios = [r["fxforge"] / r["inductor"] for r in runs]
     return {"threads": runs[0]["threads"], "runs": runs, "ratios": ratios,
             "median_ms": {c: statistics.median(r[c] for r in runs) * 1000 for c in CONTENDERS},
@@ -52,18 +56,27 @@ def markdown(results: dict) -> str:
     m = results["meta"]
     lines = ["# One case, several processes: fxforge against Inductor", "",
              f"- date: {m['date_utc']}; command: `{m['command']}`",
-             f"- machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, fxforge {m.get('fxforge_commit')}",
+             f"- machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, fxforge {m.get('fxforge_commit')}"
+             f"{table.allocator_note(m)}",
              "", "Each row: the case in fresh processes, eager, fxforge and Inductor interleaved in each "
-             "(`bench/recheck.py`). Times: median over processes of each process's median call (ms).", "",
+             "(`bench/recheck.py`). Times: median over processes of each process's median call (ms). "
+             "Faults: each process's median minor page faults per call (first writes to memory fresh "
+             "from the kernel), eager / fxforge / Inductor.", "",
              "| case | eager | fxforge | Inductor | fxforge/Inductor (median) | fxforge/Inductor per process | "
-             "fxforge/eager (median) |",
-             "|---|---:|---:|---:|---:|---|---:|"]
+             "fxforge/eager (median) | faults per call, per process |",
+             "|---|---:|---:|---:|---:|---|---:|---|"]
     for key, r in results["cases"].items():
         t = r["median_ms"]
         lines.append(f"| {key} | {t['eager']:.2f} | {t['fxforge']:.2f} | {t['inductor']:.2f} | "
                      f"{r['median_ratio']:.2f}x | {', '.join(f'{x:.2f}' for x in r['ratios'])} | "
-                     f"{r['median_ratio_eager']:.2f}x |")
+                     f"{r['median_ratio_eager']:.2f}x | "
+                     f"{'; '.join(_faults(x) for x in r['runs']) if any(x.get('faults') for x in r['runs']) else '—'} |")
     return "\n".join(lines) + "\n"
+
+
+def _faults(run: dict) -> str:
+    f = run.get("faults") or {}
+    return " / ".join("—" if f.get(k) is None else f"{f[k]:.0f}" for k in CONTENDERS)
 
 
 def main(argv=None) -> int:

@@ -383,6 +383,9 @@ def machine_info(device: str) -> dict:
         info["fxforge_commit"] = None
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
+    # the allocator's settings move every contender's page faults (docs/memory.md, "Page faults")
+    info["allocator_env"] = {k: v for k, v in os.environ.items()
+                             if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     try:
         info["loadavg_start"] = os.getloadavg()
     except OSError:

@@ -142,7 +142,7 @@ def markdown(results: dict) -> str:
         f"`python bench/run.py {' '.join(_argv(results.get('args', {})))}`",
         f"- machine: {m.get('cpu')}, {m.get('cores')} cores, torch threads {m.get('torch_threads')}, "
         f"device {m.get('device')}{' (' + m['gpu'] + ')' if m.get('gpu') else ''}; load average at start "
-        f"{', '.join(f'{x:.1f}' for x in m.get('loadavg_start', []))}",
+        f"{', '.join(f'{x:.1f}' for x in m.get('loadavg_start', []))}{allocator_note(m)}",
         f"- versions: python {m.get('python')}, torch {m.get('torch')}, transformers {m.get('transformers')}, "
         f"triton {m.get('triton')}, fxforge {m.get('fxforge')} ({m.get('fxforge_commit')})",
         "- how each figure is measured: bench/README.md. Ratios are fxforge / other (lower is better for all).",
@@ -280,6 +280,12 @@ def _e(r):
         return "—"
     e = r.get("grad_max_abs_err", r.get("max_abs_err"))
     return "—" if e is None else f"{e:.1e}"
+
+
+def allocator_note(meta: dict) -> str:
+    """``; allocator environment: K=V ...`` for a header line where the run set any, else ''."""
+    env = meta.get("allocator_env") or {}
+    return "; allocator environment: " + " ".join(f"`{k}={v}`" for k, v in sorted(env.items())) if env else ""
 
 
 def ratio(a, b):

@@ -35,7 +35,7 @@ def test_smoke_run_writes_json_and_table(bench_modules, tmp_path):
     assert rc == 0
     data = json.loads((tmp_path / "smoke.json").read_text())
     assert {"meta", "args", "cases", "synthetic", "targets"} <= set(data)
-    for key in ("date_utc", "torch", "cpu", "cores", "torch_threads", "wall_s"):
+    for key in ("date_utc", "torch", "cpu", "cores", "torch_threads", "wall_s", "allocator_env"):
         assert key in data["meta"]
     assert [(c["model"], c["mode"]) for c in data["cases"]] == [("demo-tiny", "inference"), ("demo-tiny", "train")]
     pids = [c["pid"] for c in data["cases"]]  # each case measured in a process of its own
