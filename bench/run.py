@@ -342,6 +342,8 @@ def warm_process(device: str, contenders) -> float:
     """Pay one-time process costs (imports, Inductor's compile worker pool, fxforge's C launcher
     and compiler probes) before any timed compile, so the first model does not carry them.
     Returns the seconds it took."""
+    import fxforge
+
     t0 = time.perf_counter()
 
     def f(x):
@@ -353,8 +355,9 @@ def warm_process(device: str, contenders) -> float:
         try:
             with measure.fresh_inductor(), measure.fresh_fxforge():
                 torch.compile(f, backend=fxforge.backend() if b == "fxforge" else b)(x)
-        except Exception:
-            pass
+        except Exception as e:  # the case then measures it; say so rather than pass silently
+            print(f"bench: warming up {b} failed, its first case carries the one-time costs: {_err(e)}",
+                  file=sys.stderr, flush=True)
     torch._dynamo.reset()
     return time.perf_counter() - t0
 

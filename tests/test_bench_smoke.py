@@ -146,6 +146,13 @@ def test_fresh_fxforge_builds_every_kernel_in_a_scratch_cache(bench_modules):
     shutil.rmtree(fresh.dir, ignore_errors=True)
 
 
+def test_warm_process_warms_every_contender(bench_modules, capsys):
+    """Each contender's one-time costs are paid before the first case; a failure is reported."""
+    run, _ = bench_modules
+    run.warm_process("cpu", ["aot_eager", "fxforge"])
+    assert "failed" not in capsys.readouterr().err
+
+
 def test_gpu_flag_without_cuda_exits_clearly(bench_modules, capsys, tmp_path, monkeypatch):
     run, _ = bench_modules
     import torch
