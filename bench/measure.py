@@ -128,10 +128,7 @@ class fresh_inductor:
         import torch._functorch.config as fconf
         import torch._inductor.config as iconf
 
-        self.dir = tempfile.mkdtemp(prefix="inductor-cold-", dir=self.root)
-        SCRATCH_DIRS.append(self.dir)
-        self.old_env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.dir
+        self.dir, self.old_env = _scratch_dir("TORCHINDUCTOR_CACHE_DIR", "inductor-cold-", self.root)
         self.saved = []
         for mod, knob in ((iconf, "fx_graph_cache"), (iconf, "fx_graph_remote_cache"), (iconf, "autotune_local_cache"),
                           (fconf, "enable_autograd_cache"), (fconf, "enable_remote_autograd_cache")):
@@ -145,10 +142,7 @@ class fresh_inductor:
         for mod, knob, v in self.saved:
             setattr(mod, knob, v)
         # The compiled modules loaded from the directory stay loaded; the dir is only scratch.
-        if self.old_env is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.old_env
+        _restore_env("TORCHINDUCTOR_CACHE_DIR", self.old_env)
         return False
 
 
@@ -160,18 +154,29 @@ class fresh_fxforge:
     pays it in ``warm_process``."""
 
     def __enter__(self):
-        self.dir = tempfile.mkdtemp(prefix="fxforge-cold-")
-        SCRATCH_DIRS.append(self.dir)
-        self.old_env = os.environ.get("FXFORGE_CACHE_DIR")
-        os.environ["FXFORGE_CACHE_DIR"] = self.dir
+        self.dir, self.old_env = _scratch_dir("FXFORGE_CACHE_DIR", "fxforge-cold-")
         return self
 
     def __exit__(self, *exc):
-        if self.old_env is None:
-            os.environ.pop("FXFORGE_CACHE_DIR", None)
-        else:
-            os.environ["FXFORGE_CACHE_DIR"] = self.old_env
+        _restore_env("FXFORGE_CACHE_DIR", self.old_env)
         return False
+
+
+def _scratch_dir(var: str, prefix: str, root: str | None = None) -> tuple[str, str | None]:
+    """A new directory (listed in ``SCRATCH_DIRS``) put in environment variable ``var``: the
+    directory and the variable's old value."""
+    d = tempfile.mkdtemp(prefix=prefix, dir=root)
+    SCRATCH_DIRS.append(d)
+    old = os.environ.get(var)
+    os.environ[var] = d
+    return d, old
+
+
+def _restore_env(var: str, old: str | None) -> None:
+    if old is None:
+        os.environ.pop(var, None)
+    else:
+        os.environ[var] = old
 
 
 def clear_inductor_memory_caches() -> None:
