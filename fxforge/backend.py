@@ -91,7 +91,13 @@ class Backend:
             decompositions=aot_table(self.config, selected),
             partition_fn=_partitioner(self.config.partitioner, selected.splits, self.config.debug),
         )
-        return aot(gm, example_inputs)
+        from torch._functorch import config as functorch_config
+
+        # Effect tokens (``with_effects``: linalg's error checks, prints) made inside the graphs,
+        # not passed in and out of them: what AOTAutograd expects of a backend that reports its
+        # forward's output strides (``report_output_strides``), and what it does for Inductor.
+        with functorch_config.patch(unlift_effect_tokens=True):
+            return aot(gm, example_inputs)
 
 
 def caller_layouts(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> None:
@@ -110,7 +116,10 @@ def caller_layouts(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str)
         # (no tensor subclass among the outputs: their saved tensors are the subclasses' inner ones)
         plain = all(isinstance(m, int) or type(m).__name__ == "PlainTensorMeta"
                     for m in getattr(meta, "subclass_fw_graph_out_meta", None) or [])
-        if isinstance(getattr(meta, "num_forward", None), int) and plain and tc.output_strides is not None:
+        # (AOTAutograd finds the saved values' strides at ``num_forward``, which counts no effect
+        # token: with tokens still among the outputs, each stride would land on the wrong value)
+        if isinstance(getattr(meta, "num_forward", None), int) and plain and tc.output_strides is not None \
+                and not getattr(meta, "tokens", None):
             gm.meta[FREE_OUTPUTS] = meta.num_forward
     elif kind == "backward":
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -118,9 +118,12 @@ def tensor_val(node: fx.Node) -> torch.Tensor | None:
 
 
 def has_val(node: fx.Node) -> bool:
-    """A node carries the metadata fxforge needs (output nodes and ops returning nothing are exempt)."""
+    """A node carries the metadata fxforge needs (output nodes, ops returning nothing and the
+    bodies of higher-order ops are exempt)."""
     if node.op == "output" or VAL in node.meta:
         return True
+    if node.op == "get_attr":
+        return isinstance(_fetch(node.graph.owning_module, node.target), fx.GraphModule)
     schema = op_schema(node)
     return schema is not None and not schema.returns  # ops returning nothing (asserts) have no value
 
@@ -258,7 +261,11 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
         return None
     if node.target is operator.getitem:
         base = node.args[0]
+        if isinstance(base, fx.Node) and is_higher_order(base):
+            return body_alias(base, node.args[1])
         return aliased_input(base) if isinstance(base, fx.Node) else None
+    if is_higher_order(node):
+        return body_alias(node, None)
     try:
         arg = _aliased_argument(node.target)
     except TypeError:  # an unhashable callable: not an op with a schema
@@ -291,6 +298,93 @@ def _aliased_argument(op) -> tuple[int, str] | None:
 
 
 _UNANNOTATED_VIEWS = {torch.ops.aten._unsafe_view.default}
+
+
+# --------------------------------------------------------------------------- higher-order ops
+#
+# A higher-order op (``invoke_subgraph``, ``cond``, ``while_loop``...) runs body graphs; no schema
+# says whether what it returns shares storage with what it is given, and a partitioned
+# ``invoke_subgraph`` forward does return its own operands (saved for its backward).  Where the
+# bodies and the operands they take are known, the body's output is followed back to the operand
+# it views; other higher-order ops, and calls of Python callables that are no operator, are
+# *opaque*: any output may share storage with any tensor input (``opaque_aliasing``).
+
+# name -> where the bodies and the operands they take in order are in the node's args
+_BODIES = {
+    "invoke_subgraph": lambda a: ((a[0],), a[2:]),
+    "tag_activation_checkpoint": lambda a: ((a[0],), a[1:]),
+    "wrap_with_set_grad_enabled": lambda a: ((a[1],), a[2:]),
+    "wrap_with_autocast": lambda a: ((a[4],), a[5:]),
+    "cond": lambda a: ((a[1], a[2]), tuple(a[3])),
+    "while_loop": lambda a: ((a[1],), (*a[2], *a[3])),  # (zero iterations return clones)
+}
+# higher-order ops whose outputs are new storage: computed (attention), or copies and the results
+# of ops that may not return their inputs (functionalized custom ops, effectful ops)
+_FRESH_OUTPUTS = {"flex_attention", "flex_attention_backward", "auto_functionalized", "auto_functionalized_v2",
+                  "with_effects", "triton_kernel_wrapper_functional"}
+_OPAQUE = object()
+
+
+def is_higher_order(node: fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+
+
+def _body_output_alias(hop: fx.Node, index: int | None) -> Any:
+    """The operand of ``hop`` whose storage its output ``index`` (None: its only output) shares,
+    None (new storage), or ``_OPAQUE`` (unknown: several bodies disagree, or no body to read)."""
+    name = hop.target.name()
+    if name in _FRESH_OUTPUTS:
+        return None
+    where = _BODIES.get(name)
+    if where is None:
+        return _OPAQUE
+    try:
+        bodies, operands = where(hop.args)
+        found = set()
+        for b in bodies:
+            body = _fetch(hop.graph.owning_module, b.target) if isinstance(b, fx.Node) and b.op == "get_attr" else None
+            if not isinstance(body, fx.GraphModule):
+                return _OPAQUE
+            out = next(n for n in reversed(body.graph.nodes) if n.op == "output").args[0]
+            v = out if index is None else out[index]
+            root = storage_root(v) if isinstance(v, fx.Node) else None
+            if root is not None and root.op == "placeholder":
+                k = [n for n in body.graph.nodes if n.op == "placeholder"].index(root)
+                found.add(operands[k] if isinstance(operands[k], fx.Node) else None)
+            else:
+                found.add(None)
+    except (IndexError, TypeError, AttributeError, StopIteration):
+        return _OPAQUE
+    return found.pop() if len(found) == 1 else _OPAQUE
+
+
+def _fetch(gm: Any, target: str) -> Any:
+    for part in target.split("."):
+        gm = getattr(gm, part, None)
+    return gm
+
+
+def body_alias(hop: fx.Node, index: int | None) -> fx.Node | None:
+    """The operand whose storage output ``index`` of higher-order op ``hop`` shares, if any is
+    known (module comment above)."""
+    a = _body_output_alias(hop, index)
+    return None if a is _OPAQUE else a
+
+
+def opaque_aliasing(node: fx.Node) -> bool:
+    """``node``'s tensor outputs may share storage with any of its tensor inputs, in ways
+    ``aliased_input`` cannot name: the planner keeps those inputs out of the arenas and alive as
+    long as the outputs (an opaque higher-order op, or a Python callable that is no operator)."""
+    if node.op != "call_function" or not any(isinstance(a, fx.Node) and isinstance(a.meta.get(VAL), torch.Tensor)
+                                             for a in node.all_input_nodes):
+        return False
+    if is_higher_order(node):
+        val = node.meta.get(VAL)
+        n = len(val) if isinstance(val, (tuple, list)) else None
+        return any(_body_output_alias(node, i) is _OPAQUE for i in ([None] if n is None else range(n)))
+    if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) or node.target is operator.getitem:
+        return False
+    return bool(tensors(node.meta.get(VAL))) and getattr(operator, getattr(node.target, "__name__", ""), None) is not node.target
 
 
 def is_mutating(node: fx.Node) -> bool:
@@ -347,6 +441,16 @@ def liveness(
     last = max(pos.values(), default=-1) if position is not None else len(schedule) - 1
     for o in outputs:
         end[storage_root(o)] = last
+    # an opaque node may return any of its inputs: they live as long as its outputs (latest first,
+    # so a chain of them passes the end back to the first)
+    for n in reversed(schedule):
+        if n in pos and opaque_aliasing(n):
+            outs = [n, *(u for u in n.users if u.target is operator.getitem)]
+            until = max(end.get(storage_root(o), pos[n]) for o in outs)
+            for a in n.all_input_nodes:
+                r = storage_root(a)
+                if r in end:
+                    end[r] = max(end[r], until)
     return {r: Live(r, start[r], end[r]) for r in start}
 
 

@@ -441,7 +441,8 @@ GRAD_SAMPLES = 1
 GRAD_OPS: list[str] = [
     "abs", "add", "addcmul", "addmm", "amax", "baddbmm", "bmm", "cat", "clamp", "cummax", "cumsum",
     "div.no_rounding_mode", "einsum", "exp", "expand_copy", "flip", "gather", "index_add",
-    "index_select", "lerp", "linalg.vector_norm", "log", "log_softmax", "logsumexp", "masked_fill",
+    "index_select", "lerp", "linalg.cholesky", "linalg.lu_factor", "linalg.solve", "linalg.tensorsolve",
+    "linalg.vector_norm", "log", "log_softmax", "logsumexp", "masked_fill",
     "matmul", "max.reduction_with_dim", "maximum", "mean", "min.reduction_no_dim", "mm", "mul",
     "neg", "nn.functional.adaptive_avg_pool2d", "nn.functional.avg_pool2d",
     "nn.functional.batch_norm", "nn.functional.binary_cross_entropy",

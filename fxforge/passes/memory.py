@@ -22,7 +22,7 @@ import torch.fx as fx
 from ..config import Config
 from ..iteration import is_pointwise, reduction_of, schema_bind
 from ..lowering.out_variant import out_variant
-from ..graph import ALLOCATES, FALLBACK_BACKEND, SLICE_OF, SYMMETRIC, VAL, ZERO_COPY, Live, expr, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
+from ..graph import ALLOCATES, FALLBACK_BACKEND, SLICE_OF, SYMMETRIC, VAL, ZERO_COPY, Live, expr, hint, liveness, node_kind, opaque_aliasing, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
 from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, verify_plan
 from .schedule import fused_positions
@@ -60,6 +60,9 @@ def collect_buffers(gm: fx.GraphModule, groups: list[Group], pos: dict[fx.Node, 
     # as_strided's offset counts from the start of the storage: a buffer it reads must own its
     # storage, not be a view into the arena.
     escaping |= {storage_root(n.args[0]) for n in gm.graph.nodes if n.target in _STORAGE_OFFSET_OPS}
+    # an opaque node (a higher-order op whose bodies cannot tell) may return any of its inputs:
+    # none of them may be bytes of an arena that a later buffer reuses
+    escaping |= {storage_root(a) for n in gm.graph.nodes if opaque_aliasing(n) for a in n.all_input_nodes}
     buffers: dict[str, Buffer] = {}
     for g in groups:
         if g.backend == FALLBACK_BACKEND and not any(ZERO_COPY in n.meta for n in g.nodes):
