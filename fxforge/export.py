@@ -160,16 +160,14 @@ def _fill_attr_vals(gm: fx.GraphModule) -> None:
 
     Submodule calls ``ep.module()`` adds (its input guards) return nothing: their value is None.
     """
-    from .graph import fake_mode_of
+    from .graph import fake_mode_of, fetch_attr
 
     mode = fake_mode_of(gm)
     for n in gm.graph.nodes:
         if n.op == "call_module" and VAL not in n.meta and not n.users:
             n.meta[VAL] = None
         if n.op == "get_attr" and VAL not in n.meta:
-            obj: Any = gm
-            for part in n.target.split("."):
-                obj = getattr(obj, part)
+            obj = fetch_attr(gm, n.target)
             if isinstance(obj, torch.Tensor) and mode is not None:
                 n.meta[VAL] = mode.from_tensor(obj, static_shapes=True)
             elif not isinstance(obj, torch.Tensor):

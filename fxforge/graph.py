@@ -123,7 +123,7 @@ def has_val(node: fx.Node) -> bool:
     if node.op == "output" or VAL in node.meta:
         return True
     if node.op == "get_attr":
-        return isinstance(_fetch(node.graph.owning_module, node.target), fx.GraphModule)
+        return isinstance(fetch_attr(node.graph.owning_module, node.target), fx.GraphModule)
     schema = op_schema(node)
     return schema is not None and not schema.returns  # ops returning nothing (asserts) have no value
 
@@ -342,7 +342,7 @@ def _body_output_alias(hop: fx.Node, index: int | None) -> Any:
         bodies, operands = where(hop.args)
         found = set()
         for b in bodies:
-            body = _fetch(hop.graph.owning_module, b.target) if isinstance(b, fx.Node) and b.op == "get_attr" else None
+            body = fetch_attr(hop.graph.owning_module, b.target) if isinstance(b, fx.Node) and b.op == "get_attr" else None
             if not isinstance(body, fx.GraphModule):
                 return _OPAQUE
             out = next(n for n in reversed(body.graph.nodes) if n.op == "output").args[0]
@@ -358,7 +358,8 @@ def _body_output_alias(hop: fx.Node, index: int | None) -> Any:
     return found.pop() if len(found) == 1 else _OPAQUE
 
 
-def _fetch(gm: Any, target: str) -> Any:
+def fetch_attr(gm: Any, target: str) -> Any:
+    """The attribute a ``get_attr`` node's dotted ``target`` names on ``gm`` (None where absent)."""
     for part in target.split("."):
         gm = getattr(gm, part, None)
     return gm
@@ -375,15 +376,15 @@ def opaque_aliasing(node: fx.Node) -> bool:
     """``node``'s tensor outputs may share storage with any of its tensor inputs, in ways
     ``aliased_input`` cannot name: the planner keeps those inputs out of the arenas and alive as
     long as the outputs (an opaque higher-order op, or a Python callable that is no operator)."""
-    if node.op != "call_function" or not any(isinstance(a, fx.Node) and isinstance(a.meta.get(VAL), torch.Tensor)
-                                             for a in node.all_input_nodes):
+    # operators and getitems first: nearly every node is one (liveness asks of each)
+    if (node.op != "call_function" or node.target is operator.getitem
+            or isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+            or not any(isinstance(a.meta.get(VAL), torch.Tensor) for a in node.all_input_nodes)):
         return False
     if is_higher_order(node):
         val = node.meta.get(VAL)
         n = len(val) if isinstance(val, (tuple, list)) else None
         return any(_body_output_alias(node, i) is _OPAQUE for i in ([None] if n is None else range(n)))
-    if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) or node.target is operator.getitem:
-        return False
     return bool(tensors(node.meta.get(VAL))) and getattr(operator, getattr(node.target, "__name__", ""), None) is not node.target
 
 

@@ -170,3 +170,19 @@ def test_a_value_per_element_nothing_needs_is_the_emitters_to_answer():
     assert [n.target for n in nodes][-1] == torch.ops.aten.permute.default
     assert _facts("c", nodes, nodes[:1]) is None  # only the sum stored: the chain is dead in the kernel
     assert _facts("c", nodes, None) == _emitted("c", nodes, None)  # every member stored: the facts answer
+
+
+def test_a_fill_reads_only_its_operands_shape():
+    """``full_like(v)`` reads nothing of ``v``: a group whose only output is a fill computes none
+    of its other members, and the facts must say so as the emitter does (debug mode checks that
+    they agree: they did not, on a reduction feeding the fill)."""
+    def f(x, w):
+        s = (~x).sum(-1, keepdim=True) - 1
+        m = w * s
+        return torch.full_like(m.masked_fill(m < 0, 0), 0.5), (w * 2).sum()
+
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    x, w = torch.rand(3, 2, 1, 2) > 0.5, torch.randn(2)
+    got = torch.compile(f, backend=b, fullgraph=True)(x, w)
+    for a, e in zip(got, f(x, w)):
+        torch.testing.assert_close(a, e)

@@ -186,3 +186,16 @@ def test_a_batch_norm_over_one_value_per_channel_or_dynamic_shapes_stays_atens()
         ref(x2).sum().backward()
         torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(m.running_var, ref.running_var)
+
+def test_log_softmax_over_empty_rows_is_left_to_aten():
+    """The split's ``amax`` has no identity: rows of length 0 (a training graph, where the split
+    runs before partitioning) must not be split; eager gives an empty result and gradient."""
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
+    f = torch.compile(lambda x: torch.log_softmax(x, -1) * 2, backend=b, fullgraph=True)
+    x = torch.randn(3, 0, requires_grad=True)
+    out = f(x)
+    (g,) = torch.autograd.grad(out, x, torch.randn(out.shape))
+    assert out.shape == (3, 0) and g.shape == (3, 0)
+    x = torch.randn(3, 5, requires_grad=True)  # the split itself still matches eager
+    ref = torch.log_softmax(x, -1) * 2
+    torch.testing.assert_close(f(x), ref)

@@ -63,7 +63,7 @@ import torch.fx as fx
 
 from ..collectives import symmetric_arg_nodes
 from ..config import Config
-from ..graph import (CUSTOM_OP_DISPATCH, FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, node_kind,
+from ..graph import (CUSTOM_OP_DISPATCH, FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, fetch_attr, node_kind,
                      op_display, op_path, output_nodes, storage_root, tensors)
 from ..plan import Buffer, Group, Plan
 from ..regions import PAD, container_inputs, pad_border, regions
@@ -560,7 +560,7 @@ class _Builder:
             if kind == "placeholder":
                 pass
             elif kind == "get_attr":
-                self.globals[n.name] = _fetch_attr(self.gm, n.target)
+                self.globals[n.name] = fetch_attr(self.gm, n.target)
                 self.traced.add(n.name)
             elif g is not None and any(ZERO_COPY in m.meta for m in g.nodes):
                 if n is g.nodes[-1]:
@@ -779,13 +779,6 @@ def _shape(n: fx.Node) -> tuple:
 def _tuple(items) -> str:
     items = list(items)
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
-
-
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph") -> Wrapper:

@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..graph import VAL, expr, fake_call, fake_mode_of, inherit_meta, nodes_between
 from ..pipeline import PassResult
@@ -184,9 +185,11 @@ def _batch_norm_backward(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node |
 
 def _log_softmax(gm: fx.GraphModule, mode, n: fx.Node) -> list[fx.Node] | None:
     """``_log_softmax(x, dim, half_to_float)`` -> ``(x - m) - log(sum(exp(x - m)))``, ``m`` the
-    row's max (``amax``: a row of NaN or of -inf only is NaN, as eager's)."""
+    row's max (``amax``: a row of NaN or of -inf only is NaN, as eager's).  Rows that may be
+    empty are left to ATen: ``amax`` has no identity to reduce an empty row to."""
     x, dim, half_to_float = n.args
-    if half_to_float or not _float_rows(x):
+    xv = x.meta[VAL]
+    if half_to_float or not _float_rows(x) or not statically_known_true((xv.shape[dim] if xv.dim() else 1) > 0):
         return None
     call = functools.partial(fake_call, gm, mode)
     shifted = call(aten.sub.Tensor, (x, call(aten.amax.default, (x, [dim], True))))

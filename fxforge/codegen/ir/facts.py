@@ -192,7 +192,8 @@ def _all_computed(members: set[fx.Node], computed: list[fx.Node], stored: list[f
         if n in needed:
             continue
         needed.add(n)
-        for a in n.all_input_nodes:
+        read = read_nodes(n)  # a fill reads its operand's shape only
+        for a in n.all_input_nodes if read is None else read:
             a = root(members, a)
             if a.target is operator.getitem and a.args[0] in members:
                 a = a.args[0]
