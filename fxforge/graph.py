@@ -329,33 +329,35 @@ def is_higher_order(node: fx.Node) -> bool:
     return node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
 
 
-def _body_output_alias(hop: fx.Node, index: int | None) -> Any:
-    """The operand of ``hop`` whose storage its output ``index`` (None: its only output) shares,
-    None (new storage), or ``_OPAQUE`` (unknown: several bodies disagree, or no body to read)."""
+def _body_output_aliases(hop: fx.Node) -> dict[int | None, Any]:
+    """Output index of ``hop`` (None: its only output) -> the operand whose storage that output
+    shares, None (new storage), or ``_OPAQUE`` (unknown: the bodies disagree, or one cannot be
+    read or does not return what the node's value holds).  Each body is read once."""
+    val = hop.meta.get(VAL)
+    keys: list[int | None] = list(range(len(val))) if isinstance(val, (tuple, list)) else [None]
     name = hop.target.name()
-    if name in _FRESH_OUTPUTS:
-        return None
     where = _BODIES.get(name)
-    if where is None:
-        return _OPAQUE
+    if name in _FRESH_OUTPUTS or where is None:
+        return dict.fromkeys(keys, None if name in _FRESH_OUTPUTS else _OPAQUE)
+    found: dict[int | None, set] = {k: set() for k in keys}
     try:
         bodies, operands = where(hop.args)
-        found = set()
         for b in bodies:
             body = fetch_attr(hop.graph.owning_module, b.target) if isinstance(b, fx.Node) and b.op == "get_attr" else None
             if not isinstance(body, fx.GraphModule):
-                return _OPAQUE
+                return dict.fromkeys(keys, _OPAQUE)
+            slot = {p: k for k, p in enumerate(n for n in body.graph.nodes if n.op == "placeholder")}
             out = next(n for n in reversed(body.graph.nodes) if n.op == "output").args[0]
-            v = out if index is None else out[index]
-            root = storage_root(v) if isinstance(v, fx.Node) else None
-            if root is not None and root.op == "placeholder":
-                k = [n for n in body.graph.nodes if n.op == "placeholder"].index(root)
-                found.add(operands[k] if isinstance(operands[k], fx.Node) else None)
-            else:
-                found.add(None)
+            if VAL not in hop.meta and not any(found.values()):  # no value to say what it returns: the body says
+                keys = list(range(len(out))) if isinstance(out, (tuple, list)) else [None]
+                found = {k: set() for k in keys}
+            for i in keys:
+                v = out if i is None else out[i]
+                k = slot.get(storage_root(v)) if isinstance(v, fx.Node) else None
+                found[i].add(None if k is None or not isinstance(operands[k], fx.Node) else operands[k])
     except (IndexError, TypeError, AttributeError, StopIteration):
-        return _OPAQUE
-    return found.pop() if len(found) == 1 else _OPAQUE
+        return dict.fromkeys(keys, _OPAQUE)
+    return {i: f.pop() if len(f) == 1 else _OPAQUE for i, f in found.items()}
 
 
 def fetch_attr(gm: Any, target: str) -> Any:
@@ -368,7 +370,7 @@ def fetch_attr(gm: Any, target: str) -> Any:
 def body_alias(hop: fx.Node, index: int | None) -> fx.Node | None:
     """The operand whose storage output ``index`` of higher-order op ``hop`` shares, if any is
     known (module comment above)."""
-    a = _body_output_alias(hop, index)
+    a = _body_output_aliases(hop).get(index, _OPAQUE)
     return None if a is _OPAQUE else a
 
 
@@ -382,9 +384,7 @@ def opaque_aliasing(node: fx.Node) -> bool:
             or not any(isinstance(a.meta.get(VAL), torch.Tensor) for a in node.all_input_nodes)):
         return False
     if is_higher_order(node):
-        val = node.meta.get(VAL)
-        n = len(val) if isinstance(val, (tuple, list)) else None
-        return any(_body_output_alias(node, i) is _OPAQUE for i in ([None] if n is None else range(n)))
+        return any(a is _OPAQUE for a in _body_output_aliases(node).values())
     return bool(tensors(node.meta.get(VAL))) and getattr(operator, getattr(node.target, "__name__", ""), None) is not node.target
 
 

@@ -256,6 +256,7 @@ def test_hop_sweep_exported():
 
     gm = fxforge.apply_passes(ep, [count], debug=True)  # debug: the graph is verified with its bodies
     assert seen[0] >= {"wrap_with_set_grad_enabled", "wrap_with_autocast"}
+    c = fxforge.compile_exported(ep, fxforge.Config(debug=True))
     for _ in range(2):
         x = torch.randn(4, 8)
         xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -266,6 +267,5 @@ def test_hop_sweep_exported():
         gc = torch.autograd.grad(out_c, [xc, *gm.parameters()], cot)
         for a, e in zip(gc, ge):
             torch.testing.assert_close(a, e)
-        c = fxforge.compile_exported(ep, fxforge.Config(debug=True))
         with torch.no_grad():
             torch.testing.assert_close(c(x), m(x), atol=1e-2, rtol=1e-2)  # bfloat16 inside

@@ -228,7 +228,7 @@ class OutOverloadCheck(TorchDispatchMode):
                 warnings.simplefilter("ignore")
                 overload(*args, **kwargs, **{n: o[0] for n, o in zip(names, outs)})
         except Exception as e:
-            return f"{overload} raises {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return f"{overload} raises {_first_line(e)}"
         for i, ((buf, guard), (out, optr, shape, stride), r) in enumerate(zip(bufs, outs, expected)):
             if out.shape != shape or (r.numel() and (out.data_ptr() != optr or out.stride() != stride)):
                 return f"{overload} resized or reallocated out {i} (shape {tuple(shape)}: a buffer in an arena spills into its neighbours)"
@@ -283,7 +283,7 @@ def run_sample(op, sample, *, grad: bool, precheck: bool | str, dynamic: bool = 
     except Exception as e:
         if not precheck:
             raise
-        raise Unsupported(f"eager raises {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        raise Unsupported(f"eager raises {_first_line(e)}") from e
     if grad and grads_e is None:
         raise Unsupported("no differentiable output for this sample")
 
@@ -471,7 +471,8 @@ GRAD_OPS: list[str] = [
     "linalg.eigvalsh", "linalg.householder_product", "linalg.inv", "linalg.inv_ex",
     "linalg.lu", "linalg.lu_factor", "linalg.lu_factor_ex", "linalg.matrix_norm", "linalg.qr",
     "linalg.slogdet", "linalg.solve", "linalg.solve_ex", "linalg.solve_triangular", "linalg.svd",
-    "linalg.tensorsolve", "linalg.vector_norm", "lu_solve", "triangular_solve", "log", "log_softmax", "logsumexp", "masked_fill",
+    "linalg.tensorsolve", "linalg.vector_norm", "lu_solve", "triangular_solve",
+    "log", "log_softmax", "logsumexp", "masked_fill",
     "matmul", "max.reduction_with_dim", "maximum", "mean", "min.reduction_no_dim", "mm", "mul",
     "neg", "nn.functional.adaptive_avg_pool2d", "nn.functional.avg_pool2d",
     "nn.functional.batch_norm", "nn.functional.binary_cross_entropy",
@@ -556,16 +557,22 @@ def test_op_sweep(name, mode, request):
     known = KNOWN_FAILURES.get((name, mode))
     if known:
         request.applymarker(pytest.mark.xfail(reason=known, strict=True))
-    ran = 0
-    reasons = []
-    for s in samples(op, SWEEP_SAMPLES, grad=grad):
+    _run_samples(op, samples(op, SWEEP_SAMPLES, grad=grad), grad=grad, precheck=True, dynamic=mode == "dynamic")
+
+
+def _run_samples(op, sample_list, **how) -> list[str]:
+    """``run_sample`` on each; skips the test where no sample says anything about fxforge.
+    Returns why the samples that were not run were not (``Unsupported``)."""
+    ran, reasons = 0, []
+    for s in sample_list:
         try:
-            run_sample(op, s, grad=grad, precheck=True, dynamic=mode == "dynamic")
+            run_sample(op, s, **how)
             ran += 1
         except Unsupported as e:
             reasons.append(str(e))
     if not ran:
         pytest.skip("; ".join(dict.fromkeys(reasons)) or "no samples")
+    return reasons
 
 
 # --------------------------------------------------------------------------- gradient sweep
@@ -584,14 +591,6 @@ def test_op_grad_sweep(name):
         pytest.skip(why)
     if not op.supports_autograd:
         pytest.skip("no autograd support")
-    ran, reasons = 0, []
-    for s in samples(op, None, grad=True):
-        try:
-            run_sample(op, s, grad=True, precheck="on_failure")
-            ran += 1
-        except Unsupported as e:
-            reasons.append(str(e))
-    if not ran:
-        pytest.skip("; ".join(dict.fromkeys(reasons)) or "no samples")
+    reasons = _run_samples(op, samples(op, None, grad=True), grad=True, precheck="on_failure")
     if reasons:
         warnings.warn(f"{name}: {len(reasons)} samples unsupported by torch.compile itself: " + "; ".join(dict.fromkeys(reasons)))

@@ -187,6 +187,7 @@ def test_a_batch_norm_over_one_value_per_channel_or_dynamic_shapes_stays_atens()
         torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(m.running_var, ref.running_var)
 
+
 def test_log_softmax_over_empty_rows_is_left_to_aten():
     """The split's ``amax`` has no identity: rows of length 0 (a training graph, where the split
     runs before partitioning) must not be split; eager gives an empty result and gradient."""
