@@ -31,7 +31,7 @@ from hypothesis import given, settings
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
-from fxforge.codegen.c import backend as c_backend, build, kernel as kernel_module, launcher
+from fxforge.codegen.c import abi, backend as c_backend, build, kernel as kernel_module, launcher
 from fxforge.codegen.ir import stmts
 from fxforge.compiler import compile_graph
 from fxforge.graph import BACKEND
@@ -802,9 +802,9 @@ def _unit_of(bodies: list[str], names: list[str] | None = None) -> build.CUnit:
     params = [Param("out_ptr0", "*float", "out")]
     kernels = []
     for i, body in enumerate(bodies):
-        symbol, lines = kernel_module.c_function(params, [f"    out_ptr0[0] = {body};"])
+        symbol, lines = abi.c_function(params, [f"    out_ptr0[0] = {body};"])
         name = names[i] if names else f"k{i}"
-        kernels.append(kernel_module.CEmitted(symbol, "\n".join(lines) + "\n", "", name, ["out"], params, 1, 1))
+        kernels.append(abi.CEmitted(symbol, "\n".join(lines) + "\n", "", name, ["out"], params, 1, 1))
     return build.CUnit(kernels)
 
 
@@ -924,10 +924,10 @@ def _every_kind_unit() -> build.CUnit:
 
     params = [Param("out_ptr0", "*float", "out"), Param("n", "i64", "n"), Param("in_ptr0", "*float", "x"),
               Param("s", "fp32", "s"), Param("flag", "i1", "flag"), Param("a", "i64", "a"), Param("b", "fp32", "b")]
-    body = ["    if (n < 0) { *fx_err = n; return 1; }",  # launcher.KERNEL_ERRORS[1]
+    body = [f"    if (n < 0) {abi.fail(abi.TARGET_OUT_OF_BOUNDS, 'n')}",
             "    for (int64_t j = 0; j < n; j++)", "        out_ptr0[j] = (in_ptr0[j] + a) * (flag ? s : -s) + b;"]
-    symbol, lines = kernel_module.c_function(params, body)
-    return build.CUnit([kernel_module.CEmitted(symbol, "\n".join(lines) + "\n", "", "kinds", [p.launch for p in params],
+    symbol, lines = abi.c_function(params, body)
+    return build.CUnit([abi.CEmitted(symbol, "\n".join(lines) + "\n", "", "kinds", [p.launch for p in params],
                                                params, 1, 2)])
 
 

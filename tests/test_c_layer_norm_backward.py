@@ -171,9 +171,9 @@ def test_template_refusals_name_the_reason():
 def test_arrays_past_the_stack_budget_live_in_heap_scratch(case, monkeypatch):
     """With a stack budget smaller than one array, every template and emitted kernel's arrays
     (staged rows, tiles, accumulators, row caches) go to the kernel's heap block: same results."""
-    from fxforge.codegen.c import kernel as kernel_module
+    from fxforge.codegen.c import abi
 
-    monkeypatch.setattr(kernel_module, "STACK_MAX_BYTES", 64)
+    monkeypatch.setattr(abi, "STACK_MAX_BYTES", 64)
     torch.manual_seed(1)
     bw = _grads_match(CASES[case](torch.float32), torch.randn(4, 16, 24) * 3 + 1, requires_grad=True)
     assert "template: layer norm backward" in bw.source
@@ -181,7 +181,7 @@ def test_arrays_past_the_stack_budget_live_in_heap_scratch(case, monkeypatch):
 
 
 def test_scratch_keeps_a_kernels_stack_arrays_within_the_budget():
-    from fxforge.codegen.c.kernel import STACK_MAX_BYTES, Scratch
+    from fxforge.codegen.c.abi import STACK_MAX_BYTES, Scratch
     from fxforge.codegen.c.printer import array_decl
 
     s = Scratch()

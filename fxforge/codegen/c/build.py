@@ -2,7 +2,7 @@
 
 The kernels of one wrapper (``CUnit``, filled by ``backend.compile_group``) are split into
 translation units as they are emitted: each distinct kernel once (a kernel's C function is
-named after its text, ``kernel.c_function``: the same kernel twice in a wrapper is one
+named after its text, ``abi.c_function``: the same kernel twice in a wrapper is one
 function), in the order they come, a unit ending after a kernel chosen by its name's hash with a
 chance of its source's size over ``UNIT_BYTES`` (so about that much source a unit, and where a
 unit ends depends on its own kernels alone: a wrapper that gained, lost or changed a kernel
@@ -46,13 +46,10 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING
 
 from ..diskcache import atomic_write, cache_dir
+from .abi import CEmitted
 from .prelude import PRELUDE
-
-if TYPE_CHECKING:
-    from .kernel import CEmitted
 
 FLAGS = ("-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march=native", "-fopenmp-simd", "-fwrapv",
          "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC") + (

@@ -1,7 +1,7 @@
 """Calling a wrapper's C kernels from Python.
 
 Every C kernel has one signature, ``int k(void* const* fx_ptrs, const int64_t* fx_ints, const
-double* fx_floats, int64_t* fx_err)`` (``kernel.c_head``), so one small CPython extension module, the launcher,
+double* fx_floats, int64_t* fx_err)`` (``abi.c_head``), so one small CPython extension module, the launcher,
 calls them all: ``link`` binds each kernel of a compiled unit to the wrapper global ``<kernel>_c``,
 a launcher object holding the kernel's address and its parameters' kinds (``CEmitted.kinds``).
 Called with the wrapper's tensors and sizes, it reads each tensor's data pointer through torch's
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from ...graph import expr
+from .abi import KERNEL_ERRORS, kernel_error
 from .build import CompileError, CUnit, shared_object, vector_math
 from .prelude import PRELUDE
 
@@ -254,24 +255,11 @@ PyMODINIT_FUNC PyInit_fxforge_c_launcher(void)
 """
 
 
-SCRATCH_ERROR = 3  # a kernel's return when its heap scratch cannot be allocated (``kernel.py``)
-# What a kernel's nonzero return means: the exception raised, its message for the value the
-# kernel left in *fx_err (eager's message for the same error).
-KERNEL_ERRORS = {1: (IndexError, "Target {} is out of bounds."), 2: (IndexError, "index out of range in self"),
-                 SCRATCH_ERROR: (MemoryError, "an fxforge C kernel could not allocate its scratch space ({} bytes)")}
-
-
 def _errors_c() -> str:
     cases = [f'    case {rc}: PyErr_Format(PyExc_{exc.__name__}, "{msg.replace("{}", "%lld")}", (long long)err); return NULL;'
              for rc, (exc, msg) in KERNEL_ERRORS.items()]
     return "\n".join(["static PyObject* fx_error(int rc, int64_t err)", "{", "    switch (rc) {", *cases, "    }",
                       '    PyErr_Format(PyExc_RuntimeError, "an fxforge C kernel failed (%d)", rc);', "    return NULL;", "}"])
-
-
-def kernel_error(rc: int, err: int) -> Exception:
-    """The exception for a kernel's nonzero return ``rc`` (``ctypes`` path: the launcher raises it in C)."""
-    exc, msg = KERNEL_ERRORS.get(rc, (RuntimeError, f"an fxforge C kernel failed ({rc})"))
-    return exc(msg.format(err))
 
 
 def launcher_source() -> str:

@@ -43,8 +43,8 @@ from ..ir.emitter import Param
 from ..ir.stmts import Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
 from ..ir.values import Var
 from . import build
-from .kernel import (COLUMN_CHUNK_MIN_ELEMENTS, TILE_ROWS, CEmitted, Scratch, block_rows, c_function, chunks,
-                     launch_source, parallel_min_work, split)
+from .abi import INDEX_OUT_OF_RANGE, CEmitted, Scratch, c_function, fail, launch_source
+from .kernel import COLUMN_CHUNK_MIN_ELEMENTS, TILE_ROWS, block_rows, chunks, parallel_min_work, split
 from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
 from .printer import CStatements, c_index, values
 
@@ -464,7 +464,7 @@ def _index_rows(ts: _Tensors, indices: torch.Tensor, per_index) -> Nest:
 def embedding(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmitted:
     """``embedding(weight, indices)``: ``out[i..., j] = weight[indices[i...], j]``, as ATen's
     ``index_select``; an index outside ``[0, V)`` raises eager's ``IndexError`` (error 2 of
-    ``launcher.KERNEL_ERRORS``).  ``padding_idx`` only matters to the gradient.
+    ``abi.KERNEL_ERRORS``).  ``padding_idx`` only matters to the gradient.
 
     Why a template: a gather (rows at indices read from another tensor) that checks each index,
     which the IR's loads cannot say."""
@@ -477,7 +477,7 @@ def embedding(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CE
     (w0, w1), os = ts.layouts["weight"][1], ts.layouts["out"][1][-1]
     j = _loop_var("j")
     return ts.kernel(name, "embedding", [_index_rows(ts, iv, lambda row, k: [
-        Line(f"if (k < 0 || k >= {int(wv.shape[0])}) {{ *fx_err = k; return 2; }}"),
+        Line(f"if (k < 0 || k >= {int(wv.shape[0])}) {fail(INDEX_OUT_OF_RANGE, 'k')}"),
         Nest([Loop("j", int(wv.shape[1]))], [
             Store(ts.ptr["out"], row("out") + os * j, _elem(ts.ptr["weight"], w0 * k + w1 * j, wv.dtype), "xr")])])])
 
