@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.fxforge-installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m slow"`.
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-sanitize venv browser bench bench-gpu clean
+.PHONY: demo test test-sanitize lint venv browser bench bench-gpu clean
 
 venv: $(STAMP)
 
@@ -29,7 +29,12 @@ browser:
 	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }; }; } || \
 	  echo "chromium not installed (needs root, apt-get and network): the report's browser test will be skipped"
 
-test: $(STAMP) browser
+# The linter first (pyproject's [tool.ruff]: unused names and imports, undefined names, pycodestyle,
+# the line length): a few seconds.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) browser lint
 	FXFORGE_DEBUG=1 $(VPY) -m pytest -q -n 2 --durations=15 $(PYTEST_ARGS)
 
 # The C codegen tests and the full C OpInfo sweep with every C build (kernels and the launcher)

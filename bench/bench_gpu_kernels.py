@@ -89,7 +89,9 @@ def main() -> int:
 
     torch._dynamo.config.recompile_limit = 1000
     results = []
-    print(f"{'workload':18s} {'size':>12s} {'eager ms':>9s} {'inductor':>9s} {'fxforge':>9s} {'fx GB/s':>8s} {'copy GB/s':>9s} {'fx/copy':>7s}")
+    print(
+        f"{'workload':18s} {'size':>12s} {'eager ms':>9s} {'inductor':>9s} {'fxforge':>9s} {'fx GB/s':>8s} {'copy GB/s':>9s} {'fx/copy':>7s}"  # noqa: E501
+    )
     for size in args.sizes.split(","):
         rows, cols = (int(s) for s in size.split("x"))
         for name, fn, inputs in workloads(rows, cols):
@@ -112,12 +114,23 @@ def main() -> int:
             t_fx = timed(lambda: fx(*inputs), args.reps)
             bw = nbytes / t_fx / 1e6
             cbw = copy_bandwidth(nbytes, args.reps)
-            row = dict(workload=name, size=size, eager_ms=t_eager, inductor_ms=t_ind, fxforge_ms=t_fx,
-                       fxforge_gbps=bw, copy_gbps=cbw, fxforge_autotuned_ms=t_tuned, kernels=sum(c.stats["kernels"] for c in b.compiled),
-                       fallbacks=sum(c.stats["fallback_nodes"] for c in b.compiled))
+            row = dict(
+                workload=name,
+                size=size,
+                eager_ms=t_eager,
+                inductor_ms=t_ind,
+                fxforge_ms=t_fx,
+                fxforge_gbps=bw,
+                copy_gbps=cbw,
+                fxforge_autotuned_ms=t_tuned,
+                kernels=sum(c.stats["kernels"] for c in b.compiled),
+                fallbacks=sum(c.stats["fallback_nodes"] for c in b.compiled),
+            )
             results.append(row)
             tuned_col = f" tuned {t_tuned:.3f}" if t_tuned is not None else ""
-            print(f"{name:18s} {size:>12s} {t_eager:9.3f} {t_ind:9.3f} {t_fx:9.3f} {bw:8.0f} {cbw:9.0f} {bw / cbw:7.2f}{tuned_col}")
+            print(
+                f"{name:18s} {size:>12s} {t_eager:9.3f} {t_ind:9.3f} {t_fx:9.3f} {bw:8.0f} {cbw:9.0f} {bw / cbw:7.2f}{tuned_col}"
+            )
     if not args.no_demo:
         from fxforge.demo import GPT, GPTConfig
 

@@ -161,7 +161,9 @@ def main(argv=None) -> int:
     results = {"meta": {**machine_info("cpu"), "command": command}, "cases": {}}
     for case in args.cases:
         name, _, mode = case.partition(":")
-        results["cases"][f"{name} {mode or 'train'} ({torch.get_num_threads()}t)"] = measure_case(name, mode or "train", args.steps)
+        results["cases"][f"{name} {mode or 'train'} ({torch.get_num_threads()}t)"] = measure_case(
+            name, mode or "train", args.steps
+        )
         (out / f"{args.tag}.json").write_text(json.dumps(results, indent=1))
         (out / f"{args.tag}.md").write_text(markdown(results))
     return 0

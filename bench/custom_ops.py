@@ -157,9 +157,13 @@ def markdown(rows: list[dict], argv: list[str]) -> str:
         out.append(f"| {r['case']} | {r['threads']} | " + " | ".join(f"{1e3 * t[n]:.3f} ms" for n in names)
                    + f" | {t['fxforge tuned'] / t['fxforge opaque']:.2f}x | {t['fxforge tuned'] / t['inductor tuned']:.2f}x |")
     for r in rows:
-        out += ["", f"`{r['case']}`: choices at {r['threads']} thread(s), {r['tokens']} tokens x d {r['d']} (hidden {r['hidden']}); "
-                f"launches (kernels + fallback calls): opaque {r['kernels']['fxforge opaque']}, "
-                f"tuned {r['kernels']['fxforge tuned']}:", ""]
+        out += [
+            "",
+            f"`{r['case']}`: choices at {r['threads']} thread(s), {r['tokens']} tokens x d {r['d']} (hidden {r['hidden']}); "
+            f"launches (kernels + fallback calls): opaque {r['kernels']['fxforge opaque']}, "
+            f"tuned {r['kernels']['fxforge tuned']}:",
+            "",
+        ]
         for c in r["choices"]:
             times = ", ".join(f"{n} {1e6 * s:.0f} us" for n, s in c["candidates"].items())
             out.append(f"- `{c['op']}`: winner `{c['winner']}` ({times}; timed with {c.get('context') or 'nothing'})")

@@ -105,9 +105,9 @@ def main(argv=None) -> int:
         "",
         f"command: `python bench/fusion.py {' '.join(argv or sys.argv[1:])}`; torch {torch.__version__}; "
         "graphs from torch.export (inference), compiled with fxforge.compile_exported, not run.",
-        f"limits: `{LIMITS}`; bytes moved: each group reads its inputs and writes its outputs once (eager fallbacks are not counted: compare rows of one codegen).",
+        f"limits: `{LIMITS}`; bytes moved: each group reads its inputs and writes its outputs once (eager fallbacks are not counted: compare rows of one codegen).",  # noqa: E501
         "",
-        "| model | codegen | limits | kernels | fused nodes | largest group | max args (fused) | bytes moved (MiB) | fallbacks | refused fusions |",
+        "| model | codegen | limits | kernels | fused nodes | largest group | max args (fused) | bytes moved (MiB) | fallbacks | refused fusions |",  # noqa: E501
         "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:

@@ -65,7 +65,7 @@ import measure  # noqa: E402
 import fxforge  # noqa: E402
 from fxforge.compiled import Compiled  # noqa: E402
 from fxforge.copies import node_copy_bytes  # noqa: E402
-from fxforge.graph import VAL, ZERO_COPY, node_kind  # noqa: E402
+from fxforge.graph import VAL, node_kind  # noqa: E402
 from fxforge.regions import PAD, container_inputs, is_container, pad_border  # noqa: E402
 from fxforge.testing import CopyCounter  # noqa: E402
 
@@ -388,8 +388,10 @@ def container_table(graphs: dict[str, tuple[list[Compiled], dict]]) -> list[str]
                 g[2] += ideal_bytes(n, hint)
                 g[3] += hint(math.prod(val.shape) * val.dtype.itemsize)  # zero-copy off: the whole result
                 g[4].update(why[(i, n.name, j)] for j in range(len(container_inputs(n))) if (i, n.name, j) in why)
-    rows = ["| model | op (inputs) | result | count | fxforge moved | ideal moved | zero-copy off | inputs copied (reason: count) |",
-            "|---|---|---|---:|---:|---:|---:|---|"]
+    rows = [
+        "| model | op (inputs) | result | count | fxforge moved | ideal moved | zero-copy off | inputs copied (reason: count) |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
     for (model, op, kinds, result), (count, got, ideal, off, why) in groups.items():
         said = ", ".join(f"{k}: {v}" for k, v in sorted(why.items())) or "—"
         rows.append(f"| {model} | {op}({kinds}) | {result} | {count} | {got:,} | {ideal:,} | {off:,} | {said} |")
@@ -433,8 +435,10 @@ def model_rows() -> tuple[list[str], list[str]]:
     return totals, container_table(graphs)
 
 
-HEAD = ["| case | fxforge moved | ideal moved | zero-copy off | fxforge accessed | Inductor accessed | ideal accessed | refused |",
-        "|---|---:|---:|---:|---:|---:|---:|---|"]
+HEAD = [
+    "| case | fxforge moved | ideal moved | zero-copy off | fxforge accessed | Inductor accessed | ideal accessed | refused |",
+    "|---|---:|---:|---:|---:|---:|---:|---|",
+]
 
 
 def main(argv=None) -> int:

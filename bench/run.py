@@ -179,7 +179,9 @@ def run_case(model: corpus.Model, mode: str, args, device: str) -> dict:
             with measure.fresh_fxforge():  # its kernels must not warm the measured compile below
                 run(cm)
             zero(cm)
-            case["partitioners"] = {other: {**saved_figures(b), **fxforge_peak_bytes(b, lambda: run(cm, zero_grads=False), device)}}
+            case["partitioners"] = {
+                other: {**saved_figures(b), **fxforge_peak_bytes(b, lambda: run(cm, zero_grads=False), device)}
+            }
         except Exception as e:
             case["errors"][f"partitioner {other}"] = _err(e)
         del m
@@ -314,7 +316,9 @@ def ratios(case: dict) -> dict:
     out = {}
     for other in ("eager", "inductor"):
         out[f"time_fxforge_over_{other}"] = table.ratio(get("fxforge", "time", "median_s"), get(other, "time", "median_s"))
-        out[f"peak_fxforge_over_{other}"] = table.ratio(get("fxforge", "memory", "peak_bytes"), get(other, "memory", "peak_bytes"))
+        out[f"peak_fxforge_over_{other}"] = table.ratio(
+            get("fxforge", "memory", "peak_bytes"), get(other, "memory", "peak_bytes")
+        )
     out["time_inductor_over_eager"] = table.ratio(get("inductor", "time", "median_s"), get("eager", "time", "median_s"))
     out["first_call_fxforge_over_inductor"] = table.ratio(get("fxforge", "first_call_s"), get("inductor", "first_call_s"))
     out["first_call_fxforge_over_aot_eager"] = table.ratio(get("fxforge", "first_call_s"), get("aot_eager", "first_call_s"))

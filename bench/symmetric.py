@@ -129,7 +129,7 @@ def main() -> None:
         f"{args.ranks} gloo ranks; every all-reduce a one-shot all-reduce on symmetric memory. "
         "`python bench/symmetric.py" + (f" --ranks {args.ranks}" if args.ranks != 2 else "") + "`; identical on every rank.",
         "",
-        "| graph | comm buffers | their bytes (one allocation each) | planned arena | written in place | copy-ins | barriers | start barrier | alloc ids |",
+        "| graph | comm buffers | their bytes (one allocation each) | planned arena | written in place | copy-ins | barriers | start barrier | alloc ids |",  # noqa: E501
         "|---|---:|---:|---:|---:|---|---:|---|---|",
     ]
     for r in rows:

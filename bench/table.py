@@ -69,7 +69,9 @@ def one_line(c: dict) -> str:
             parts.append(f"{n} {_ms(get_path(res, n, 'time', 'median_s'))}ms")
     parts.append(f"fx/eager {_x(r.get('time_fxforge_over_eager'))}")
     parts.append(f"peak fx/eager {_x(r.get('peak_fxforge_over_eager'))} fx/ind {_x(r.get('peak_fxforge_over_inductor'))}")
-    parts.append(f"first call fx {_s(get_path(res, 'fxforge', 'first_call_s'))}s ind {_s(get_path(res, 'inductor', 'first_call_s'))}s")
+    parts.append(
+        f"first call fx {_s(get_path(res, 'fxforge', 'first_call_s'))}s ind {_s(get_path(res, 'inductor', 'first_call_s'))}s"
+    )
     if c.get("errors"):
         parts.append("ERRORS: " + ", ".join(c["errors"]))
     if "wall_s" in c:
@@ -155,10 +157,12 @@ def markdown(results: dict) -> str:
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for c in cases:
             res, r = c["contenders"], c.get("ratios", {})
-            L.append(f"| {_case_name(c)} | {_ms(get_path(res, 'eager', 'time', 'median_s'))} | "
-                     f"{_ms(get_path(res, 'fxforge', 'time', 'median_s'))} | {_ms(get_path(res, 'inductor', 'time', 'median_s'))} | "
-                     f"{_x(r.get('time_fxforge_over_eager'))} | {_x(r.get('time_fxforge_over_inductor'))} | "
-                     f"{_x(r.get('time_inductor_over_eager'))} | {get_path(res, 'eager', 'time', 'calls') or '—'} |")
+            L.append(
+                f"| {_case_name(c)} | {_ms(get_path(res, 'eager', 'time', 'median_s'))} | "
+                f"{_ms(get_path(res, 'fxforge', 'time', 'median_s'))} | {_ms(get_path(res, 'inductor', 'time', 'median_s'))} | "
+                f"{_x(r.get('time_fxforge_over_eager'))} | {_x(r.get('time_fxforge_over_inductor'))} | "
+                f"{_x(r.get('time_inductor_over_eager'))} | {get_path(res, 'eager', 'time', 'calls') or '—'} |"
+            )
         L += ["", "## Geometric means per thread count", "",
               "| threads | cases | fxforge/eager | fxforge/Inductor | furthest behind Inductor |",
               "|---:|---:|---:|---:|---|"]
@@ -170,9 +174,11 @@ def markdown(results: dict) -> str:
               "| case | eager | fxforge | Inductor | fxforge/eager | fxforge/Inductor |", "|---|---:|---:|---:|---:|---:|"]
         for c in cases:
             res, r = c["contenders"], c.get("ratios", {})
-            L.append(f"| {_case_name(c)} | {_mib(get_path(res, 'eager', 'memory', 'peak_bytes'))} | "
-                     f"{_mib(get_path(res, 'fxforge', 'memory', 'peak_bytes'))} | {_mib(get_path(res, 'inductor', 'memory', 'peak_bytes'))} | "
-                     f"{_x(r.get('peak_fxforge_over_eager'))} | {_x(r.get('peak_fxforge_over_inductor'))} |")
+            L.append(
+                f"| {_case_name(c)} | {_mib(get_path(res, 'eager', 'memory', 'peak_bytes'))} | "
+                f"{_mib(get_path(res, 'fxforge', 'memory', 'peak_bytes'))} | {_mib(get_path(res, 'inductor', 'memory', 'peak_bytes'))} | "  # noqa: E501
+                f"{_x(r.get('peak_fxforge_over_eager'))} | {_x(r.get('peak_fxforge_over_inductor'))} |"
+            )
         L += ["", "## Compile time (s): first call, cold", "",
               "aot_eager (dynamo + AOTAutograd, no backend compile) is the floor every backend shares; "
               "floor/Inductor is the least first-call ratio any backend could reach.", "",
@@ -182,10 +188,12 @@ def markdown(results: dict) -> str:
         for c in cases:
             res, r = c["contenders"], c.get("ratios", {})
             err = " / ".join(_e(res.get(n)) for n in ("fxforge", "inductor"))
-            L.append(f"| {_case_name(c)} | {_s(get_path(res, 'aot_eager', 'first_call_s'))} | {_s(get_path(res, 'fxforge', 'first_call_s'))} | "
-                     f"{_s(get_path(res, 'inductor', 'first_call_s'))} | {_x(r.get('first_call_fxforge_over_inductor'))} | "
-                     f"{_x(r.get('first_call_aot_eager_over_inductor'))} | {_s(get_path(res, 'fxforge', 'backend_s'))} | {_s(get_path(res, 'inductor', 'backend_s'))} | "
-                     f"{_x(r.get('backend_fxforge_over_inductor'))} | {err} |")
+            L.append(
+                f"| {_case_name(c)} | {_s(get_path(res, 'aot_eager', 'first_call_s'))} | {_s(get_path(res, 'fxforge', 'first_call_s'))} | "  # noqa: E501
+                f"{_s(get_path(res, 'inductor', 'first_call_s'))} | {_x(r.get('first_call_fxforge_over_inductor'))} | "
+                f"{_x(r.get('first_call_aot_eager_over_inductor'))} | {_s(get_path(res, 'fxforge', 'backend_s'))} | {_s(get_path(res, 'inductor', 'backend_s'))} | "  # noqa: E501
+                f"{_x(r.get('backend_fxforge_over_inductor'))} | {err} |"
+            )
         L += ["", "## fxforge memory plan and graphs (summed over the graphs of each case; MiB)", "",
               "arena: most arena bytes live at once (arenas live over windows of the schedule); schedule peak / "
               "eager live peak: every storage the graph creates, fxforge's schedule vs program order (like for "
@@ -247,11 +255,15 @@ def markdown(results: dict) -> str:
         L.append(f"- skipped {s['model']}: {s['reason']}")
     syn = get_path(results, "synthetic", "rows")
     if syn:
-        L += ["", "## Pass-pipeline time vs graph size (synthetic pointwise chains/trees)", "",
-              "| nodes | build + FakeTensorProp (s) | passes (s) | schedule | groups | memory plan | codegen | load wrapper | "
-              f"compile_seconds (s) | compile CPU s | µs/node ({'CPU' if get_path(results, 'synthetic', 'per_node_from') == 'compile_cpu_s' else 'wall'}) | "
-              "per node vs smallest | matches eager |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        L += [
+            "",
+            "## Pass-pipeline time vs graph size (synthetic pointwise chains/trees)",
+            "",
+            "| nodes | build + FakeTensorProp (s) | passes (s) | schedule | groups | memory plan | codegen | load wrapper | "
+            f"compile_seconds (s) | compile CPU s | µs/node ({'CPU' if get_path(results, 'synthetic', 'per_node_from') == 'compile_cpu_s' else 'wall'}) | "  # noqa: E501
+            "per node vs smallest | matches eager |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for r in syn:
             if "compile_s" not in r:
                 L.append(f"| {r['nodes']} | error: `{r.get('error', '').splitlines()[0][:200]}` |")

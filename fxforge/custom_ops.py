@@ -16,8 +16,8 @@ graph calling ``op`` compiles (``torch.compile``, ``compile_exported``) with
 2. **Then speed.**  The op itself (``CustomOpConfig()``: the fallback, called opaquely) and each
    accepted candidate are compiled by fxforge with the compile's Config, each at the site
    among the neighbours the backend fuses with it (``context_of``), and timed (calls
-   interleaved, medians).  A candidate is chosen when it is ``min_speedup`` times as fast as
-   the op or more; the fastest such one wins.
+   interleaved, the least time over rounds; ``fxforge.timing``).  A candidate is chosen when
+   it is ``min_speedup`` times as fast as the op or more; the fastest such one wins.
 3. **Inlined.**  The winner replaces the op's node before the graph is lowered (for
    ``torch.compile``, in the graph handed to AOTAutograd, so a training step differentiates the
    decomposition itself; for an exported program, through ``run_decompositions``): its ATen
@@ -41,8 +41,6 @@ import json
 import logging
 import os
 import platform
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -50,13 +48,13 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from .timing import Budget, Timing, quiet, time_candidates
+
 log = logging.getLogger("fxforge")
 
 # Rounds of timed calls per site (each round calls every implementation once), at most, and the
 # seconds a site's timing may take once a few rounds ran.
-TIMING_ROUNDS = 30
-TIMING_MIN_ROUNDS = 5
-TIMING_BUDGET_S = 1.0
+TIMING = Budget(rounds=30, min_rounds=5, seconds=1.0)
 
 
 class CustomOpConfig:
@@ -450,21 +448,12 @@ def context_of(n: fx.Node, setting: Setting) -> Context | None:
     return Context(fx.GraphModule(torch.nn.Module(), g), env[n], [_val(a) for a in outside])
 
 
-def _time(calls: dict[str, Callable[[], Any]]) -> dict[str, float]:
-    """Median seconds per call of each, calls interleaved (start rotated each round)."""
-    names = list(calls)
-    for n in names:  # warm-up
-        calls[n]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    start = time.perf_counter()
-    for r in range(TIMING_ROUNDS):
-        if r >= TIMING_MIN_ROUNDS and time.perf_counter() - start > TIMING_BUDGET_S:
-            break
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            calls[n]()
-            times[n].append(time.perf_counter() - t0)
-    return {n: statistics.median(ts) for n, ts in times.items()}
+def _timed(calls: dict[str, Callable[[], Any]], inputs: tuple) -> Timing:
+    """``calls`` timed (``timing.time_candidates``: interleaved, least time over rounds, retried
+    while the machine is busy); ``inputs``: the site's (args, kwargs), whose device decides
+    whether the calls' CPU time tells the load."""
+    on_cuda = any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in pytree.tree_leaves(inputs))
+    return time_candidates(calls, TIMING, threads=torch.get_num_threads(), host=not on_cuda)
 
 
 def _cache_key(t: Tuning, args: tuple, kwargs: dict, config: Any, neighbourhood: str = "") -> str:
@@ -543,7 +532,7 @@ def _choose(t: Tuning, times: dict[str, float]) -> str:
 def tune_site(t: Tuning, args: tuple, kwargs: dict, setting: Setting, node: fx.Node | None = None) -> dict:
     """Check and time every candidate at one call site (``args``/``kwargs``: its fake or example
     values); returns the site's record for ``stats["custom_ops"]``: ``op``, ``node``, ``inputs``,
-    ``candidates`` (name -> median seconds per call), ``rejected`` (name -> reason), ``winner``
+    ``candidates`` (name -> least seconds per call over the rounds), ``rejected`` (name -> reason), ``winner``
     (a candidate's name, "fallback" for the op itself) and ``cached``.  A site whose
     ``dispatch_on`` size is symbolic is tuned per range of ``split_points`` instead: ``ranges``
     lists each range's sizes, the size timed, the times and the winner (adjacent ranges with the
@@ -562,7 +551,8 @@ def tune_site(t: Tuning, args: tuple, kwargs: dict, setting: Setting, node: fx.N
     try:
         with open(path, encoding="utf-8") as f:
             record = json.load(f)
-        if {r["winner"] for r in record.get("ranges", [record])} <= names:
+        if {r["winner"] for r in record.get("ranges", [record])} <= names and \
+                not (record.get("contended") and quiet(torch.get_num_threads())):
             return dict(record, node=where, cached=True)
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -599,15 +589,18 @@ def tune_site(t: Tuning, args: tuple, kwargs: dict, setting: Setting, node: fx.N
                 rejected[cfg.name] = f"did not compile: {type(e).__name__}: {e}"
                 log.warning("fxforge: custom op %s: candidate %s did not compile (%s); not chosen", t.op.name(),
                             cfg.name, e)
-        record["candidates"] = _time(calls)
+        timings = [_timed(calls, inputs[0])]
+        record["candidates"] = timings[0].seconds
         record["winner"] = _choose(t, record["candidates"])
     else:
         # one graph serves every range: each range's winner runs as its own ATen calls, timed so
         dim = t.dispatch_on["dim"]
         record["dispatch_on"] = f"{t.dispatch_on['tensor_name']}.size({dim})"
-        ranges = []
+        ranges, timings = [], []
         for (lo, hi, _, _), (ra, rk) in zip(sites, inputs):
-            times = _time({c.name: (lambda f=c.bind(t.op), ra=ra, rk=rk: f(*ra, **rk)) for c in accepted})
+            timings.append(_timed({c.name: (lambda f=c.bind(t.op), ra=ra, rk=rk: f(*ra, **rk)) for c in accepted},
+                                  (ra, rk)))
+            times = timings[-1].seconds
             winner = _choose(t, times)
             if ranges and ranges[-1]["winner"] == winner:
                 ranges[-1]["sizes"][1] = hi
@@ -616,6 +609,12 @@ def tune_site(t: Tuning, args: tuple, kwargs: dict, setting: Setting, node: fx.N
                 ranges.append({"sizes": [lo, hi], "at": _describe_inputs(ra, rk), "times": [times], "winner": winner})
         record["ranges"] = ranges
         record["winner"] = ranges[0]["winner"] if len(ranges) == 1 else None
+    contended = [x for x in timings if x.contended]
+    if contended:
+        # stored marked: a later compile on a quiet machine times the site again
+        record["contended"] = contended[0].describe()
+        log.info("fxforge: custom op %s: timed while the machine was busy (%s); choice %s kept until a quiet "
+                 "compile times it again", t.op.name(), record["contended"], record["winner"])
     try:
         atomic_write(path, json.dumps(record))
     except OSError:

@@ -204,7 +204,11 @@ def _reprop_mismatches(gm: fx.GraphModule) -> list[str]:
 
 
 def _is_unsupported(e: Exception) -> bool:
-    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
 
     if isinstance(e, (UnsupportedOperatorException, DynamicOutputShapeException, DataDependentOutputException)):
         return True

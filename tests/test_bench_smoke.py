@@ -70,7 +70,9 @@ def test_smoke_run_writes_json_and_table(bench_modules, tmp_path):
     assert {t["target"] for t in data["targets"]} >= {"arena / lower bound", "time per call vs eager (not slower)"}
     md = (tmp_path / "smoke.md").read_text()
     assert all(c["threads"] >= 1 for c in data["cases"])
-    assert "| demo-tiny train (" in md and "## Geometric means per thread count" in md and "fxforge/eager" in md and "torch 2." in md
+    assert (
+        "| demo-tiny train (" in md and "## Geometric means per thread count" in md and "fxforge/eager" in md and "torch 2." in md
+    )
 
 
 def test_ratios_and_targets_with_inductor(bench_modules):

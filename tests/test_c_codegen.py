@@ -1088,9 +1088,15 @@ def test_debug_mode_checks_each_tensors_layout_naming_the_argument(kernels_throu
         shape = tuple(real[t].shape)
         wrong = (torch.randn(shape[0], shape[1] + 1), f"has shape \\({shape[0]}, {shape[1] + 1}\\); the kernel was "
                  f"compiled for \\({shape[0]}, {shape[1]}\\)")
-        cases = [wrong, (torch.randn(shape[::-1]).t(), "has strides"),
-                 (torch.randn(shape, dtype=torch.float64), "is a torch.float64 tensor on cpu; the kernel was compiled for torch.float32 on cpu"),
-                 (3.0, "is a float, not a tensor")]
+        cases = [
+            wrong,
+            (torch.randn(shape[::-1]).t(), "has strides"),
+            (
+                torch.randn(shape, dtype=torch.float64),
+                "is a torch.float64 tensor on cpu; the kernel was compiled for torch.float32 on cpu",
+            ),
+            (3.0, "is a float, not a tensor"),
+        ]
         for bad, why in cases:
             call = list(real)
             call[t] = bad

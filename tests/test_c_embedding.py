@@ -80,7 +80,7 @@ def test_an_index_out_of_range_raises_eagers_error(kernels_through):
 
 
 def test_refusals_name_the_reason():
-    w, i = torch.randn(10, 3), torch.randint(0, 10, (4,))
+    i = torch.randint(0, 10, (4,))
 
     def graph(fn, *args):
         torch._dynamo.reset()

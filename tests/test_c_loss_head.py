@@ -14,15 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import fxforge
-from fxforge.codegen.c import backend as c_backend, build
+from fxforge.codegen.c import build
 from fxforge.codegen.c.ops import ONE_THREAD_MAX_NUMEL
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
               pytest.mark.usefixtures("kernel_cache")]
 
 sys.path.insert(0, os.path.dirname(__file__))
-from c_helpers import compile_c, sources  # noqa: E402
+from c_helpers import compile_c  # noqa: E402
 from test_c_codegen import fallbacks  # noqa: E402
 
 aten = torch.ops.aten

@@ -144,7 +144,7 @@ def test_a_second_process_reuses_the_choices(tmp_path):
         x, r = torch.randn(32, 128), torch.randn(32, 128)
         c = fxforge.compile_exported(torch.export.export(m, (x, r)))
         torch.testing.assert_close(c(x, r), m(x, r), rtol=1e-4, atol=1e-5)
-        print(sorted((r["op"], r["cached"], r["winner"]) for r in c.stats["custom_ops"]))
+        print(sorted((r["op"], r["cached"], r["winner"], bool(r.get("contended"))) for r in c.stats["custom_ops"]))
     """)
     env = {**os.environ, "FXFORGE_CACHE_DIR": str(tmp_path / "shared")}
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
@@ -152,8 +152,11 @@ def test_a_second_process_reuses_the_choices(tmp_path):
     for p in runs:
         assert p.returncode == 0, p.stderr[-3000:]
     first, second = (eval(p.stdout.strip().splitlines()[-1]) for p in runs)
-    assert [c for _, c, _ in first] == [False, False] and [c for _, c, _ in second] == [True, True]
-    assert [w for *_, w in first] == [w for *_, w in second]  # the same choices, not timed again
+    assert [c for _, c, _, _ in first] == [False, False]
+    for (op, _, won, busy), (_, cached, won_again, _) in zip(first, second):
+        # read, the same choice, not timed again; unless the first timing saw a busy machine and
+        # this one found it quiet (tests/test_timing.py)
+        assert (cached and won_again == won) or (busy and not cached), (op, first, second)
 
 
 def test_registration_errors():

@@ -79,7 +79,9 @@ def not_applicable(op) -> str | None:
     if (name.endswith("_") and not name.endswith("__")) or op.variant_test_name == "in_place":
         return "in-place variant: the functional form is swept instead"
     tokens = re.split(r"[._]", name) if not name.startswith(("signal.windows.", "native_dropout_backward")) else []
-    if getattr(op, "has_nondeterministic_output", False) or any(t in _NONDETERMINISTIC or t.startswith("dropout") for t in tokens):
+    if getattr(op, "has_nondeterministic_output", False) or any(
+        t in _NONDETERMINISTIC or t.startswith("dropout") for t in tokens
+    ):
         return "random or uninitialised output: nothing to compare against"
     return None
 
@@ -231,7 +233,7 @@ class OutOverloadCheck(TorchDispatchMode):
             return f"{overload} raises {_first_line(e)}"
         for i, ((buf, guard), (out, optr, shape, stride), r) in enumerate(zip(bufs, outs, expected)):
             if out.shape != shape or (r.numel() and (out.data_ptr() != optr or out.stride() != stride)):
-                return f"{overload} resized or reallocated out {i} (shape {tuple(shape)}: a buffer in an arena spills into its neighbours)"
+                return f"{overload} resized or reallocated out {i} (shape {tuple(shape)}: a buffer in an arena spills into its neighbours)"  # noqa: E501
             if not torch.equal(buf[: self.GUARD], guard):
                 return f"{overload} wrote outside out {i}"
             try:

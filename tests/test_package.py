@@ -178,7 +178,9 @@ def test_unsafe_members_are_refused(packaged, tmp_path):
 def test_wrong_torch_version_and_format_are_clear_errors(packaged, tmp_path):
     _, _, path = packaged
     old = _rewrite(path, str(tmp_path / "old.fxpkg"), manifest=lambda m: m.update(torch="2.9.1+cpu"))
-    with pytest.raises(PackageError, match=f"built with torch 2.9.1\\+cpu; this process has torch {re.escape(torch.__version__)}"):
+    with pytest.raises(
+        PackageError, match=f"built with torch 2.9.1\\+cpu; this process has torch {re.escape(torch.__version__)}"
+    ):
         load_package(old)
     future = _rewrite(path, str(tmp_path / "future.fxpkg"), manifest=lambda m: m.update(format=99))
     with pytest.raises(PackageError, match="format 99; this fxforge reads format 1"):

@@ -429,7 +429,9 @@ def trees(draw):
     n_leaves = draw(st.integers(1, 4))
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(["cat0", "cat1", "pad"]))
-        pads = draw(st.lists(st.integers(-1, 2), min_size=1, max_size=2).map(lambda p: [x for v in p for x in (v, (v + 1) % 3 - 1)]))
+        pads = draw(
+            st.lists(st.integers(-1, 2), min_size=1, max_size=2).map(lambda p: [x for v in p for x in (v, (v + 1) % 3 - 1)])
+        )
         extra = draw(st.booleans())
         plan.append((kind, pads, extra))
     return rows, cols, n_leaves, plan, draw(st.booleans())

@@ -243,8 +243,11 @@ def test_partial_output_never_reduced(mesh2, mlp_ep):
         fxforge.partition(mlp_ep, mesh2, cases.tp(), out_placements=[None])
     msg = str(e.value)
     # the output's node name depends on how the backend decomposes the graph ('add', 'add_2')
-    assert re.match(r"output 0 \('add(_\d+)?'\) is \[Partial\(\)\] after propagation \(a sum not yet reduced over mesh "
-                    r"dim 0\) and out_placements\[0\] is None \(keep as propagated\), so it would be returned unreduced\.", msg), msg
+    assert re.match(
+        r"output 0 \('add(_\d+)?'\) is \[Partial\(\)\] after propagation \(a sum not yet reduced over mesh "
+        r"dim 0\) and out_placements\[0\] is None \(keep as propagated\), so it would be returned unreduced\.",
+        msg,
+    ), msg
     assert "Declare out_placements[0] = [Replicate()] (all-reduce), a Shard(d) placement (reduce-scatter), or " \
            "[Partial()] to return the partial values on purpose." in msg
 

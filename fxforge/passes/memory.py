@@ -22,7 +22,25 @@ import torch.fx as fx
 from ..config import Config
 from ..iteration import is_pointwise, reduction_of, schema_bind
 from ..lowering.out_variant import out_variant
-from ..graph import ALLOCATES, FALLBACK_BACKEND, SLICE_OF, SYMMETRIC, VAL, ZERO_COPY, Live, expr, hint, liveness, node_kind, opaque_aliasing, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
+from ..graph import (
+    ALLOCATES,
+    FALLBACK_BACKEND,
+    SLICE_OF,
+    SYMMETRIC,
+    VAL,
+    ZERO_COPY,
+    Live,
+    expr,
+    hint,
+    liveness,
+    node_kind,
+    opaque_aliasing,
+    output_nodes,
+    peak_live_bytes,
+    shape_env_of,
+    storage_nbytes,
+    storage_root,
+)
 from ..plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, verify_plan
 from .schedule import fused_positions

@@ -47,7 +47,19 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..codegen.api import CodegenBackend
 from ..config import Config
-from ..graph import ALLOCATES, BACKEND, FALLBACK_BACKEND, SLICE_OF, SYMMETRIC, VAL, ZERO_COPY, expr, is_mutating, node_kind, output_nodes
+from ..graph import (
+    ALLOCATES,
+    BACKEND,
+    FALLBACK_BACKEND,
+    SLICE_OF,
+    SYMMETRIC,
+    VAL,
+    ZERO_COPY,
+    expr,
+    is_mutating,
+    node_kind,
+    output_nodes,
+)
 from ..pipeline import PassResult
 from ..regions import PAD, container_inputs, is_container, regions, size_expr
 

@@ -544,7 +544,9 @@ def dth_display(target: Any) -> str:
     return op_display(target)
 
 
-def trace_rank(ep: ExportedProgram, mesh, ins: list[RankInput], outs: list[RankOutput], table: dict) -> tuple[fx.GraphModule, dict]:
+def trace_rank(
+    ep: ExportedProgram, mesh, ins: list[RankInput], outs: list[RankOutput], table: dict
+) -> tuple[fx.GraphModule, dict]:
     """This rank's graph: ``ep`` traced on DTensors (fake local inputs) into plain ATen ops and
     functional collectives."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -20,7 +20,18 @@ from typing import Collection, Iterable
 import torch
 import torch.fx as fx
 
-from ..graph import GROUP, VAL, hint, liveness, node_kind, output_nodes, peak_live_bytes, shape_env_of, storage_nbytes, storage_root
+from ..graph import (
+    GROUP,
+    VAL,
+    hint,
+    liveness,
+    node_kind,
+    output_nodes,
+    peak_live_bytes,
+    shape_env_of,
+    storage_nbytes,
+    storage_root,
+)
 from ..lowering.cleanup import has_side_effects
 from ..plan import group_outputs
 

@@ -441,7 +441,9 @@ def place_static(spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int) 
     return {k: sympy.Integer(o) for k, o in plan.offsets.items()}, plan.arena_bytes, plan.planner
 
 
-def place_symbolic(spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int) -> tuple[dict[str, sympy.Expr], sympy.Expr, str]:
+def place_symbolic(
+    spans: dict[str, tuple[sympy.Expr, int, int]], alignment: int
+) -> tuple[dict[str, sympy.Expr], sympy.Expr, str]:
     """Slots shared by blocks of the same size expression with disjoint lifetimes, laid out one
     after another: sound for every value of the symbols, nothing re-planned at run time."""
     free: dict[sympy.Expr, list[tuple[int, int]]] = {}  # size -> heap of (last end, slot)
@@ -471,9 +473,16 @@ def place(window: dict[str, tuple[sympy.Expr, int, int]], alignment: int) -> tup
     return place_symbolic(window, alignment)
 
 
-def place_windows(windows: list[list[str]], spans: dict[str, tuple[sympy.Expr, int, int]],
-                  hinted: Spans, alignment: int, calls: Calls | None = None, rounds: int = 8,
-                  tries: int = 4, max_blocks: int = 4096) -> list[tuple[list[str], tuple[dict[str, sympy.Expr], sympy.Expr, str]]]:
+def place_windows(
+    windows: list[list[str]],
+    spans: dict[str, tuple[sympy.Expr, int, int]],
+    hinted: Spans,
+    alignment: int,
+    calls: Calls | None = None,
+    rounds: int = 8,
+    tries: int = 4,
+    max_blocks: int = 4096,
+) -> list[tuple[list[str], tuple[dict[str, sympy.Expr], sympy.Expr, str]]]:
     """Place every window (``place``), then repair what the search could not see (it sizes a
     window at its blocks' peak of live bytes; the offset planners may need more): while the
     most arena bytes live at once exceed the blocks' own peak by more than 1%, take the window

@@ -93,7 +93,9 @@ def overview_svg(groups: list[list], uid: str) -> str:
         fill = f"url(#hatch-{uid})" if fallback else f"hsl({hue},55%,60%)"
         parts.append(f'<rect class="{cls}" x="{x:.2f}" y="0" width="{w:.2f}" height="{h:g}" fill="{fill}" data-g="{i}"/>')
         x += w
-    hatch = (f'<pattern id="hatch-{uid}" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-             '<rect width="6" height="6" fill="#e5484d"/><line x1="0" y1="0" x2="0" y2="6" stroke="#7a1013" stroke-width="3"/></pattern>')
+    hatch = (
+        f'<pattern id="hatch-{uid}" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+        '<rect width="6" height="6" fill="#e5484d"/><line x1="0" y1="0" x2="0" y2="6" stroke="#7a1013" stroke-width="3"/></pattern>'  # noqa: E501
+    )
     return (f'<svg class="overview" viewBox="0 -2 {W:g} {h + 4:g}" preserveAspectRatio="none" role="img" '
             f'aria-label="{html.escape("kernel groups in schedule order")}"><defs>{hatch}</defs>' + "".join(parts) + "</svg>")

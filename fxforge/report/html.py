@@ -69,13 +69,15 @@ def _stat_value(key: str, v: Any) -> tuple[str, str]:
 def _summary(c) -> str:
     s = c.stats
     frag = s.get("fragmentation", 0.0) * 100
-    return (f'<p class="summary"><b>{esc(s.get("graph", "graph"))} graph</b>: {s.get("nodes_in", 0):,} nodes \u2192 '
-            f'{s.get("kernels", 0):,} kernels ({s.get("fused_nodes", 0):,} nodes fused), '
-            f'<span class="{"warn" if s.get("fallback_nodes") else ""}">{s.get("fallback_nodes", 0)} fallback nodes</span>; '
-            f'arenas {esc(fmt_bytes(s.get("arena_bytes", 0)))} for a lower bound of {esc(fmt_bytes(s.get("lower_bound_bytes", 0)))} '
-            f'(fragmentation {frag:.1f}%); eager peak {esc(fmt_bytes(s.get("eager_live_peak_bytes", 0)))}, '
-            f'schedule peak {esc(fmt_bytes(s.get("schedule_peak_bytes", 0)))} ({esc(s.get("schedule", ""))} order); '
-            f'compiled in {s.get("compile_seconds", 0.0):.2f} s</p>')
+    return (
+        f'<p class="summary"><b>{esc(s.get("graph", "graph"))} graph</b>: {s.get("nodes_in", 0):,} nodes \u2192 '
+        f"{s.get('kernels', 0):,} kernels ({s.get('fused_nodes', 0):,} nodes fused), "
+        f'<span class="{"warn" if s.get("fallback_nodes") else ""}">{s.get("fallback_nodes", 0)} fallback nodes</span>; '
+        f"arenas {esc(fmt_bytes(s.get('arena_bytes', 0)))} for a lower bound of {esc(fmt_bytes(s.get('lower_bound_bytes', 0)))} "
+        f"(fragmentation {frag:.1f}%); eager peak {esc(fmt_bytes(s.get('eager_live_peak_bytes', 0)))}, "
+        f"schedule peak {esc(fmt_bytes(s.get('schedule_peak_bytes', 0)))} ({esc(s.get('schedule', ''))} order); "
+        f"compiled in {s.get('compile_seconds', 0.0):.2f} s</p>"
+    )
 
 
 def _memory_section(c, uid: str) -> tuple[str, dict]:
@@ -84,16 +86,26 @@ def _memory_section(c, uid: str) -> tuple[str, dict]:
     mv = memory_view(c, uid)
     cv = curves(c)
     s = c.stats
-    legend = "".join(f'<span class="sw kind-{esc(k)}" style="background:{css}"></span>{esc(k)}' + (f" ({esc(note)})" if note else "")
-                     for k, css, note in mv["legend"])
+    legend = "".join(
+        f'<span class="sw kind-{esc(k)}" style="background:{css}"></span>{esc(k)}' + (f" ({esc(note)})" if note else "")
+        for k, css, note in mv["legend"]
+    )
     n_arena = mv["in_arenas"]
-    note = (f'{len(mv["buffers"])} buffers ({n_arena} in {len(mv["arenas"])} arenas, {len(mv["buffers"]) - n_arena} in fresh allocations) '
-            f'over {mv["steps"]} schedule steps. Arenas hold {esc(fmt_bytes(s.get("arena_bytes", 0)))} at most at once; the '
-            f'buffers in them need {esc(fmt_bytes(s.get("lower_bound_bytes", 0)))} (lower bound, dashed): fragmentation '
-            f'<b>{s.get("fragmentation", 0.0) * 100:.1f}%</b>. Arenas are stacked where they would sit in one address space '
-            f'(first fit over their live windows: {esc(fmt_bytes(mv["packed_bytes"]))}).')
-    fresh = (f'<h3>Fresh allocations <small>(graph outputs and what they view: allocated per call, never in an arena)</small></h3>'
-             f'{mv["fresh_svg"]}') if mv["fresh_svg"] else ""
+    note = (
+        f"{len(mv['buffers'])} buffers ({n_arena} in {len(mv['arenas'])} arenas, {len(mv['buffers']) - n_arena} in fresh allocations) "  # noqa: E501
+        f"over {mv['steps']} schedule steps. Arenas hold {esc(fmt_bytes(s.get('arena_bytes', 0)))} at most at once; the "
+        f"buffers in them need {esc(fmt_bytes(s.get('lower_bound_bytes', 0)))} (lower bound, dashed): fragmentation "
+        f"<b>{s.get('fragmentation', 0.0) * 100:.1f}%</b>. Arenas are stacked where they would sit in one address space "
+        f"(first fit over their live windows: {esc(fmt_bytes(mv['packed_bytes']))})."
+    )
+    fresh = (
+        (
+            f"<h3>Fresh allocations <small>(graph outputs and what they view: allocated per call, never in an arena)</small></h3>"
+            f"{mv['fresh_svg']}"
+        )
+        if mv["fresh_svg"]
+        else ""
+    )
     eager_note = "" if "eager" in cv else " (no input-graph record: eager curve not available)"
     body = (f'<section class="memory" id="{uid}-memory"><h2>Memory</h2><p class="note">{note}</p>'
             f'<p class="legend">{legend}<span class="sw reuse"></span>written in place over a dying buffer'
@@ -121,17 +133,19 @@ def _graph_section(c, uid: str) -> tuple[str, dict]:
     fb_rows = [[n, r] for n, r in fb.items()]
     fallbacks = (_table(["node", "reason"], fb_rows, "fallbacks clickable", [f' data-node="{esc(n)}"' for n, _ in fb_rows])
                  if fb_rows else "<p>None: every node runs in a generated kernel.</p>")
-    body = (f'<section class="graphpic" id="{uid}-graph"><h2>Graph</h2>'
-            f'<p class="note">{len(gv["nodes"]):,} nodes in schedule order, {len(gv["groups"]):,} kernel groups. '
-            f'Overview: one block per kernel group (width: its nodes), fallbacks red and hatched. Click a block, a '
-            f'refused fusion or a fallback to show its nodes below.</p>{gv["overview_svg"]}'
-            f'<div class="controls"><button class="prev" type="button">\u25c0 earlier</button>'
-            f'<input class="slider" type="range" min="0" max="{max(len(gv["nodes"]) - 1, 0)}" value="0" aria-label="window start">'
-            f'<button class="next" type="button">later \u25b6</button>'
-            f'<input class="find" type="search" placeholder="find node by name" aria-label="find node">'
-            f'<span class="range"></span></div><div class="detail"></div>'
-            f'<h3>Refused fusions <small>({count_text}; first {len(refused_rows)} listed)</small></h3>{refused}'
-            f'<h3>Fallbacks</h3>{fallbacks}</section>')
+    body = (
+        f'<section class="graphpic" id="{uid}-graph"><h2>Graph</h2>'
+        f'<p class="note">{len(gv["nodes"]):,} nodes in schedule order, {len(gv["groups"]):,} kernel groups. '
+        f"Overview: one block per kernel group (width: its nodes), fallbacks red and hatched. Click a block, a "
+        f"refused fusion or a fallback to show its nodes below.</p>{gv['overview_svg']}"
+        f'<div class="controls"><button class="prev" type="button">\u25c0 earlier</button>'
+        f'<input class="slider" type="range" min="0" max="{max(len(gv["nodes"]) - 1, 0)}" value="0" aria-label="window start">'
+        f'<button class="next" type="button">later \u25b6</button>'
+        f'<input class="find" type="search" placeholder="find node by name" aria-label="find node">'
+        f'<span class="range"></span></div><div class="detail"></div>'
+        f"<h3>Refused fusions <small>({count_text}; first {len(refused_rows)} listed)</small></h3>{refused}"
+        f"<h3>Fallbacks</h3>{fallbacks}</section>"
+    )
     return body, {"nodes": gv["nodes"], "groups": gv["groups"], "reasons": gv["reasons"],
                   "refused": [[r.get("into", ""), r.get("group", "")] for r in gv["refused"]]}
 
@@ -147,9 +161,11 @@ def _passes_section(c, uid: str) -> tuple[str, dict]:
             changed.append("<code>" + esc(json.dumps(p["stats"], default=str)) + "</code>")
         if "diff" in p:
             what = f'code: \u2212{p["removed"]} +{p["added"]} lines' if p["diff"] else "code (unchanged)"
-            code = (f'<details class="code" data-pass="{i}"><summary>{what}</summary>'
-                    f'<pre class="diff"></pre><details class="full" data-text="{p["code_before"]}"><summary>before</summary><pre></pre></details>'
-                    f'<details class="full" data-text="{p["code_after"]}"><summary>after</summary><pre></pre></details></details>')
+            code = (
+                f'<details class="code" data-pass="{i}"><summary>{what}</summary>'
+                f'<pre class="diff"></pre><details class="full" data-text="{p["code_before"]}"><summary>before</summary><pre></pre></details>'  # noqa: E501
+                f'<details class="full" data-text="{p["code_after"]}"><summary>after</summary><pre></pre></details></details>'
+            )
             changed.append(code)
         rows.append([p["name"], f'{p["seconds"] * 1e3:.2f} ms', p["before"], p["after"], "yes" if p["modified"] else "no",
                      Raw("<br>".join(changed))])
@@ -200,7 +216,7 @@ def _custom_ops_section(c, uid: str) -> str:
         parts.append(f'<h3><code>{esc(site["op"])}</code> at {esc(site.get("node", ""))}: '
                      f'{esc(site.get("inputs", ""))}{esc(cached)}</h3>'
                      + _table(head, rows, "custom-ops") + (f"<ul>{rejected}</ul>" if rejected else ""))
-    return (f'<section id="{uid}-custom-ops"><h2>Custom ops</h2><p class="note">Each candidate\'s median time per '
+    return (f'<section id="{uid}-custom-ops"><h2>Custom ops</h2><p class="note">Each candidate\'s least time per '
             f'call; the winner in bold, inlined into the graph (or, per range, called by the wrapper\'s if '
             f'chain); rejected candidates disagreed with the op and were never timed.</p>{"".join(parts)}</section>')
 

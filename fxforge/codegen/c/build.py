@@ -202,8 +202,13 @@ def _compile(cc: str, src: str, out: str, include: str | None = None, libs: tupl
         if include else []
     # the compiler is not to run under a sanitizer runtime this process preloads (make test-sanitize)
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
-    return subprocess.run([cc, *flags(parallel, quick, march), *inc, src, "-o", out, *libs, "-lm"], capture_output=True, text=True, timeout=600,
-                          env=env)
+    return subprocess.run(
+        [cc, *flags(parallel, quick, march), *inc, src, "-o", out, *libs, "-lm"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def ends_unit(k: CEmitted) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import sympy
@@ -30,7 +30,7 @@ import torch.fx as fx
 from ...graph import VAL, expr, node_kind
 from ...iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
-from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Param, Unsupported
+from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Unsupported
 from ..ir.rows import Frame, trailing
 from ..ir.aten import REDUCTIONS, Reduction
 from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store, walk

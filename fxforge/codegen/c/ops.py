@@ -4,8 +4,8 @@ What each op computes is written once, in ``codegen/ir/aten.py``; how a value pr
 ``printer.py``'s.  Only ops a C compiler turns into vector code print as C: arithmetic, the
 prelude's branch-free helpers (``fx_expf``, ``fx_tanhf``, ``fx_erff``) and the C library's
 vector math where this machine has it (``build.vector_math``); an op that would run element by
-element through the C library is left to its ATen kernel, which is vectorized.  fp16/bf16 tensors are not read or written (``SIG_DTYPE``
-leaves them out).
+element through the C library is left to its ATen kernel, which is vectorized.  fp16/bf16
+tensors are not read or written (``SIG_DTYPE`` leaves them out).
 """
 
 from __future__ import annotations

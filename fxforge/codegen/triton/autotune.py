@@ -9,8 +9,11 @@ instead of launching with the default:
   every candidate on scratch outputs: outputs are replaced by fresh buffers of the same layout
   and inputs whose bytes overlap an output are cloned, so the caller's tensors are never
   written twice.  A candidate that fails to compile or launch is skipped;
-* each candidate's time is the median of a few launches (CUDA events on a GPU, the wall clock
-  elsewhere: under TRITON_INTERPRET=1 the choice is meaningless but the path is the same);
+* each candidate's time is the least of a few launches (CUDA events on a GPU; elsewhere the
+  wall clock, launches interleaved, ``fxforge.timing``: under TRITON_INTERPRET=1 the choice is
+  meaningless but the path is the same);
+* a choice timed while the host was busy (``Timing.contended``) is stored marked so: a later
+  process re-times it where the host is quiet by then (``timing.quiet``);
 * the fastest is kept in memory and in ``tune_<kernel key>.json`` in the kernel cache directory
   (``cache.cache_dir()``: checked private, else a per-process temp directory; atomic writes,
   JSON only, a failed write is not an error), keyed also by device name, so later processes skip
@@ -22,13 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from ...timing import Budget, Timing, quiet, time_candidates
 from . import cache
 
 log = logging.getLogger("fxforge")
@@ -69,24 +71,34 @@ def _device_name(args: tuple) -> str:
     return "cpu" if t is None else t.device.type
 
 
-def _time(launch: Launch, cfg: dict, args: tuple, reps: int) -> float:
-    """Median seconds of one launch (after one warm-up launch, which also compiles)."""
-    launch(cfg, args)
-    cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
-    times = []
-    for _ in range(reps):
-        if cuda:
+def _time(launch: Launch, configs: list[dict], args: tuple, reps: int) -> Timing:
+    """Seconds per launch of each candidate (keyed by its index in ``configs``), the least over
+    ``reps`` rounds, after one warm-up launch each (which also compiles; a candidate that fails
+    there is left out).  On CUDA, CUDA events; elsewhere the host calls interleaved
+    (``timing.time_candidates``, which also says whether the machine was busy)."""
+    ok = {}
+    for i, cfg in enumerate(configs):
+        try:
+            launch(cfg, args)
+        except Exception:  # a candidate the compiler or device refuses (e.g. out of resources)
+            continue
+        ok[i] = cfg
+    if not any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args):
+        calls = {i: (lambda cfg=cfg: launch(cfg, args)) for i, cfg in ok.items()}
+        return time_candidates(calls, Budget(rounds=reps, min_rounds=reps, seconds=float("inf")),
+                               threads=torch.get_num_threads())
+    best = {}
+    for i, cfg in ok.items():
+        times = []
+        for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             launch(cfg, args)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            launch(cfg, args)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        best[i] = min(times)
+    return Timing(best, reps * len(best), 0, None, 1)
 
 
 @dataclass
@@ -112,16 +124,14 @@ class Tuner:
         stored = self.read().get(k)
         if stored in self.configs:
             return stored
-        scratch = scratch_args(args, self.n_out)
-        timings = []
-        for i, cfg in enumerate(self.configs):
-            try:
-                timings.append((_time(launch, cfg, scratch, self.reps), i))
-            except Exception:  # a candidate the compiler or device refuses (e.g. out of resources)
-                continue
+        if isinstance(stored, dict) and stored.get("config") in self.configs and not quiet(torch.get_num_threads()):
+            return stored["config"]  # chosen on a busy machine, which is busy still
+        timing = _time(launch, self.configs, scratch_args(args, self.n_out), self.reps)
         self.timed += 1
-        best = self.configs[min(timings)[1]] if timings else self.configs[0]
-        self.write({**self.read(), k: best})
+        best = self.configs[min(timing.seconds, key=timing.seconds.__getitem__)] if timing.seconds else self.configs[0]
+        if timing.contended:  # stored marked: a quiet process times it again
+            log.info("fxforge: autotune %s: timed while the machine was busy (%s)", k, timing.describe())
+        self.write({**self.read(), k: {"config": best, "contended": True} if timing.contended else best})
         return best
 
     def read(self) -> dict:

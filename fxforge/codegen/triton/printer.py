@@ -97,7 +97,9 @@ class TritonValues(ValuePrinter):
         if c.dtype == torch.bool:
             return "True" if x else "False"
         if c.dtype.is_floating_point:
-            return 'float("nan")' if math.isnan(x) else ('float("inf")' if x > 0 else 'float("-inf")') if math.isinf(x) else repr(x)
+            return (
+                'float("nan")' if math.isnan(x) else ('float("inf")' if x > 0 else 'float("-inf")') if math.isinf(x) else repr(x)
+            )
         return str(x)
 
     def const(self, c: Const) -> str:
