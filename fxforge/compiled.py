@@ -10,6 +10,7 @@ import torch
 import torch.fx as fx
 
 from .inputs import InputError
+from .stats import STAT_KEYS  # noqa: F401  (re-exported: its old home)
 
 log = logging.getLogger("fxforge")
 
@@ -21,23 +22,6 @@ _profiling = torch._C._autograd._profiler_enabled
 
 class GeneratedCodeError(RuntimeError):
     """Generated code failed where the call could not be re-run eagerly (its inputs were freed)."""
-
-STAT_KEYS = (
-    "nodes_in",
-    "kernels",
-    "fused_nodes",
-    "fallback_nodes",
-    "arena_bytes",
-    "lower_bound_bytes",
-    "eager_live_peak_bytes",
-    "copy_bytes",
-    "symmetric_arena_bytes",
-    "collective_bytes",
-    "compile_seconds",
-    "refused_fusions",
-    "refused_zero_copy",
-    "custom_ops",
-)
 
 
 @dataclass(frozen=True)

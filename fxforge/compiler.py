@@ -8,8 +8,7 @@ import itertools
 import logging
 import os
 import time
-from collections import Counter
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.fx as fx
@@ -17,11 +16,9 @@ import torch.fx as fx
 from . import logs
 from .codegen import wrapper
 from .codegen.registry import DEFAULT_REGISTRY, Registry
-from .compiled import STAT_KEYS, Compiled, KernelInfo
+from .compiled import Compiled, KernelInfo
 from .config import Config
-from .collectives import collective_stats
-from .copies import graph_copy_bytes
-from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes, peak_live_bytes
+from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.conv_layout import ConvLayout
 from .lowering.crops import LowerCrops
@@ -33,11 +30,12 @@ from .lowering.reshaped_cats import CatThroughReshapes
 from .lowering.splits import SplitForFusion
 from .passes.assign import AssignBackends
 from .passes.fusion import FuseGroups, verify_groups
-from .passes.memory import arena_intervals, arena_peak_bytes, plan_memory, symmetric_arena_bytes, verify_memory_plan
+from .passes.memory import plan_memory, verify_memory_plan
 from .passes.padcat import ZeroCopyCatPad
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .passes.symmetric import LowerAllReduceToSymmetric, PlaceSymmetric
 from .pipeline import PassError, PassManager, pass_name
+from .stats import CompileStats
 from .progress import Progress
 from .plan import Group, Plan, group_outputs
 from .report.hooks import on_compiled
@@ -159,24 +157,25 @@ def _older_objects_frozen():
         gc.unfreeze()
 
 
-def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
-                   progress: Progress) -> Compiled:
-    t0 = time.perf_counter()
-    nodes_in = progress.nodes
-    eager_peak = peak_bytes(gm, program_order(gm))
+class _Stages:
+    """The seconds each stage of one compile took, each stage's end announced on the progress line."""
 
-    stages: dict[str, float] = {}
-    clock = time.perf_counter()
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.seconds: dict[str, float] = {}
+        self.clock = time.perf_counter()
 
-    def stage(name: str) -> None:
-        nonlocal clock
+    def done(self, name: str) -> None:
         now = time.perf_counter()
-        stages[name] = now - clock
-        clock = now
-        progress.stage(_NEXT_STAGE.get(name, name))
+        self.seconds[name] = now - self.clock
+        self.clock = now
+        self.progress.stage(_NEXT_STAGE.get(name, name))
 
-    graph_id = next(_graph_ids)
-    recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
+
+def _run_passes(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
+                progress: Progress, recorder: PassRecorder) -> tuple[fx.GraphModule, list]:
+    """The pass pipeline (``default_passes`` unless ``passes`` are given), each pass observed by
+    the report's recorder and the progress line."""
     pass_list = list(passes if passes is not None else default_passes(config, registry, gm, kind))
     following = iter([f"pass {pass_name(p)}" for p in pass_list] + ["schedule"])
 
@@ -184,85 +183,72 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
         recorder(name, g)
         progress.stage(next(following, "schedule"))
 
-    pm = PassManager(pass_list, debug=config.debug, observer=observe)
-    gm, records = pm(gm)
+    gm, records = PassManager(pass_list, debug=config.debug, observer=observe)(gm)
     if config.debug and passes is None and config.passes_at("after_fusion"):
         _check_groups(gm, config, registry)
+    return gm, records
 
-    stage("passes")
+
+def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, stages: _Stages) -> tuple[Plan, dict]:
+    """The schedule, the groups in its order and the memory plan; the scheduler's figures."""
     fused = {n.meta[GROUP] for n in gm.graph.nodes
              if n.meta.get(GROUP) is not None and _fuses(n.meta.get(BACKEND, FALLBACK_BACKEND), registry)}
     sched, sched_stats = make_schedule(gm, fused)
-    stage("schedule")
+    stages.done("schedule")
     groups = build_groups(gm, sched, registry)
     memory = plan_memory(gm, sched, groups, config, kind=kind)
     if config.debug:
         verify_memory_plan(memory)
-    stage("memory_plan")
-    plan = Plan(sched, groups, memory)
-    w = wrapper.generate(gm, plan, registry, config, graph=f"{kind}-{graph_id}")
-    stage("codegen")
-    fn, profiled = w.load(f"<fxforge-{kind}-{graph_id}>")
-    stage("load")
+    stages.done("memory_plan")
+    return Plan(sched, groups, memory), sched_stats
 
-    arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas if a.symmetric is None
-                  for iv in arena_intervals(memory, a.name)]
-    # every node that runs eagerly, and why: refused by the backend, or its kernel failed to compile
-    demoted = dict(w.demoted)
-    fallbacks = {n.name: g.reason for g in groups if g.backend == FALLBACK_BACKEND for n in g.nodes}
-    fallbacks.update({n.name: demoted[g.id] for g in groups if g.id in demoted for n in g.nodes})
-    stats: dict[str, Any] = {k: 0 for k in STAT_KEYS}
-    stats.update(
-        graph=kind,
-        nodes_in=nodes_in,
-        kernels=len(w.kernels),
-        fused_nodes=sum(k.node_count for k in w.kernels if k.node_count > 1),
-        fallback_nodes=len(fallbacks),
-        arena_bytes=arena_peak_bytes(memory),  # arenas live over windows: most live at once
-        arenas=len(memory.arenas),
-        lower_bound_bytes=peak_live_bytes(arena_live),
-        eager_live_peak_bytes=eager_peak,
-        copy_bytes=graph_copy_bytes(groups, memory.hint, memory, demoted),
-        symmetric_arena_bytes=symmetric_arena_bytes(memory),
-        kept_arena_bytes=memory.kept_bytes,
-        recycled_bytes=memory.recycled_bytes,
-        symmetric_copy_ins=dict(sum((Counter(r.stats.get("symmetric_copy_ins", {})) for r in records), Counter())),
-        collectives=collective_stats(gm),
-        refused_fusions=dict(sum((Counter(r.stats.get("refused_fusions", {})) for r in records), Counter())),
-        refused_zero_copy=dict(sum((Counter(r.stats.get("refused_zero_copy", {})) for r in records), Counter())),
-        refused=[x for r in records for x in r.stats.get("refused", [])],
-        custom_ops=[],  # the entry points fill it in (custom_ops.py): tuning happens before the graph is traced
-        **sched_stats,
-        stage_seconds=stages,
-        passes=[r.as_dict() for r in records],
-        fallbacks=fallbacks,
-    )
-    stats["collective_bytes"] = sum(c["bytes"] for c in stats["collectives"])
-    # arena bytes beyond the buffers' own peak, as a fraction of it
-    stats["fragmentation"] = stats["arena_bytes"] / stats["lower_bound_bytes"] - 1 if stats["lower_bound_bytes"] else 0.0
-    stats["compile_seconds"] = time.perf_counter() - t0
-    kernels = [KernelInfo(k.name, k.backend, k.node_count, k.num_args, k.unique_io_buffers) for k in w.kernels]
+
+def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
+                   progress: Progress) -> Compiled:
+    t0 = time.perf_counter()
+    nodes_in = progress.nodes
+    eager_peak = peak_bytes(gm, program_order(gm))
+    stages = _Stages(progress)
+    graph_id = next(_graph_ids)
+    recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
+    gm, records = _run_passes(gm, config, kind, registry, passes, progress, recorder)
+    stages.done("passes")
+    plan, sched_stats = _plan(gm, config, kind, registry, stages)
+    w = wrapper.generate(gm, plan, registry, config, graph=f"{kind}-{graph_id}")
+    stages.done("codegen")
+    fn, profiled = w.load(f"<fxforge-{kind}-{graph_id}>")
+    stages.done("load")
+
+    record = CompileStats.collect(kind, gm, plan.groups, plan.memory, w, records, sched_stats, nodes_in=nodes_in,
+                                  eager_peak=eager_peak, stages=stages.seconds, seconds=time.perf_counter() - t0)
     compiled = Compiled(
         fn,
         profiled=profiled,
         source=w.source,
-        stats=stats,
-        kernels=kernels,
+        stats=record.as_dict(),
+        kernels=[KernelInfo(k.name, k.backend, k.node_count, k.num_args, k.unique_io_buffers) for k in w.kernels],
         graph=gm,
         plan=plan,
         eager=_boxed(gm),
         debug=config.debug,
         holds_inputs=kind != "backward",  # a backward's inputs (saved activations) are freed as it runs
-        communicates=bool(stats["collectives"]),
+        communicates=bool(record.collectives),
     )
     compiled.report_data = recorder.finish(w.kernels)
     compiled.artifact = w
+    _announce(compiled, config, kind, graph_id, record)
+    return compiled
+
+
+def _announce(compiled: Compiled, config: Config, kind: str, graph_id: int, record: CompileStats) -> None:
+    """The compiled graph's logs (TORCH_LOGS plan and code, the debug line), its watchers, and
+    its report where ``config.report_dir`` asks for one."""
     if logs.PLAN.isEnabledFor(logging.INFO):
-        logs.PLAN.info("fxforge: memory plan of the %s graph %d\n%s", kind, graph_id, memory.dump())
+        logs.PLAN.info("fxforge: memory plan of the %s graph %d\n%s", kind, graph_id, compiled.plan.memory.dump())
     if logs.CODE.isEnabledFor(logging.INFO):
-        logs.CODE.info("fxforge: generated code of the %s graph %d\n%s", kind, graph_id, w.source)
+        logs.CODE.info("fxforge: generated code of the %s graph %d\n%s", kind, graph_id, compiled.source)
     log.debug("fxforge: compiled %s graph %d: %d nodes, %d kernels, %d fallbacks, %.3f s", kind, graph_id,
-              nodes_in, stats["kernels"], stats["fallback_nodes"], stats["compile_seconds"])
+              record.nodes_in, record.kernels, record.fallback_nodes, record.compile_seconds)
     on_compiled(compiled)  # compile watchers; tlparse artifacts when TORCH_TRACE is set
     if config.report_dir:
         path = os.path.join(config.report_dir, f"{kind}-{graph_id}.html")
@@ -274,7 +260,6 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
                 raise
             log.warning("fxforge: could not write the report %s (%s: %s); the compiled graph is kept",
                         path, type(e).__name__, e)
-    return compiled
 
 
 def _boxed(gm: fx.GraphModule):

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import fxforge
-from fxforge.compiled import STAT_KEYS, Compiled, KernelInfo
+from fxforge.compiled import Compiled, KernelInfo
+from fxforge.stats import STAT_KEYS
 from fxforge.demo import GPT, GPTConfig
 
 backend_module = importlib.import_module("fxforge.backend")  # fxforge.backend is the function
