@@ -61,7 +61,7 @@ bench: $(STAMP)
 
 # GPU machines bring their own torch/triton: use the interpreter found there, no venv.
 bench-gpu:
-	$(PYTHON) -m fxforge.cli bench --gpu
+	$(PYTHON) -m fxforge.entry.cli bench --gpu
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .cache-sanitize

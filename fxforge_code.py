@@ -1,5 +1,5 @@
 """``TORCH_LOGS="fxforge_code"``: fxforge logs the generated code of every graph it compiles.
 
 An importable name for torch's log settings (which read ``TORCH_LOGS`` when torch is imported,
-before fxforge is); the logging is done by ``fxforge.logs``.
+before fxforge is); the logging is done by ``fxforge.infra.logs``.
 """

@@ -132,7 +132,7 @@ def main() -> int:
                 f"{name:18s} {size:>12s} {t_eager:9.3f} {t_ind:9.3f} {t_fx:9.3f} {bw:8.0f} {cbw:9.0f} {bw / cbw:7.2f}{tuned_col}"
             )
     if not args.no_demo:
-        from fxforge.demo import GPT, GPTConfig
+        from fxforge.entry.demo import GPT, GPTConfig
 
         torch.manual_seed(0)
         cfg = GPTConfig()

@@ -72,7 +72,7 @@ def real_graphs(models: list[str]) -> str:
     import corpus
     import fxforge
     import synthetic
-    from fxforge.compiler import compile_graph
+    from fxforge.spine import compile_graph
     from fxforge.passes.memory import plan_memory
 
     torch.set_num_threads(1)

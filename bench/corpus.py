@@ -76,7 +76,7 @@ def _tokens(vocab: int, device: str, seed: int = 1) -> torch.Tensor:
 
 
 def _demo(tiny: bool = False) -> Model:
-    from fxforge.demo import GPT, GPTConfig
+    from fxforge.entry.demo import GPT, GPTConfig
 
     cfg = GPTConfig(vocab=256, seq=32, d=64, heads=2, layers=1) if tiny else GPTConfig()
 

@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 import fxforge  # noqa: E402
-from fxforge.graph import FALLBACK_BACKEND, VAL, hint, node_kind  # noqa: E402
+from fxforge.core.graph import FALLBACK_BACKEND, VAL, hint, node_kind  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -59,7 +59,7 @@ def bytes_moved(compiled) -> int:
 
 
 def models(names):
-    from fxforge.demo import GPT, GPTConfig
+    from fxforge.entry.demo import GPT, GPTConfig
 
     if "demo" in names:
         torch.manual_seed(0)

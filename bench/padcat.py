@@ -63,10 +63,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402
 
 import fxforge  # noqa: E402
-from fxforge.compiled import Compiled  # noqa: E402
-from fxforge.copies import node_copy_bytes  # noqa: E402
-from fxforge.graph import VAL, node_kind  # noqa: E402
-from fxforge.regions import PAD, container_inputs, is_container, pad_border  # noqa: E402
+from fxforge.artifact.compiled import Compiled  # noqa: E402
+from fxforge.core.copies import node_copy_bytes  # noqa: E402
+from fxforge.core.graph import VAL, node_kind  # noqa: E402
+from fxforge.core.regions import PAD, container_inputs, is_container, pad_border  # noqa: E402
 from fxforge.testing import CopyCounter  # noqa: E402
 
 F32 = 4

@@ -257,7 +257,7 @@ def saved_figures(backend) -> dict:
     ``stats["saved_activation_bytes"]`` (every backward input but the incoming grads, weights
     included), ``saved_activation_bytes`` = the same without ``primals_*`` inputs (weights and
     user inputs, which exist whatever the partitioner saves)."""
-    from fxforge.graph import VAL, hint, shape_env_of, storage_nbytes
+    from fxforge.core.graph import VAL, hint, shape_env_of, storage_nbytes
 
     saved = activations = 0
     for c in backend.compiled:

@@ -51,10 +51,10 @@ def make_graph(n: int, *, inputs: int = 4, shape=(64,), seed: int = 0, skip_p: f
 
 
 def _timed_stages(fn, stages: dict):
-    """Run ``fn`` with fxforge.compiler's stage functions wrapped in timers (schedule, groups,
+    """Run ``fn`` with fxforge.spine's stage functions wrapped in timers (schedule, groups,
     memory plan, wrapper generation), restored afterwards.  Read-only instrumentation: fxforge's
     stats time the passes only; the rest of ``compile_seconds`` is split here."""
-    from fxforge import compiler
+    from fxforge import spine as compiler
     from fxforge.codegen import wrapper
 
     targets = [(compiler, "make_schedule", "schedule"), (compiler, "build_groups", "groups"),
@@ -92,7 +92,7 @@ def pipeline_times(n: int, *, seed: int = 0) -> dict:
     (``stats["compile_seconds"]``, wall: passes + schedule + memory plan + codegen + loading the
     wrapper), ``passes_s`` (sum of the pass manager's per-pass times), ``passes`` (per pass:
     name, seconds, nodes before/after), ``other_s`` = compile - passes, ``stages_s`` (schedule,
-    groups, memory plan, codegen, load: wall seconds of fxforge.compiler's stages) and
+    groups, memory plan, codegen, load: wall seconds of fxforge.spine's stages) and
     ``compile_cpu_s`` (process CPU seconds of the compile: single-threaded, so less sensitive to
     other jobs on the machine than wall time)."""
     with tempfile.TemporaryDirectory(prefix="fxforge-synthetic-") as cache:
@@ -109,7 +109,7 @@ def pipeline_times(n: int, *, seed: int = 0) -> dict:
 
 def _pipeline_times(n: int, seed: int) -> dict:
     import fxforge
-    from fxforge.compiler import compile_graph
+    from fxforge.spine import compile_graph
 
     small, _ = make_graph(8, seed=seed + 1)
     t0 = time.perf_counter()

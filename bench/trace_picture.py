@@ -22,7 +22,7 @@ import tempfile
 import torch
 
 import fxforge
-from fxforge.demo import GPT, GPTConfig
+from fxforge.entry.demo import GPT, GPTConfig
 
 COLOURS = {"c": "#3b7dd8", "torch": "#e08a2c", "triton": "#3aa657"}
 ROW_PX, WIDTH_PX = 22, 1400

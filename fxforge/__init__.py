@@ -13,18 +13,18 @@ Public API:
     fxforge.load_package("model.fxpkg")               # run it: no compiler, no tracing
 """
 
-from .backend import Backend, backend
+from .entry.dynamo import Backend, backend
 from .codegen.api import CodegenBackend, Kernel, KernelContext
 from .codegen.registry import register_backend
-from .compiled import Compiled, GeneratedCodeError, KernelInfo
-from .config import Config
-from .export import apply_passes, compile_exported
-from .inputs import InputError
+from .artifact.compiled import Compiled, GeneratedCodeError, KernelInfo
+from .core.config import Config
+from .entry.export import apply_passes, compile_exported
+from .artifact.inputs import InputError
 from .custom_ops import CustomOpConfig, register_custom_op_autotuning
 from .lowering.out_variant import register_out_variant
 from .packages import PackageError, load_package, package
-from .spmd import Partitioned, partition
-from .pipeline import PassError, PassManager, PassResult, verify_graph
+from .entry.spmd import Partitioned, partition
+from .infra.pass_manager import PassError, PassManager, PassResult, verify_graph
 
 __all__ = [
     "Backend",
@@ -54,3 +54,7 @@ __all__ = [
     "verify_graph",
 ]
 __version__ = "0.1.0"
+
+from .infra.moved import install as _install_moved  # noqa: E402
+
+_install_moved()  # the old import paths of moved modules (fxforge.graph, fxforge.backend, ...)

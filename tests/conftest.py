@@ -13,9 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture
 def fxforge_command() -> list[str]:
-    """The installed console script next to this interpreter, else ``python -m fxforge.cli``."""
+    """The installed console script next to this interpreter, else ``python -m fxforge.entry.cli``."""
     script = os.path.join(os.path.dirname(sys.executable), "fxforge")
-    return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "fxforge.cli"]
+    return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "fxforge.entry.cli"]
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from fxforge.codegen.ir import aten as ir_aten, stmts as stmts_ir, values as ir
 from fxforge.codegen.ir.emitter import Emitter, Unsupported, node_refusal
 from fxforge.codegen.ir.facts import checked_cost, pointwise_facts
 from fxforge.codegen.ir.printer import IndexPrinter, ValuePrinter
-from fxforge.iteration import shape_of
+from fxforge.core.iteration import shape_of
 
 NP = {torch.float32: "np.float32", torch.float64: "np.float64", torch.int64: "np.int64", torch.int32: "np.int32",
       torch.int16: "np.int16", torch.int8: "np.int8", torch.uint8: "np.uint8", torch.bool: "np.bool_"}

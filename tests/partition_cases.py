@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fxforge
-from fxforge.dtensor import export_local_map, local_shape, local_shard
+from fxforge.core.dtensor import export_local_map, local_shape, local_shard
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 README_MARKER = "<!-- runs with torchrun --nproc-per-node 2 in tests/test_partition.py -->"
@@ -137,7 +137,7 @@ def check_user_pass(mesh) -> dict:
 
 
 def check_collectives(mesh) -> dict:
-    """Each redistribution as its collective, with the bytes the table in fxforge/dtensor.py gives."""
+    """Each redistribution as its collective, with the bytes the table in fxforge/core/dtensor.py gives."""
     Shard, Replicate, Partial = _dt()
     n = mesh.size()
 

@@ -4,7 +4,7 @@ Every function takes (rank, world), compiles programs with symmetric-memory coll
 ``torch.compile(backend=fxforge.backend(...))``, checks the results against an unsharded reference
 computed on every rank, and returns what the parent test compares across ranks (plans, ids).
 On CPU the symmetric arenas are fxforge's emulation: shared-memory files every rank maps, the
-collectives reading the peers' arenas directly (fxforge/codegen/symmetric.py).
+collectives reading the peers' arenas directly (fxforge/codegen/symmetric_runtime.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import fxforge
-from fxforge.codegen import symmetric as runtime
+from fxforge.codegen import symmetric_runtime as runtime
 
 
 def _group() -> str:

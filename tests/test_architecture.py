@@ -20,7 +20,7 @@ import fxforge
 from fxforge import CodegenBackend, Config, PassError, PassResult
 from fxforge.codegen.api import deferred
 from fxforge.codegen.registry import DEFAULT_REGISTRY, Registry
-from fxforge.graph import BACKEND, GROUP, node_kind
+from fxforge.core.graph import BACKEND, GROUP, node_kind
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fxforge")
 
@@ -68,6 +68,46 @@ def test_no_import_cycle_in_fxforge():
     for type_checking in (False, True):
         g, _ = _imports(type_checking)
         assert list(nx.simple_cycles(g)) == [], f"type_checking={type_checking}"
+
+
+# The package's groups, lowest first (docs/architecture.md): a module imports only from its own
+# group's rank or below. The spine drives one graph through the layers; the entry points use it.
+LAYERS = [("core",), ("infra",), ("lowering", "passes", "codegen", "report", "testing"), ("artifact",), ("spine",),
+          ("entry", "custom_ops", "packages")]
+
+
+def _rank(mod: str) -> int | None:
+    group = (mod.split(".") + [""])[1]
+    return next((i for i, names in enumerate(LAYERS) if group in names), None)
+
+
+def test_the_groups_import_only_their_own_rank_or_below():
+    g, mods = _imports(type_checking=True)
+    assert {m.split(".")[1] for m in mods if m.count(".") >= 1} <= {n for names in LAYERS for n in names} | {"__main__"}
+    up = sorted((m, t) for m, t in g.edges if _rank(m) is not None and _rank(t) is not None and _rank(t) > _rank(m))
+    assert up == []
+
+
+def test_the_root_holds_only_the_groups():
+    """Modules sit in their role's group; the root holds the package's face and the spine."""
+    assert sorted(f for f in os.listdir(ROOT) if f.endswith(".py")) == \
+        ["__init__.py", "__main__.py", "spine.py"]
+
+
+def test_old_import_paths_still_work():
+    """A moved module is reachable at its old path, as the same module object."""
+    from fxforge.infra.moved import MOVED
+
+    code = ("import importlib, sys, fxforge\n"
+            f"moved = {MOVED!r}\n"
+            "bad = [o for o, n in moved.items() if importlib.import_module(o) is not importlib.import_module(n)]\n"
+            "import fxforge.graph, fxforge.core.graph\n"
+            "assert fxforge.graph is fxforge.core.graph and callable(fxforge.backend), 'attributes'\n"
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
+    cli = subprocess.run([sys.executable, "-m", "fxforge.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and "usage: fxforge" in cli.stdout, cli.stderr[-2000:]
 
 
 def test_passes_import_only_the_backend_interface_from_codegen():
@@ -180,7 +220,7 @@ def test_a_user_pass_that_breaks_the_graph_is_named_in_debug_mode():
 
     gm = _traced()
     with pytest.raises(PassError, match="break_meta.*shape") as info:
-        fxforge.compiler.compile_graph(gm, Config(debug=True, passes={"after_lowering": [break_meta]}))
+        fxforge.spine.compile_graph(gm, Config(debug=True, passes={"after_lowering": [break_meta]}))
     assert info.value.pass_name == "break_meta"
 
 
@@ -193,7 +233,7 @@ def test_a_user_pass_after_fusion_that_breaks_the_groups_is_named_in_debug_mode(
 
     gm = _traced()
     with pytest.raises(PassError, match="one_group"):
-        fxforge.compiler.compile_graph(gm, Config(debug=True, max_fusion_size=2, passes={"after_fusion": [one_group]}))
+        fxforge.spine.compile_graph(gm, Config(debug=True, max_fusion_size=2, passes={"after_fusion": [one_group]}))
 
 
 # --------------------------------------------------------------------------- per-run pass state

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import fxforge
-from fxforge.compiled import Compiled, KernelInfo
-from fxforge.stats import STAT_KEYS
-from fxforge.demo import GPT, GPTConfig
+from fxforge.artifact.compiled import Compiled, KernelInfo
+from fxforge.artifact.stats import STAT_KEYS
+from fxforge.entry.demo import GPT, GPTConfig
 
-backend_module = importlib.import_module("fxforge.backend")  # fxforge.backend is the function
+backend_module = importlib.import_module("fxforge.entry.dynamo")  # fxforge.backend is the function
 
 TINY = GPTConfig(vocab=64, seq=16, d=32, heads=2, layers=1)
 
@@ -128,7 +128,7 @@ def test_entry_point_resolves_without_importing_fxforge():
     from importlib.metadata import entry_points
 
     (ep,) = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "fxforge"]
-    assert ep.value == "fxforge.backend:fxforge_backend"
+    assert ep.value == "fxforge.entry.dynamo:fxforge_backend"
     env = dict(os.environ, FXFORGE_DEBUG="1")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
@@ -504,7 +504,7 @@ def _corrupting_registry():
 
 
 def test_demo_detects_a_miscompile_and_exits_nonzero(monkeypatch, capsys):
-    from fxforge import cli, demo
+    from fxforge.entry import cli, demo
 
     cfg = demo.GPTConfig(vocab=32, seq=8, d=16, heads=2, layers=1)
     r = demo.run_demo(cfg, batch=2, calls=1, budget_s=0.0, registry=_corrupting_registry())

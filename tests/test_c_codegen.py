@@ -33,9 +33,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import fxforge
 from fxforge.codegen.c import abi, backend as c_backend, build, kernel as kernel_module, launcher
 from fxforge.codegen.ir import stmts
-from fxforge.compiler import compile_graph
-from fxforge.graph import BACKEND
-from fxforge.regions import CAT
+from fxforge.spine import compile_graph
+from fxforge.core.graph import BACKEND
+from fxforge.core.regions import CAT
 from fxforge.testing import check_pass, graphs, profile
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),

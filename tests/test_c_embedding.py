@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import fxforge
 from fxforge.codegen.c import backend as c_backend, build
-from fxforge.codegen.c.ops import ONE_THREAD_MAX_NUMEL
+from fxforge.codegen.c.dtypes import ONE_THREAD_MAX_NUMEL
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
               pytest.mark.usefixtures("kernel_cache")]

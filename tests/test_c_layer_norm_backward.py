@@ -22,7 +22,7 @@ import torch.nn as nn
 
 import fxforge
 from fxforge.codegen.c import backend as c_backend, build, templates
-from fxforge.graph import BACKEND
+from fxforge.core.graph import BACKEND
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
               pytest.mark.usefixtures("kernel_cache")]

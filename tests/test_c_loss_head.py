@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from fxforge.codegen.c import build
-from fxforge.codegen.c.ops import ONE_THREAD_MAX_NUMEL
+from fxforge.codegen.c.dtypes import ONE_THREAD_MAX_NUMEL
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
               pytest.mark.usefixtures("kernel_cache")]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import fxforge
 from fxforge.codegen.c import backend as c_backend, build
-from fxforge.codegen.c.ops import ONE_THREAD_MAX_NUMEL
+from fxforge.codegen.c.dtypes import ONE_THREAD_MAX_NUMEL
 from fxforge.testing import profile
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),

@@ -20,8 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing import assert_close
 
 import fxforge
-import fxforge.compiler as compiler
-from fxforge.graph import VAL, fake_call
+import fxforge.spine as compiler
+from fxforge.core.graph import VAL, fake_call
 from fxforge.lowering.cleanup import EliminateIdentityViews, is_view_node
 
 aten = torch.ops.aten

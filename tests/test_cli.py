@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from fxforge import cli, demo
+from fxforge.entry import cli, demo
 
 
 def test_console_script_help(fxforge_command):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fxforge
-from fxforge.graph import INPUT_STRIDES, VAL
+from fxforge.core.graph import INPUT_STRIDES, VAL
 from fxforge.lowering.conv_layout import ConvLayout
 
 aten = torch.ops.aten

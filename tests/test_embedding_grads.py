@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import fxforge
 from fxforge.codegen.c import build
-from fxforge.lowering import ops  # noqa: F401  (registers torch.ops.fxforge)
+from fxforge.lowering import fxforge_ops as ops  # noqa: F401  (registers torch.ops.fxforge)
 
 aten = torch.ops.aten
 CODEGENS = ["torch"] + (["c"] if build.compiler() is not None else [])

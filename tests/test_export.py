@@ -5,7 +5,7 @@ import torch
 import torch.fx as fx
 
 import fxforge
-from fxforge.pipeline import PassResult
+from fxforge.infra.pass_manager import PassResult
 
 
 class Block(torch.nn.Module):

@@ -11,8 +11,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
 from fxforge.codegen.registry import DEFAULT_REGISTRY
-from fxforge.compiler import compile_graph
-from fxforge.graph import GROUP
+from fxforge.spine import compile_graph
+from fxforge.core.graph import GROUP
 from fxforge.passes.assign import AssignBackends
 from fxforge.passes.fusion import FuseGroups, group_graph, group_vertex, verify_groups
 from fxforge.testing import check_pass, graphs, profile

@@ -17,10 +17,10 @@ from fxforge.codegen.ir.emitter import Unsupported
 from fxforge.codegen.ir.facts import group_cost
 from fxforge.codegen.triton import backend as triton_backend
 from fxforge.codegen.triton.kernel import TritonEmitter
-from fxforge.compiler import compile_graph
-from fxforge.graph import node_kind
-from fxforge.iteration import kind_of
-from fxforge.plan import group_outputs
+from fxforge.spine import compile_graph
+from fxforge.core.graph import node_kind
+from fxforge.core.iteration import kind_of
+from fxforge.core.plan import group_outputs
 from fxforge.testing import graphs, profile
 
 needs_cc = pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine")

@@ -1,4 +1,4 @@
-"""fxforge's logging under TORCH_LOGS (fxforge/logs.py): the plan and the generated code each on
+"""fxforge's logging under TORCH_LOGS (fxforge/infra/logs.py): the plan and the generated code each on
 their own name, apart from "fxforge" / "+fxforge"; a subprocess each (torch reads TORCH_LOGS when
 it is imported)."""
 

@@ -10,7 +10,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
-from fxforge.compiler import compile_graph
+from fxforge.spine import compile_graph
 from fxforge.passes.memory import blocks, verify_memory_plan
 from fxforge.passes.offsets import PlanError
 from fxforge.passes.schedule import memory_order, peak_bytes, program_order, storage_sizes
@@ -307,7 +307,7 @@ def test_training_step_peak_is_not_above_eager():
 
 def windows_peak(windows, spans, alignment=1):
     """Most bytes of arenas live at once, each arena planned by the offset planners."""
-    from fxforge.graph import peak_live_bytes
+    from fxforge.core.graph import peak_live_bytes
     from fxforge.passes.windows import place_windows
 
     placed = place_windows(windows, {k: (v[0], v[1], v[2]) for k, v in spans.items()}, spans, alignment)
@@ -318,7 +318,7 @@ def windows_peak(windows, spans, alignment=1):
 def test_long_lived_block_gets_its_own_arena():
     import numpy as np
 
-    from fxforge.graph import peak_live_bytes
+    from fxforge.core.graph import peak_live_bytes
     from fxforge.passes.windows import split_windows
 
     # two "layers" of big short-lived temporaries, and a small value made in the first and read in
@@ -340,7 +340,7 @@ def test_long_lived_block_gets_its_own_arena():
 def test_windows_partition_the_blocks_and_stay_above_the_bound(spec):
     import numpy as np
 
-    from fxforge.graph import peak_live_bytes
+    from fxforge.core.graph import peak_live_bytes
     from fxforge.passes.windows import split_windows
 
     spans = {f"b{i}": (n, s, s + d) for i, (n, s, d) in enumerate(spec)}
@@ -358,7 +358,7 @@ def test_schedule_peak_uses_fused_positions(monkeypatch):
     planning places it: neg(neg(y)) never writes its inner value, and the two neg(x) run as one
     kernel.  Its figure equals the peak of the planned buffers' live ranges."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from fxforge.graph import peak_live_bytes
+    from fxforge.core.graph import peak_live_bytes
 
     x, y = torch.randn(1), torch.randn(1)
     for size in (1, 64):

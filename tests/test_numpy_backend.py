@@ -14,7 +14,7 @@ from hypothesis import given, settings
 
 import fxforge
 from fxforge.codegen.registry import DEFAULT_REGISTRY
-from fxforge.compiler import compile_graph
+from fxforge.spine import compile_graph
 from fxforge.testing import check_pass, graphs, profile
 
 sys.path.insert(0, os.path.dirname(__file__))

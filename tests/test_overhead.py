@@ -16,7 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxforge
-from fxforge.compiler import compile_graph
+from fxforge.spine import compile_graph
 
 aten = torch.ops.aten
 

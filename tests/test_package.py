@@ -192,7 +192,7 @@ def test_no_build_for_this_host_is_a_clear_error(packaged, tmp_path, monkeypatch
     arm = _rewrite(path, str(tmp_path / "arm.fxpkg"), manifest=lambda m: m.update(arch="aarch64"))
     with pytest.raises(PackageError, match="built for aarch64 \\(x86-64-v2, x86-64-v3, x86-64-v4\\); this host is"):
         load_package(arm)
-    import fxforge.packages as packages
+    import fxforge.packages.load as packages  # where load_package reads the host's levels
 
     monkeypatch.setattr(packages, "host_cpu_levels", lambda: ("x86-64",))
     with pytest.raises(PackageError, match="built for x86-64-v2, x86-64-v3, x86-64-v4; this CPU runs x86-64"):
@@ -239,7 +239,7 @@ def test_a_program_without_c_kernels(tmp_path):
 
 
 def test_cli_package_run_and_report(tmp_path, capsys):
-    from fxforge.cli import main
+    from fxforge.entry.cli import main
 
     m, ep = _program()
     torch.export.save(ep, str(tmp_path / "block.pt2"))
@@ -315,8 +315,8 @@ def test_triton_kernels_become_cubins_for_sm80_and_sm90_without_a_gpu(monkeypatc
     GPU: test_cuda_package_loads_and_runs_without_a_compiler)."""
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from fxforge.compiler import compile_graph
-    from fxforge.packages import _cuda_members
+    from fxforge.spine import compile_graph
+    from fxforge.packages.write import _cuda_members
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda x, y: (x * 2 + y).softmax(-1), tracing_mode="fake")(torch.randn(8, 64), torch.randn(8, 64))
@@ -376,7 +376,7 @@ def test_cuda_package_loads_and_runs_without_a_compiler(tmp_path):
 def test_gpu_build_choice(monkeypatch):
     """Which cubins a GPU runs: its own compute capability, else the nearest below within its
     major version; none is a clear error naming the builds (checked without a GPU)."""
-    from fxforge.packages import _choose_arch
+    from fxforge.packages.load import _choose_arch
 
     m = {"device": "cuda:0", "cuda": {"archs": [80, 90]}}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

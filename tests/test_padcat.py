@@ -22,11 +22,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
 from fxforge import Config
-from fxforge.compiler import compile_graph
-from fxforge.graph import BACKEND
+from fxforge.spine import compile_graph
+from fxforge.core.graph import BACKEND
 from fxforge.passes.memory import verify_memory_plan
 from fxforge.passes.offsets import PlanError
-from fxforge.regions import CAT, PAD
+from fxforge.core.regions import CAT, PAD
 from fxforge.testing import CopyCounter, profile
 
 F32 = 4

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import fxforge
-from fxforge.dtensor import export_local_map, local_shape, redistribute_bytes, transform_bytes
+from fxforge.core.dtensor import export_local_map, local_shape, redistribute_bytes, transform_bytes
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import partition_cases as cases  # noqa: E402
@@ -329,7 +329,7 @@ def test_async_collectives_keep_their_input_alive_until_their_wait(mesh2):
 
     ep = torch.export.export(Scale(), (torch.randn(5, 6),))
     p = fxforge.partition(ep, mesh2, {"x": [Shard(0)]}, [[Replicate()], [Shard(1)]])
-    from fxforge.graph import storage_root
+    from fxforge.core.graph import storage_root
 
     f = torch.ops._c10d_functional
     plan = p.compiled.plan

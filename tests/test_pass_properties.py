@@ -20,16 +20,16 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxforge.codegen.registry import DEFAULT_REGISTRY
-from fxforge.compiler import build_groups, compile_graph, default_passes
-from fxforge.config import Config
-from fxforge.graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, fake_mode_of, node_kind
+from fxforge.spine import build_groups, compile_graph, default_passes
+from fxforge.core.config import Config
+from fxforge.core.graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, fake_mode_of, node_kind
 from fxforge.lowering.cleanup import DedupeGetitems, EliminateDeadCode, has_side_effects
 from fxforge.lowering.decompose import aot_table
 from fxforge.passes.assign import AssignBackends
 from fxforge.passes.memory import plan_memory, verify_memory_plan
 from fxforge.passes.schedule import (memory_order, peak_bytes, program_order, schedule, storage_sizes,
                                      unit_program_order)
-from fxforge.pipeline import PassManager, verify_graph
+from fxforge.infra.pass_manager import PassManager, verify_graph
 from fxforge.testing import check_pass, graphs, profile
 
 aten = torch.ops.aten

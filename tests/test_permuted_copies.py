@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import fxforge
 from fxforge import Config
 from fxforge.codegen.c import build
-from fxforge.graph import GROUP
+from fxforge.core.graph import GROUP
 from fxforge.passes.memory import verify_memory_plan
 from fxforge.testing import profile
 

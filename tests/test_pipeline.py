@@ -5,8 +5,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
-from fxforge.graph import VAL
-from fxforge.pipeline import PassError, PassManager, PassResult, verify_graph
+from fxforge.core.graph import VAL
+from fxforge.infra.pass_manager import PassError, PassManager, PassResult, verify_graph
 
 
 def traced(symbolic=False):
@@ -104,7 +104,7 @@ def test_pass_results_of_every_accepted_shape():
 
 def test_compile_stats_carry_pass_records():
     gm = traced()
-    c = fxforge.compiler.compile_graph(gm, fxforge.Config(debug=True))
+    c = fxforge.spine.compile_graph(gm, fxforge.Config(debug=True))
     names = [p["name"] for p in c.stats["passes"]]
     assert "assign_backends" in names
     x, y = torch.randn(4, 8), torch.randn(8, 3)
@@ -120,7 +120,7 @@ def test_sizes_compare_equal_where_recomputation_specialised_a_symbol():
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from fxforge.pipeline import _dims_equal
+    from fxforge.infra.pass_manager import _dims_equal
 
     env = ShapeEnv()
     s0, s1 = (env.create_symintnode(env.create_symbol(h, ConstantSource(n)), hint=h) for n, h in (("a", 3), ("b", 5)))

@@ -17,8 +17,8 @@ from fxforge.codegen.c import backend as c_backend, build
 from fxforge.codegen.c.kernel import CEmitter
 from fxforge.codegen.triton import backend as triton_backend
 from fxforge.codegen.triton.kernel import Emitter
-from fxforge.compiler import compile_graph
-from fxforge.graph import BACKEND, GROUP, PROBES
+from fxforge.spine import compile_graph
+from fxforge.core.graph import BACKEND, GROUP, PROBES
 from fxforge.testing import graphs, profile
 
 aten = torch.ops.aten
@@ -154,7 +154,7 @@ def test_random_graphs_compile_the_same_with_and_without_the_memo(example):
 @needs_cc
 def test_apply_passes_leaves_no_memo_in_the_graph():
     """A user's own pass list through ``apply_passes``: the memo the fusion pass filled is gone."""
-    from fxforge.compiler import default_passes
+    from fxforge.spine import default_passes
 
     x, y = torch.randn(8, 32), torch.randn(8, 32)
     gm = make_fx(lambda a, b: ((a * 1.5 + b).tanh() * 1.5 + b).tanh(), tracing_mode="fake")(x, y)

@@ -1,4 +1,4 @@
-"""The progress line of a long compile (fxforge/progress.py): shown on a terminal after a while,
+"""The progress line of a long compile (fxforge/infra/progress.py): shown on a terminal after a while,
 naming the graph, its node count and the stage; never on a pipe, never when turned off."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
-from fxforge import progress
-from fxforge.compiler import compile_graph
+from fxforge.infra import progress
+from fxforge.spine import compile_graph
 
 
 class _Terminal(io.StringIO):

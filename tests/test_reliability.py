@@ -14,7 +14,7 @@ import torch  # noqa: E402
 import fxforge  # noqa: E402
 from fxforge import CodegenBackend, Config, InputError, Kernel  # noqa: E402
 from fxforge.codegen.registry import DEFAULT_REGISTRY  # noqa: E402
-from fxforge.compiled import MAX_FAILURES  # noqa: E402
+from fxforge.artifact.compiled import MAX_FAILURES  # noqa: E402
 
 CODEGENS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(
     __import__("importlib").util.find_spec("triton") is None, reason="triton is not installed"))]
@@ -254,7 +254,7 @@ def test_backward_failure_after_inputs_are_freed_is_a_clear_error(trapped):
 
 def test_wrong_number_of_inputs_is_an_input_error():
     gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(torch.randn(2, 2), torch.randn(2, 2))
-    c = fxforge.compiler.compile_graph(gm, Config(debug=False))
+    c = fxforge.spine.compile_graph(gm, Config(debug=False))
     with pytest.raises(InputError, match="takes 2 inputs, got 1"):
         c(torch.randn(2, 2))
     x, y = torch.randn(2, 2), torch.randn(2, 2)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import fxforge
-from fxforge.demo import GPT, GPTConfig
+from fxforge.entry.demo import GPT, GPTConfig
 from fxforge.report import hooks
 from fxforge.report.html import render, write_report
 from fxforge.report.memory import KIND_PATTERN, Panel, W, curves
@@ -193,7 +193,7 @@ def test_symmetric_arena_buffers_are_dotted():
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from fxforge.compiler import compile_graph
+    from fxforge.spine import compile_graph
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")

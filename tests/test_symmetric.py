@@ -1,4 +1,4 @@
-"""Symmetric-memory planning (fxforge/passes/symmetric.py, fxforge/codegen/symmetric.py).
+"""Symmetric-memory planning (fxforge/passes/symmetric.py, fxforge/codegen/symmetric_runtime.py).
 
 * real ranks (gloo, CPU, spawned by tests/partition_ranks.py, bounded in time; the arenas are
   fxforge's shared-memory emulation): a tensor-parallel block on both backends, two chained
@@ -20,7 +20,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
-from fxforge.compiler import compile_graph
+from fxforge.spine import compile_graph
 from fxforge.passes.memory import verify_memory_plan
 from fxforge.passes.offsets import PlanError
 from fxforge.passes.symmetric import alloc_id

@@ -19,12 +19,12 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 import fxforge
 from fxforge.codegen.registry import DEFAULT_REGISTRY
-from fxforge.graph import GROUP, fake_mode_of, node_kind, output_nodes
-from fxforge.iteration import iteration_of
+from fxforge.core.graph import GROUP, fake_mode_of, node_kind, output_nodes
+from fxforge.core.iteration import iteration_of
 from fxforge.passes import fusion
 from fxforge.passes.assign import AssignBackends
 from fxforge.passes.fusion import group_graph, verify_groups
-from fxforge.plan import group_outputs
+from fxforge.core.plan import group_outputs
 from fxforge.testing import GraphBuilder, PassCheckFailure, check_pass, graphs, profile
 
 aten = torch.ops.aten
@@ -451,7 +451,7 @@ def test_hooks_see_both_graphs_and_can_fail():
 
 
 def test_pass_results_of_every_kind_are_accepted():
-    from fxforge.pipeline import PassResult as FxforgePassResult
+    from fxforge.infra.pass_manager import PassResult as FxforgePassResult
     for pass_ in (identity, lambda gm: None, lambda gm: gm, lambda gm: False,
                   lambda gm: FxforgePassResult(gm, False, {"removed": 0})):
         out = check_pass(pass_, _small_graph())

@@ -1,4 +1,4 @@
-"""Timing choices that hold under load (``fxforge.timing``): least time over interleaved rounds,
+"""Timing choices that hold under load (``fxforge.infra.timing``): least time over interleaved rounds,
 contention told from CPU time against wall time, and contended choices re-timed once the machine
 is quiet (custom-op tuning, the Triton autotuner)."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fxforge
-from fxforge import timing
+from fxforge.infra import timing
 from fxforge.custom_ops import _TUNINGS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -102,7 +102,7 @@ def _tune(x):
 
 
 def test_a_contended_choice_is_stored_marked_and_timed_again_once_quiet(tuning, monkeypatch):
-    from fxforge import custom_ops
+    from fxforge.custom_ops import tune as custom_ops  # where tune_site times and reads the cache
 
     busy = timing.Timing({}, 10, 10, None, timing.ATTEMPTS)
     real = custom_ops.time_candidates

@@ -22,7 +22,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 import fxforge
-from fxforge.compiler import compile_graph
+from fxforge.spine import compile_graph
 from fxforge.testing import check_pass, graphs, profile
 from hypothesis import given, settings
 
@@ -244,7 +244,7 @@ def test_strided_sliced_and_offset_inputs():
 def test_bool_params_change_between_calls():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fxforge.compiler import compile_graph
+    from fxforge.spine import compile_graph
 
     g = fx.Graph()
     x = g.placeholder("x")
@@ -529,7 +529,7 @@ def test_int64_indexing_for_huge_tensors():
 def test_fused_pointwise_group_rounds_like_eager():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxforge.compiler import compile_graph
+    from fxforge.spine import compile_graph
 
     def f(a, b):
         return ((a * b + 1.5).exp() - b).sigmoid() * 3
@@ -670,7 +670,7 @@ def test_random_graphs_fuse_into_triton_kernels_that_match_eager(example):
 
 def _undisturbed(t):
     """A timing as a quiet machine would report it (this test is about the cache, not the load)."""
-    from fxforge import timing
+    from fxforge.infra import timing
 
     return timing.Timing(t.seconds, t.calls, 0, None, t.attempts)
 
@@ -710,7 +710,7 @@ def test_autotune_times_candidates_once_and_reuses_the_choice_from_disk(monkeypa
 
 
 def test_autotune_choice_timed_on_a_busy_machine_is_timed_again_once_quiet(monkeypatch, tmp_path):
-    from fxforge import timing
+    from fxforge.infra import timing
     from fxforge.codegen.triton import autotune
 
     monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path))

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import torch.fx as fx
 
 if TYPE_CHECKING:  # types only: config.py asks the registry (built on this module) about names
-    from ..config import Config
-    from ..plan import Group
+    from ..core.config import Config
+    from ..core.plan import Group
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from ..graph import PROBES, VAL, expr
+from ..core.graph import PROBES, VAL, expr
 
 
 def _value_key(v: Any) -> Any:

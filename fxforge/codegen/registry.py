@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterable
 from .api import CodegenBackend, deferred
 
 if TYPE_CHECKING:  # types only: config.py asks this registry which backend names exist
-    from ..config import Config
+    from ..core.config import Config
 
 log = logging.getLogger("fxforge")
 

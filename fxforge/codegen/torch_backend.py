@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx as fx
 
-from ..graph import ALLOCATES, VAL, free_symbols, is_mutating, node_kind, op_display, op_path, storage_root, tensor_val
-from ..plan import Group
-from ..iteration import reduction_of
+from ..core.graph import ALLOCATES, VAL, free_symbols, is_mutating, node_kind, op_display, op_path, storage_root, tensor_val
+from ..core.plan import Group
+from ..core.iteration import reduction_of
 from ..lowering.out_variant import out_variant, usable_on
 from .api import CodegenBackend, GroupCost, Kernel, KernelContext
 from .pyexpr import format_arg
 
 if TYPE_CHECKING:  # types only: config.py asks the registry (which holds this backend) about names
-    from ..config import Config
+    from ..core.config import Config
 
 _RUNNABLE_NAMESPACES = ("aten", "prims")
 aten = torch.ops.aten

@@ -61,13 +61,26 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ..collectives import symmetric_arg_nodes
-from ..config import Config
-from ..graph import (CUSTOM_OP_DISPATCH, FALLBACK_BACKEND, VAL, ZERO_COPY, aliased_input, expr, fetch_attr, node_kind,
-                     op_display, op_path, output_nodes, storage_root, tensors)
-from ..plan import Buffer, Group, Plan
-from ..regions import PAD, container_inputs, pad_border, regions
-from . import runtime, symmetric
+from ..core.collectives import symmetric_arg_nodes
+from ..core.config import Config
+from ..core.graph import (
+    CUSTOM_OP_DISPATCH,
+    FALLBACK_BACKEND,
+    VAL,
+    ZERO_COPY,
+    aliased_input,
+    expr,
+    fetch_attr,
+    node_kind,
+    op_display,
+    op_path,
+    output_nodes,
+    storage_root,
+    tensors,
+)
+from ..core.plan import Buffer, Group, Plan
+from ..core.regions import PAD, container_inputs, pad_border, regions
+from . import runtime, symmetric_runtime as symmetric
 from .api import Kernel, KernelContext
 from .pyexpr import PyExprPrinter, format_arg, format_call, literal
 from .registry import Registry
@@ -118,6 +131,45 @@ def _compiled(source: str, filename: str):
     """``source`` compiled, its lines kept where tracebacks and debuggers look for them."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return compile(source, filename, "exec")
+
+
+@dataclass
+class Positions:
+    """Where each node of a plan runs in the wrapper, and when each value dies: a group runs
+    where its last node is scheduled (every member is emitted there, and the getitems of its
+    nodes follow its kernel, ``late``); ``order`` is the order the wrapper emits nodes in;
+    ``dead_at[i]``: the values whose last use is at position ``i`` (never a returned one)."""
+
+    emit_at: dict[fx.Node, int]
+    late: set[fx.Node]
+    dead_at: dict[int, list[fx.Node]]
+    order: list[fx.Node]
+
+
+def positions(plan: Plan, returned: set[fx.Node]) -> Positions:
+    sched = plan.schedule
+    emit_at = {n: i for i, n in enumerate(sched)}
+    late: set[fx.Node] = set()
+    for g in plan.groups:
+        last = max(emit_at[n] for n in g.nodes)
+        for n in g.nodes:
+            emit_at[n] = last
+            for u in n.users:
+                if u.target is operator.getitem and u in emit_at and plan.group_of(u) is None:
+                    emit_at[u] = max(emit_at[u], last)
+                    late.add(u)
+    last_use: dict[fx.Node, int] = {}
+    for n in sched:
+        for u in n.users:
+            if u.op != "output" and u in emit_at:
+                last_use[n] = max(last_use.get(n, -1), emit_at[u])
+    dead_at: dict[int, list[fx.Node]] = {}
+    for n in sched:
+        if n not in returned:
+            dead_at.setdefault(last_use.get(n, emit_at[n]), []).append(n)
+    rank = {n: i for i, n in enumerate(sched)}
+    order = sorted(sched, key=lambda n: (emit_at[n], n in late, rank[n]))
+    return Positions(emit_at, late, dead_at, order)
 
 
 class _Builder:
@@ -523,77 +575,21 @@ class _Builder:
         barriers: dict[str, list[str]] = {}
         for node_name, arena in plan.memory.barriers:
             barriers.setdefault(node_name, []).append(arena)
-        sched = plan.schedule
-        # A group runs where its last node is scheduled; every member is "emitted" there.
-        emit_at = {n: i for i, n in enumerate(sched)}
-        late: set[fx.Node] = set()  # getitems of a group's nodes: they follow the group's kernel
-        for g in plan.groups:
-            last = max(emit_at[n] for n in g.nodes)
-            for n in g.nodes:
-                emit_at[n] = last
-                for u in n.users:
-                    if u.target is operator.getitem and u in emit_at and plan.group_of(u) is None:
-                        emit_at[u] = max(emit_at[u], last)
-                        late.add(u)
-        last_use: dict[fx.Node, int] = {}
-        for n in sched:
-            for u in n.users:
-                if u.op != "output" and u in emit_at:
-                    last_use[n] = max(last_use.get(n, -1), emit_at[u])
-        dead_at: dict[int, list[fx.Node]] = {}
-        for n in sched:
-            if n not in self.returned:
-                dead_at.setdefault(last_use.get(n, emit_at[n]), []).append(n)
-
-        placeholders = [n for n in sched if n.op == "placeholder"]
+        at = positions(plan, self.returned)
+        placeholders = [n for n in plan.schedule if n.op == "placeholder"]
         for n in placeholders:
             self.bound.add(n.name)
             self.traced.add(n.name)
             self.bind_symbols_from(n.name, n.meta.get(VAL))
-        rank = {n: i for i, n in enumerate(sched)}
-        order = sorted(sched, key=lambda n: (emit_at[n], n in late, rank[n]))
-        next_node = dict(zip(order, order[1:]))
-        for n in order:
-            i = emit_at[n]
-            kind = node_kind(n)
-            g = plan.group_of(n)
-            if kind == "placeholder":
-                pass
-            elif kind == "get_attr":
-                self.globals[n.name] = fetch_attr(self.gm, n.target)
-                self.traced.add(n.name)
-            elif g is not None and any(ZERO_COPY in m.meta for m in g.nodes):
-                if n is g.nodes[-1]:
-                    self.emit_zero_copy(g)
-            elif g is not None and g.backend != FALLBACK_BACKEND:
-                if n is g.nodes[-1]:
-                    self.emit_group(g)
-            elif kind == "getitem" and self.written_by_kernel(n.args[0], n.args[1]):
-                pass  # the producer's kernel wrote this planned buffer
-            elif kind == "view" and g is None and self.view_of_kept(n):
-                self.setup.append(f"{n.name} = {self.call_source(n)}")  # a view of kept bytes: made once too
-                self.kept_names[n.name] = None
-                self.traced_view(n)
-            else:
-                dispatches = self.gm.meta.get(CUSTOM_OP_DISPATCH)  # custom_ops.Dispatches
-                dispatch = dispatches.of(n) if dispatches else None
-                if dispatch is not None:
-                    self.emit_dispatch(n, dispatch)
-                else:
-                    if g is not None:
-                        self.lines.append(f"# {n.name}: eager fallback ({g.reason})")
-                    self.assign(n.name, self.call_source(n))
-                if kind == "view" and g is None:
-                    self.traced_view(n)
-                if kind in ("compute", "scalar"):
-                    self.bind_symbols_from(n.name, n.meta.get(VAL))
-                if kind in ("compute", "getitem"):
-                    self.guard_layout(n)
+        next_node = dict(zip(at.order, at.order[1:]))
+        for n in at.order:
+            i = at.emit_at[n]
+            self.emit_node(n)
             for arena in barriers.get(n.name, ()):
                 self.lines.append(f"{arena}_h.barrier()  # every rank is done reading {arena}: its bytes may be written again")
-            if i == emit_at.get(next_node.get(n), -1):
+            if i == at.emit_at.get(next_node.get(n), -1):
                 continue  # more nodes run at this position: release after the last of them
-            dead = [d.name for d in dead_at.get(i, ()) if d.name in self.bound]
+            dead = [d.name for d in at.dead_at.get(i, ()) if d.name in self.bound]
             dead += self.unheld  # buffers of outputs no node holds: dead once written
             self.unheld = []
             if dead:
@@ -601,8 +597,49 @@ class _Builder:
                 self.lines.append("del " + ", ".join(self.released(dead)))
         out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
         self.lines.append(f"return {format_arg(out.args[0], self.ref, self.const)}")
+        return self.wrapper(placeholders)
 
-        body = self.lines
+    def emit_node(self, n: fx.Node) -> None:
+        """The lines of node ``n`` at its position: its group's kernel (at the group's last node),
+        a zero-copy group's views, an eager call, or nothing (a kernel wrote it)."""
+        kind = node_kind(n)
+        g = self.plan.group_of(n)
+        if kind == "placeholder":
+            pass
+        elif kind == "get_attr":
+            self.globals[n.name] = fetch_attr(self.gm, n.target)
+            self.traced.add(n.name)
+        elif g is not None and any(ZERO_COPY in m.meta for m in g.nodes):
+            if n is g.nodes[-1]:
+                self.emit_zero_copy(g)
+        elif g is not None and g.backend != FALLBACK_BACKEND:
+            if n is g.nodes[-1]:
+                self.emit_group(g)
+        elif kind == "getitem" and self.written_by_kernel(n.args[0], n.args[1]):
+            pass  # the producer's kernel wrote this planned buffer
+        elif kind == "view" and g is None and self.view_of_kept(n):
+            self.setup.append(f"{n.name} = {self.call_source(n)}")  # a view of kept bytes: made once too
+            self.kept_names[n.name] = None
+            self.traced_view(n)
+        else:
+            dispatches = self.gm.meta.get(CUSTOM_OP_DISPATCH)  # custom_ops.Dispatches
+            dispatch = dispatches.of(n) if dispatches else None
+            if dispatch is not None:
+                self.emit_dispatch(n, dispatch)
+            else:
+                if g is not None:
+                    self.lines.append(f"# {n.name}: eager fallback ({g.reason})")
+                self.assign(n.name, self.call_source(n))
+            if kind == "view" and g is None:
+                self.traced_view(n)
+            if kind in ("compute", "scalar"):
+                self.bind_symbols_from(n.name, n.meta.get(VAL))
+            if kind in ("compute", "getitem"):
+                self.guard_layout(n)
+
+    def wrapper(self, placeholders: list[fx.Node]) -> Wrapper:
+        """The module source around the body's lines: the kernels, the kept arenas' setup, and
+        ``call`` and ``call_profiled`` (the same lines, each kernel inside a profiler range)."""
         head = []
         if placeholders:
             names = ", ".join(n.name for n in placeholders)
@@ -610,7 +647,7 @@ class _Builder:
         # The caller's list must not keep inputs alive: each is freed after its last use here.
         head.append("args.clear()")
         src = [
-            f"# fxforge wrapper: {len(self.kernels)} kernels, {len(plan.memory.arenas)} arenas",
+            f"# fxforge wrapper: {len(self.kernels)} kernels, {len(self.plan.memory.arenas)} arenas",
             "import math, operator",
             "import torch",
             "",
@@ -641,13 +678,13 @@ class _Builder:
             return [f"def {name}(args):"] + ["    " + l for l in head + body]
 
         profiled = []
-        for i, line in enumerate(body):
+        for i, line in enumerate(self.lines):
             if i in self.kernel_lines:
                 profiled += [f"with {KERNEL_RANGE}({self.kernel_lines[i]!r}):", "    " + line]
             else:
                 profiled.append(line)
         self.globals[KERNEL_RANGE] = torch.profiler.record_function
-        src += function("call", body)
+        src += function("call", self.lines)
         return Wrapper("\n".join(src) + "\n", self.globals, self.kernels, self.demoted,
                        "\n".join(function("call_profiled", profiled)) + "\n", self.ops, self.units)
 

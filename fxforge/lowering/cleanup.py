@@ -10,8 +10,8 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..graph import VAL, aliased_input, expr, is_mutating, node_kind
-from ..pipeline import PassResult
+from ..core.graph import VAL, aliased_input, expr, is_mutating, node_kind
+from ..infra.pass_manager import PassResult
 
 
 class DedupeGetitems:

@@ -33,8 +33,8 @@ import operator
 import torch
 import torch.fx as fx
 
-from ..graph import FREE_OUTPUTS, INPUT_STRIDES, VAL, fake_call, fake_mode_of, tensors
-from ..pipeline import PassResult
+from ..core.graph import FREE_OUTPUTS, INPUT_STRIDES, VAL, fake_call, fake_mode_of, tensors
+from ..infra.pass_manager import PassResult
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -146,7 +146,7 @@ class ConvLayout:
             return True
 
         for n in graph.find_nodes(op="placeholder"):
-            if n.name in given:
+            if n.name in given:  # an input the caller passes in other strides than traced
                 with fake:
                     n.meta[VAL] = n.meta[VAL].as_strided(n.meta[VAL].shape, given[n.name])
                 changed.add(n)
@@ -181,15 +181,22 @@ class ConvLayout:
                 n.replace_input_with(a, as_traced(a))
             if n.op == "call_function" and VAL in n.meta:
                 recompute(n)
-        copies = len(restored)
-        for c in to_channels_last:  # made channels-last upstream already: the copy is not needed
-            x = c.args[0]
-            if _layouts(x.meta[VAL]) == _layouts(c.meta[VAL]):
-                c.replace_all_uses_with(x)
-                graph.erase_node(c)
-            else:
-                copies += 1
+        copies = len(restored) + _drop_needless_copies(graph, to_channels_last)
         gm.recompile()
         return PassResult(gm, True, {"convolutions": len(convs), "given_inputs": len(given),
                                      "layout_copies": copies, "channels_last_nodes": kept + len(convs)},
                           recompile=False)
+
+
+def _drop_needless_copies(graph: fx.Graph, to_channels_last: list[fx.Node]) -> int:
+    """The copies to channels-last whose operand is channels-last already (made so upstream) are
+    removed; returns how many are kept."""
+    kept = 0
+    for c in to_channels_last:
+        x = c.args[0]
+        if _layouts(x.meta[VAL]) == _layouts(c.meta[VAL]):
+            c.replace_all_uses_with(x)
+            graph.erase_node(c)
+        else:
+            kept += 1
+    return kept

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, fake_call, fake_mode_of, node_kind, output_nodes
-from ..pipeline import PassResult
+from ..core.graph import VAL, fake_call, fake_mode_of, node_kind, output_nodes
+from ..infra.pass_manager import PassResult
 
 aten = torch.ops.aten
 PAD = aten.constant_pad_nd.default

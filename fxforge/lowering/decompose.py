@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import Config
+from ..core.config import Config
 
 if TYPE_CHECKING:
     from ..codegen.api import CodegenBackend

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..graph import fake_call
-from . import ops  # noqa: F401  (fxforge::embedding_grad_add)
+from ..core.graph import fake_call
+from . import fxforge_ops as ops  # noqa: F401  (fxforge::embedding_grad_add)
 from .node_rewrites import AddRewrite
 
 aten = torch.ops.aten

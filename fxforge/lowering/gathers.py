@@ -23,9 +23,9 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, expr, fake_call, fake_mode_of, free_symbols, inherit_meta, nodes_between
-from ..iteration import is_pointwise, numel, shape_of
-from ..pipeline import PassResult
+from ..core.graph import VAL, expr, fake_call, fake_mode_of, free_symbols, inherit_meta, nodes_between
+from ..core.iteration import is_pointwise, numel, shape_of
+from ..infra.pass_manager import PassResult
 
 aten = torch.ops.aten
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, expr, fake_call
+from ..core.graph import VAL, expr, fake_call
 from .node_rewrites import AddRewrite, add_terms
 
 aten = torch.ops.aten

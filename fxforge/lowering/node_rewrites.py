@@ -10,8 +10,8 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, expr, fake_mode_of
-from ..pipeline import PassResult
+from ..core.graph import VAL, expr, fake_mode_of
+from ..infra.pass_manager import PassResult
 
 
 class NodeRewrite:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..graph import VAL, fake_call, node_kind
+from ..core.graph import VAL, fake_call, node_kind
 from .node_rewrites import NodeRewrite, replace
 
 aten = torch.ops.aten

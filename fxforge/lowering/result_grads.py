@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..pipeline import PassResult
+from ..infra.pass_manager import PassResult
 
 aten = torch.ops.aten
 

@@ -30,9 +30,9 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ..graph import VAL, expr, fake_call, fake_mode_of, inherit_meta, nodes_between
-from ..pipeline import PassResult
-from . import ops  # noqa: F401  (fxforge::nll_targets)
+from ..core.graph import VAL, expr, fake_call, fake_mode_of, inherit_meta, nodes_between
+from ..infra.pass_manager import PassResult
+from . import fxforge_ops as ops  # noqa: F401  (fxforge::nll_targets)
 from .gathers import SinkGathers
 
 aten = torch.ops.aten

@@ -14,9 +14,9 @@ import logging
 import torch.fx as fx
 
 from ..codegen.api import CodegenBackend
-from ..config import Config
-from ..graph import ALLOCATES, BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, free_symbols, node_kind, op_display
-from ..pipeline import PassResult
+from ..core.config import Config
+from ..core.graph import ALLOCATES, BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, free_symbols, node_kind, op_display
+from ..infra.pass_manager import PassResult
 
 log = logging.getLogger("fxforge")
 

@@ -1,7 +1,7 @@
 """Fusion: merge single-node kernel groups into larger ones, under guarded limits.
 
 Runs after ``AssignBackends`` (one group per compute node).  Candidates are the nodes the
-selected backend runs that are pointwise or reductions (``fxforge.iteration``); extern ops
+selected backend runs that are pointwise or reductions (``fxforge.core.iteration``); extern ops
 (matmuls, convolutions, collectives...), fallbacks and nodes with side effects (random ops,
 asserts) end groups.
 
@@ -47,12 +47,12 @@ import sympy
 import torch.fx as fx
 
 from ..codegen.api import CodegenBackend, GroupCost, kernel_args_limit
-from ..config import Config
-from ..graph import BACKEND, GROUP, aliased_input, node_kind, output_nodes, storage_root
-from ..iteration import Iteration, iteration_of, joined_iteration, kind_of
+from ..core.config import Config
+from ..core.graph import BACKEND, GROUP, aliased_input, node_kind, output_nodes, storage_root
+from ..core.iteration import Iteration, iteration_of, joined_iteration, kind_of
 from ..lowering.cleanup import has_side_effects
-from ..pipeline import PassResult
-from ..plan import group_outputs
+from ..infra.pass_manager import PassResult
+from ..core.plan import group_outputs
 from .schedule import program_order, storage_sizes
 
 MAX_LISTED = 200

@@ -19,10 +19,10 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ..config import Config
-from ..iteration import is_pointwise, reduction_of, schema_bind
+from ..core.config import Config
+from ..core.iteration import is_pointwise, reduction_of, schema_bind
 from ..lowering.out_variant import out_variant
-from ..graph import (
+from ..core.graph import (
     ALLOCATES,
     FALLBACK_BACKEND,
     SLICE_OF,
@@ -41,7 +41,7 @@ from ..graph import (
     storage_nbytes,
     storage_root,
 )
-from ..plan import Arena, Buffer, Group, MemoryPlan
+from ..core.plan import Arena, Buffer, Group, MemoryPlan
 from .offsets import Interval, PlanError, verify_plan
 from .schedule import fused_positions
 from .symmetric import plan_symmetric, verify_symmetric

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..graph import peak_live_bytes
+from ..core.graph import peak_live_bytes
 
 __all__ = [
     "Interval", "OffsetPlan", "PlanError", "PLANNERS", "RangeMax", "arena_bytes", "lower_bound",

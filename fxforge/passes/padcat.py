@@ -46,8 +46,8 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..codegen.api import CodegenBackend
-from ..config import Config
-from ..graph import (
+from ..core.config import Config
+from ..core.graph import (
     ALLOCATES,
     BACKEND,
     FALLBACK_BACKEND,
@@ -60,8 +60,8 @@ from ..graph import (
     node_kind,
     output_nodes,
 )
-from ..pipeline import PassResult
-from ..regions import PAD, container_inputs, is_container, regions, size_expr
+from ..infra.pass_manager import PassResult
+from ..core.regions import PAD, container_inputs, is_container, regions, size_expr
 
 log = logging.getLogger("fxforge")
 aten = torch.ops.aten

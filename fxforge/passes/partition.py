@@ -8,7 +8,7 @@ executes: the ops on local shards plus the functional collectives (``_c10d_funct
 
 * placements propagate by DTensor's own sharding propagation (its op strategies); among an op's
   strategies the one whose input redistributions send the fewest bytes is chosen
-  (``fxforge.dtensor.select_by_bytes``; DTensor's default minimises its latency/bandwidth model
+  (``fxforge.core.dtensor.select_by_bytes``; DTensor's default minimises its latency/bandwidth model
   instead), and Shard(i) -> Shard(j) is one all-to-all;
 * each redistribution happens once: a pure op repeated on the same inputs is computed once, a
   value is redistributed at most once per placement, and a reduced Partial value is what later
@@ -38,10 +38,10 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from .. import dtensor as dth
-from ..config import Config
-from ..graph import VAL
-from ..inputs import InputError, user_input_paths
+from ..core import dtensor as dth
+from ..core.config import Config
+from ..core.graph import VAL
+from ..core.signature import InputError, user_input_paths
 from ..lowering.decompose import export_table
 
 
@@ -203,7 +203,7 @@ def check_regions(ep: ExportedProgram, mesh) -> None:
         region = f"local_map region {n.name!r} (body {n.args[0].target!r})"
         if kw is None:
             raise ValueError(f"{region} carries no local_map_kwargs (in/out placements, mesh); trace it with "
-                             "fxforge.dtensor.export_local_map")
+                             "fxforge.core.dtensor.export_local_map")
         ins = [a for a in body.graph.nodes if a.op == "placeholder"]
         outs = body.graph.find_nodes(op="output")[0].args[0]
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -539,7 +539,7 @@ def decompositions(config: Config, backend) -> dict:
 
 
 def dth_display(target: Any) -> str:
-    from ..graph import op_display
+    from ..core.graph import op_display
 
     return op_display(target)
 

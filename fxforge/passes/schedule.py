@@ -20,7 +20,7 @@ from typing import Collection, Iterable
 import torch
 import torch.fx as fx
 
-from ..graph import (
+from ..core.graph import (
     GROUP,
     VAL,
     hint,
@@ -33,7 +33,7 @@ from ..graph import (
     storage_root,
 )
 from ..lowering.cleanup import has_side_effects
-from ..plan import group_outputs
+from ..core.plan import group_outputs
 
 
 def storage_sizes(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> dict[fx.Node, int]:

@@ -44,12 +44,31 @@ from collections import Counter
 import torch
 import torch.fx as fx
 
-from ..collectives import (COLLECTIVE_OPS, group_name_of, is_symmetric_collective, symmetric_arg_nodes,
-                           symmetric_args, wait_op)
-from ..config import Config
-from ..graph import (ALLOCATES, BACKEND, FALLBACK_BACKEND, GROUP, SLICE_OF, SYMMETRIC, VAL, hint, is_mutating,
-                     node_kind, output_nodes, storage_nbytes, storage_root)
-from ..pipeline import PassResult
+from ..core.collectives import (
+    COLLECTIVE_OPS,
+    group_name_of,
+    is_symmetric_collective,
+    symmetric_arg_nodes,
+    symmetric_args,
+    wait_op,
+)
+from ..core.config import Config
+from ..core.graph import (
+    ALLOCATES,
+    BACKEND,
+    FALLBACK_BACKEND,
+    GROUP,
+    SLICE_OF,
+    SYMMETRIC,
+    VAL,
+    hint,
+    is_mutating,
+    node_kind,
+    output_nodes,
+    storage_nbytes,
+    storage_root,
+)
+from ..infra.pass_manager import PassResult
 from .assign import bound_symbols
 
 log = logging.getLogger("fxforge")
@@ -217,7 +236,7 @@ def plan_symmetric(gm: fx.GraphModule, bufs: list, pos: dict[fx.Node, int], leng
     """Place every symmetric buffer (``Buffer``s whose producer carries ``meta[SYMMETRIC]``) in
     one arena per process group; returns the arenas and the barriers to emit, as (node after
     which, arena).  Sets each buffer's arena, offset, ``released`` and held ``end``."""
-    from ..plan import Arena
+    from ..core.plan import Arena
     from .windows import place
 
     reads = symmetric_reads(gm, pos)

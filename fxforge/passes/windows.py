@@ -16,7 +16,7 @@ import numpy as np
 import sympy
 from torch.utils._sympy.functions import FloorDiv
 
-from ..graph import hint, peak_live_bytes
+from ..core.graph import hint, peak_live_bytes
 from .offsets import Interval, RangeMax, plan_offsets
 
 __all__ = [

@@ -14,7 +14,7 @@ import operator
 import re
 from typing import Any
 
-from ..graph import FALLBACK_BACKEND, node_kind, op_display
+from ..core.graph import FALLBACK_BACKEND, node_kind, op_display
 from .memory import W, _hue
 
 KINDS = {"placeholder": "in", "get_attr": "attr", "output": "out", "view": "view", "getitem": "item",

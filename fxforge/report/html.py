@@ -188,7 +188,7 @@ def _kernels_section(c, uid: str) -> tuple[str, dict]:
 
 def _custom_ops_section(c, uid: str) -> str:
     """Per tuned custom-op call site: each candidate's time per range (or at the site's sizes),
-    the rejected ones with why, and the winner (custom_ops.py)."""
+    the rejected ones with why, and the winner (fxforge/custom_ops)."""
     sites = c.stats.get("custom_ops") or []
     if not sites:
         return ""

@@ -23,7 +23,7 @@ import html
 import math
 from typing import Any, Iterable, Sequence
 
-from ..graph import liveness, output_nodes
+from ..core.graph import liveness, output_nodes
 from ..passes.schedule import fused_layout, program_order, storage_sizes
 from .record import rebuild
 

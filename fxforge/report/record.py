@@ -23,7 +23,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from ..graph import BACKEND, FALLBACK, GROUP, VAL
+from ..core.graph import BACKEND, FALLBACK, GROUP, VAL
 
 
 @dataclass

@@ -6,7 +6,7 @@
 
 A ``TorchDispatchMode`` seeing every ATen call that reaches the dispatcher from Python (calls an
 ATen kernel makes internally are not seen, as they are not data movement the program asked for).
-Calls that only move bytes (``fxforge.copies.moves_data``: cat, pads, clones, copies, fills,
+Calls that only move bytes (``fxforge.core.copies.moves_data``: cat, pads, clones, copies, fills,
 scatters of slices, ``*_copy`` views, layout-only ``_to_copy``) count the bytes they write: their
 results, or their ``out=``/``self`` tensors.  ``calls`` keeps (op, bytes) per counted call.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..copies import moves_data, written_bytes
+from ..core.copies import moves_data, written_bytes
 
 
 class CopyCounter(TorchDispatchMode):

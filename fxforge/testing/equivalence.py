@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ..pipeline import normalize_result
+from ..infra.pass_manager import normalize_result
 
 __all__ = ["Check", "PassCheckFailure", "TOLERANCES", "check_pass", "hint", "mismatch", "random_inputs", "random_tensor"]
 

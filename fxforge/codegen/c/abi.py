@@ -1,4 +1,4 @@
-"""The C kernels' calling convention: what build.py, launcher.py, packages.py and both kernel
+"""The C kernels' calling convention: what build.py, launcher.py, fxforge.packages and both kernel
 sources (kernel.py, templates.py) agree on.
 
 * One signature for every kernel (``c_head``): the tensors' data pointers, the int64 sizes and

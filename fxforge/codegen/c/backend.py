@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ...config import Config
-from ...graph import VAL, node_kind, tensors
-from ...plan import Group
+from ...core.config import Config
+from ...core.graph import VAL, node_kind, tensors
+from ...core.plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..ir.emitter import Unsupported, node_refusal
 from ..ir.facts import checked_cost
@@ -30,7 +30,7 @@ from ..registry import C_MAX_KERNEL_ARGS
 from .build import CUnit, compiler
 from .launcher import refusal
 from .kernel import CEmitter, frame_refusal
-from .ops import CTYPE
+from .dtypes import CTYPE
 from .templates import template_of
 
 

@@ -100,7 +100,7 @@ def _which(cc: str, path: str | None) -> str | None:
 @functools.lru_cache(maxsize=None)
 def _identity(cc: str, flags: tuple[str, ...]) -> str:
     """What a cached shared object depends on besides its source: the compiler, its flags and this CPU."""
-    from ...host import cpu_field
+    from ...infra.host import cpu_field
 
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     return "\0".join([cc, version, " ".join(flags), cpu_field("flags")])

@@ -27,15 +27,15 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ...graph import VAL, expr, node_kind
-from ...iteration import reduction_of, shape_of
+from ...core.graph import VAL, expr, node_kind
+from ...core.iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Unsupported
 from ..ir.rows import Frame, trailing
 from ..ir.aten import REDUCTIONS, Reduction
 from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store, walk
 from ..ir.values import Value, Var
-from .ops import CTYPE, SIG_DTYPE
+from .dtypes import CTYPE, SIG_DTYPE
 from . import build
 from .abi import CEmitted, Scratch, c_function, launch_source
 from .printer import CStatements, c_index, values

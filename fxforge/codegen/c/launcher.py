@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ...graph import expr
+from ...core.graph import expr
 from .abi import KERNEL_ERRORS, kernel_error
 from .build import CompileError, CUnit, shared_object, vector_math
 from .prelude import PRELUDE

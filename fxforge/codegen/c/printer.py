@@ -33,7 +33,7 @@ import torch
 from ..ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
 from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
 from ..ir.values import Const, Op
-from .ops import CTYPE
+from .dtypes import CTYPE
 
 
 class CPrinter(IndexPrinter):

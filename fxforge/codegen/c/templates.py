@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 from torch.utils._sympy.functions import ModularIndexing
 
-from ...graph import VAL, free_symbols, tensors
+from ...core.graph import VAL, free_symbols, tensors
 from ..ir import values as ir
 from ..ir.emitter import Param
 from ..ir.stmts import Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
@@ -45,7 +45,7 @@ from ..ir.values import Var
 from . import build
 from .abi import INDEX_OUT_OF_RANGE, CEmitted, Scratch, c_function, fail, launch_source
 from .kernel import COLUMN_CHUNK_MIN_ELEMENTS, TILE_ROWS, block_rows, chunks, parallel_min_work, split
-from .ops import CTYPE, ONE_THREAD_MAX_NUMEL
+from .dtypes import CTYPE, ONE_THREAD_MAX_NUMEL
 from .printer import CStatements, c_index, values
 
 aten = torch.ops.aten

@@ -18,8 +18,8 @@ import torch
 import torch.fx as fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwise_dtypes
 
-from ...graph import VAL
-from ...iteration import schema_bind
+from ...core.graph import VAL
+from ...core.iteration import schema_bind
 from . import values as v
 from .values import LOW_PRECISION, Const, Unsupported, Value, compute_dtype, const
 

@@ -25,8 +25,8 @@ import torch
 import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from ...graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
-from ...iteration import reduction_of, shape_of
+from ...core.graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
+from ...core.iteration import reduction_of, shape_of
 from ..indexing import floor_div, modular
 from ..pyexpr import PyExprPrinter
 from . import aten as ir_aten, values as ir

@@ -34,11 +34,11 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ...graph import PROBES, VAL, aliased_input, free_symbols, node_kind, tensors
-from ...iteration import kind_of, reduction_of, shape_of
+from ...core.graph import PROBES, VAL, aliased_input, free_symbols, node_kind, tensors
+from ...core.iteration import kind_of, reduction_of, shape_of
 from ..api import GroupCost
 from .aten import read_nodes
-from .rows import check_operand, check_view, domain, frame_of, internal, root
+from .rows import Frame, check_operand, check_view, domain, frame_of, internal, root
 from .values import Unsupported
 
 
@@ -107,23 +107,11 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
     pointer per tensor read from outside (a member view of one reads the tensor it views) and
     per tensor stored, and one per runtime scalar read.  O(the group's nodes and their reads):
     no kernel is built."""
+    sorted_members = _computed_members(nodes)
+    if sorted_members is None:
+        return None
+    computed, reductions = sorted_members
     members = set(nodes)
-    computed, reductions = [], []
-    for n in nodes:
-        k = node_kind(n)
-        if k not in ("compute", "view") or any(free_symbols(t) for t in tensors(n.meta.get(VAL))):
-            return None
-        if k == "view":
-            continue
-        computed.append(n)
-        kind = kind_of(n)
-        if kind == "reduction":
-            reductions.append(n)
-        elif kind != "pointwise":
-            return None
-
-    tensors_read: set[fx.Node] = set()
-    scalars: set[fx.Node] = set()
     is_computed = set(computed)
     stored = [n for n in outputs if n in is_computed] if outputs else computed
     try:
@@ -137,37 +125,10 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
 
         if fr.reduction and not _all_computed(members, computed, stored, reductions, dom):
             return None  # a value per element nothing stored needs: whether it is computed is the language's
-
-        viewed: set[fx.Node] = set()
-        for n in computed:
-            if n in reductions:
-                r = reduction_of(n)
-                shape, want, read = shape_of(r.inp.meta[VAL]), "xr", [r.inp]
-            else:
-                shape, want, read = shape_of(n.meta[VAL]), dom(n), read_nodes(n)
-                if read is None:
-                    return None
-            for a in read:
-                if a is n:
-                    continue
-                val = a.meta.get(VAL)
-                if not isinstance(val, torch.Tensor):
-                    scalars.add(a)
-                elif internal(members, a):
-                    v = a
-                    while v in members and node_kind(v) == "view" and v not in viewed:
-                        viewed.add(v)
-                        check_view(fr, v, dom)
-                        v = aliased_input(v)
-                    check_operand(fr, a, dom(a), shape, want)
-                else:  # read from memory: the tensor outside that it is, or that a member view views
-                    outside = root(members, a)
-                    rval = outside.meta.get(VAL)
-                    if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
-                        raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
-                    if free_symbols(rval) or free_symbols(val):  # its sizes become the kernel's parameters
-                        return None
-                    tensors_read.add(outside)
+        operands = _operands(fr, members, computed, reductions, dom)
+        if operands is None:
+            return None
+        tensors_read, scalars = operands
         why = refusal(fr, reductions, nodes, dom) if refusal is not None else None
     except Unsupported as e:
         return str(e)
@@ -176,6 +137,65 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
     n_stored = sum(len(tensors(n.meta[VAL])) for n in stored)
     return GroupCost(num_args=len(tensors_read) + n_stored + len(scalars),
                      unique_io_buffers=len(tensors_read) + n_stored)
+
+
+def _computed_members(nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]] | None:
+    """The group's computed members and its reductions among them; None where a member is not a
+    static pointwise node, reduction or view."""
+    computed, reductions = [], []
+    for n in nodes:
+        k = node_kind(n)
+        if k not in ("compute", "view") or any(free_symbols(t) for t in tensors(n.meta.get(VAL))):
+            return None
+        if k == "view":
+            continue
+        computed.append(n)
+        kind = kind_of(n)
+        if kind == "reduction":
+            reductions.append(n)
+        elif kind != "pointwise":
+            return None
+    return computed, reductions
+
+
+def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reductions: list[fx.Node],
+              dom: Callable[[fx.Node], str]) -> tuple[set[fx.Node], set[fx.Node]] | None:
+    """Every operand of the computed members checked in its reader's domain (and each member view
+    on the way to it): the tensors read from outside and the runtime scalars read; None where a
+    read's sizes are symbolic (the emitter answers); raises ``Unsupported``."""
+    tensors_read: set[fx.Node] = set()
+    scalars: set[fx.Node] = set()
+    viewed: set[fx.Node] = set()
+    for n in computed:
+        if n in reductions:
+            r = reduction_of(n)
+            shape, want, read = shape_of(r.inp.meta[VAL]), "xr", [r.inp]
+        else:
+            shape, want, read = shape_of(n.meta[VAL]), dom(n), read_nodes(n)
+            if read is None:
+                return None
+        for a in read:
+            if a is n:
+                continue
+            val = a.meta.get(VAL)
+            if not isinstance(val, torch.Tensor):
+                scalars.add(a)
+            elif internal(members, a):
+                v = a
+                while v in members and node_kind(v) == "view" and v not in viewed:
+                    viewed.add(v)
+                    check_view(fr, v, dom)
+                    v = aliased_input(v)
+                check_operand(fr, a, dom(a), shape, want)
+            else:  # read from memory: the tensor outside that it is, or that a member view views
+                outside = root(members, a)
+                rval = outside.meta.get(VAL)
+                if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
+                    raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
+                if free_symbols(rval) or free_symbols(val):  # its sizes become the kernel's parameters
+                    return None
+                tensors_read.add(outside)
+    return tensors_read, scalars
 
 
 def _all_computed(members: set[fx.Node], computed: list[fx.Node], stored: list[fx.Node], reductions: list[fx.Node],

@@ -22,8 +22,8 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ...graph import VAL, aliased_input, node_kind
-from ...iteration import numel as _numel, reduction_of, same_size as _same, shape_of
+from ...core.graph import VAL, aliased_input, node_kind
+from ...core.iteration import numel as _numel, reduction_of, same_size as _same, shape_of
 from .values import Unsupported
 
 aten = torch.ops.aten

@@ -10,7 +10,7 @@ instead of launching with the default:
   and inputs whose bytes overlap an output are cloned, so the caller's tensors are never
   written twice.  A candidate that fails to compile or launch is skipped;
 * each candidate's time is the least of a few launches (CUDA events on a GPU; elsewhere the
-  wall clock, launches interleaved, ``fxforge.timing``: under TRITON_INTERPRET=1 the choice is
+  wall clock, launches interleaved, ``fxforge.infra.timing``: under TRITON_INTERPRET=1 the choice is
   meaningless but the path is the same);
 * a choice timed while the host was busy (``Timing.contended``) is stored marked so: a later
   process re-times it where the host is quiet by then (``timing.quiet``);
@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from ...timing import Budget, Timing, quiet, time_candidates
+from ...infra.timing import Budget, Timing, quiet, time_candidates
 from . import cache
 
 log = logging.getLogger("fxforge")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ...config import Config
-from ...graph import VAL, tensors
-from ...plan import Group
+from ...core.config import Config
+from ...core.graph import VAL, tensors
+from ...core.plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..ir.facts import checked_cost
 from ..probes import memoized
@@ -21,7 +21,7 @@ from . import cache
 from .autotune import Tuner
 from .kernel import TritonEmitter, Unsupported, node_refusal
 from .launch import KERNEL_NAME, Emitted
-from .ops import SIG_DTYPE
+from .dtypes import SIG_DTYPE
 from .prelude import helper_names, interpreting, module_text
 
 

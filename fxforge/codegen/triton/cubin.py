@@ -1,5 +1,5 @@
 """Launching ahead-of-time compiled Triton kernels (``aot.cubins``) with no compiler: the CUDA
-driver API through ``ctypes``, as a loaded package does (``fxforge/packages.py``).
+driver API through ``ctypes``, as a loaded package does (``fxforge/packages/load.py``).
 
 ``CubinKernel`` stands where the wrapper's ``<kernel>_triton`` JIT function stands, with the same
 launch syntax, ``kernel_triton[grid](*args, XBLOCK=..., num_warps=..., ...)``: the keyword

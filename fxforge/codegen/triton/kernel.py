@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ...graph import VAL
-from ...iteration import shape_of
+from ...core.graph import VAL
+from ...core.iteration import shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.aten import Reduction
 from ..ir.emitter import INT32_MAX, RINDEX, XINDEX, Emitter, Param, Unsupported, node_refusal  # noqa: F401 (the backend's names)
@@ -30,7 +30,7 @@ from ..ir.values import Const, Var
 from ..pyexpr import PyExprPrinter
 from . import launch
 from .launch import Emitted
-from .ops import COMBINE_FN, SIG_DTYPE, TL_DTYPE
+from .dtypes import COMBINE_FN, SIG_DTYPE, TL_DTYPE
 from .prelude import available_helpers
 from .printer import TritonPrinter, TritonStatements, values
 

@@ -23,7 +23,7 @@ import torch
 from ..ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
 from ..ir.stmts import Index, Let, Line, Load, Nest, Set, Stmt, Store
 from ..ir.values import Const, Op, Value
-from .ops import TL_DTYPE
+from .dtypes import TL_DTYPE
 
 
 def floor_div(a: str, b: str) -> str:

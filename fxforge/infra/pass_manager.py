@@ -25,7 +25,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from .graph import PROBES, VAL, count_compute_nodes, fake_mode_of, has_val
+from ..core.graph import PROBES, VAL, count_compute_nodes, fake_mode_of, has_val
 
 
 class PassResult(NamedTuple):

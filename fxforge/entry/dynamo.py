@@ -13,13 +13,13 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from .codegen.registry import DEFAULT_REGISTRY, Registry
-from .compiled import Compiled
-from .compiler import compile_graph
-from .config import Config
-from .custom_ops import inline_winners
-from .graph import CUSTOM_OP_DISPATCH, FREE_OUTPUTS, INPUT_STRIDES, VAL
-from .lowering.decompose import aot_table
+from ..codegen.registry import DEFAULT_REGISTRY, Registry
+from ..artifact.compiled import Compiled
+from ..spine import compile_graph
+from ..core.config import Config
+from ..custom_ops import inline_winners
+from ..core.graph import CUSTOM_OP_DISPATCH, FREE_OUTPUTS, INPUT_STRIDES, VAL
+from ..lowering.decompose import aot_table
 
 log = logging.getLogger("fxforge")
 
@@ -77,7 +77,7 @@ class Backend:
             log.warning("fxforge: %s; this graph runs eagerly", e)
             self.failures.append(("graph", str(e)))
             return gm.forward
-        try:  # custom ops' candidates checked, timed, the winners inlined (custom_ops.py)
+        try:  # custom ops' candidates checked, timed, the winners inlined (fxforge/custom_ops)
             custom_ops, dispatches = inline_winners(gm, self.config, self.registry)
         except Exception as e:
             if self.config.debug:
@@ -175,8 +175,8 @@ def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
     before partitioning (``lowering/splits.split_joint``)."""
     from torch._functorch import partitioners
 
-    from .lowering.result_grads import GradsFromResults
-    from .lowering.splits import split_joint
+    from ..lowering.result_grads import GradsFromResults
+    from ..lowering.splits import split_joint
 
     partition = {
         "min_cut": partitioners.min_cut_rematerialization_partition,
@@ -199,7 +199,7 @@ def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
 
 def saved_activation_bytes(backward: fx.GraphModule) -> int:
     """Bytes the forward saved for this backward graph: its inputs that are not incoming grads."""
-    from .graph import VAL, hint, shape_env_of, storage_nbytes
+    from ..core.graph import VAL, hint, shape_env_of, storage_nbytes
 
     env = shape_env_of(backward)
     total = 0

@@ -13,12 +13,12 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from . import logs
+from .infra import logs
 from .codegen import wrapper
 from .codegen.registry import DEFAULT_REGISTRY, Registry
-from .compiled import Compiled, KernelInfo
-from .config import Config
-from .graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes
+from .artifact.compiled import Compiled, KernelInfo
+from .core.config import Config
+from .core.graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.conv_layout import ConvLayout
 from .lowering.crops import LowerCrops
@@ -34,10 +34,10 @@ from .passes.memory import plan_memory, verify_memory_plan
 from .passes.padcat import ZeroCopyCatPad
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .passes.symmetric import LowerAllReduceToSymmetric, PlaceSymmetric
-from .pipeline import PassError, PassManager, pass_name
-from .stats import CompileStats
-from .progress import Progress
-from .plan import Group, Plan, group_outputs
+from .infra.pass_manager import PassError, PassManager, pass_name
+from .artifact.stats import CompileStats
+from .infra.progress import Progress
+from .core.plan import Group, Plan, group_outputs
 from .report.hooks import on_compiled
 from .report.record import PassRecorder
 

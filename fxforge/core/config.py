@@ -106,7 +106,7 @@ class Config:
     # 0: never.
     symmetric_all_reduce_bytes: int = 0
     # Custom ops registered with fxforge.register_custom_op_autotuning: "on" (check each
-    # candidate against the op, time the ones that agree, inline the fastest; custom_ops.py),
+    # candidate against the op, time the ones that agree, inline the fastest; fxforge/custom_ops),
     # "off" (the op itself, called opaquely).
     custom_op_tuning: str = "on"
     # Directory where an HTML report is written for every compiled graph (None: no reports).

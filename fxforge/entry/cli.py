@@ -55,7 +55,7 @@ def _progress(enabled: bool) -> Callable[[Any], None]:
 
 
 def _size(path: str) -> str:
-    from .report.memory import fmt_bytes
+    from ..report.memory import fmt_bytes
 
     return fmt_bytes(os.path.getsize(path))
 
@@ -67,7 +67,7 @@ def _demo(args: argparse.Namespace) -> int:
     import json
 
     from . import demo
-    from .report.hooks import watch
+    from ..report.hooks import watch
 
     compiled: list[Any] = []
     show = _progress(sys.stderr.isatty())
@@ -83,7 +83,7 @@ def _demo(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(r, f, indent=1)
     if compiled and args.report:
-        from .report.html import write_report
+        from ..report.html import write_report
 
         kinds = ", ".join(str(c.stats.get("graph")) for c in compiled)
         write_report(compiled, args.report, title="fxforge demo: " + kinds + " graphs of the demo GPT")
@@ -222,8 +222,8 @@ def _is_package(path: str) -> bool:
 
 def _report(args: argparse.Namespace) -> int:
     import fxforge
-    from .report.hooks import watch
-    from .report.html import write_report
+    from ..report.hooks import watch
+    from ..report.html import write_report
 
     if os.path.isfile(args.model) and _is_package(args.model):
         return _package_report(args)
@@ -263,7 +263,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _read_package(path: str):
-    from .packages import PackageError, read_package
+    from ..packages import PackageError, read_package
 
     if not os.path.isfile(path):
         raise CliError(f"no such file: {path}")
@@ -274,7 +274,7 @@ def _read_package(path: str):
 
 
 def _package_report(args: argparse.Namespace) -> int:
-    from .report.memory import fmt_bytes
+    from ..report.memory import fmt_bytes
 
     pkg = _read_package(args.model)
     m = pkg.manifest
@@ -299,8 +299,8 @@ def _package_report(args: argparse.Namespace) -> int:
 
 
 def _package(args: argparse.Namespace) -> int:
-    from .packages import PackageError, package
-    from .report.hooks import watch
+    from ..packages import PackageError, package
+    from ..report.hooks import watch
 
     ep = load_program(args.model)
     config = _config(args)
@@ -327,8 +327,8 @@ def _run(args: argparse.Namespace) -> int:
     import torch
     import torch.utils._pytree as pytree
 
-    from .inputs import InputError
-    from .packages import PackageError, load_package
+    from ..artifact.inputs import InputError
+    from ..packages import PackageError, load_package
 
     if not os.path.isfile(args.package):
         raise CliError(f"no such file: {args.package}")

@@ -12,15 +12,16 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from .codegen.registry import DEFAULT_REGISTRY, Registry
-from .compiled import Compiled
-from .compiler import compile_graph
-from .config import Config
-from .custom_ops import decomposition_table
-from .graph import CUSTOM_OP_DISPATCH, VAL
-from .inputs import Expected, check_inputs, flatten_call, ranges_of, user_input_paths
-from .lowering.decompose import export_table
-from .pipeline import PassManager
+from ..codegen.registry import DEFAULT_REGISTRY, Registry
+from ..artifact.compiled import Compiled
+from ..spine import compile_graph
+from ..core.config import Config
+from ..custom_ops import decomposition_table
+from ..core.graph import CUSTOM_OP_DISPATCH, VAL
+from ..artifact.inputs import Expected, check_inputs, ranges_of
+from ..core.signature import flatten_call, user_input_paths
+from ..lowering.decompose import export_table
+from ..infra.pass_manager import PassManager
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Signature:
 class ExportedCompiled(Compiled):
     """A compiled ExportedProgram: called with the same inputs as ``ep.module()``.
 
-    Inputs are checked first (``fxforge.inputs``): a wrong count, rank, size (against the
+    Inputs are checked first (``fxforge.artifact.inputs``): a wrong count, rank, size (against the
     program's static sizes, symbols and range constraints), dtype or device raises
     ``fxforge.InputError`` naming the input, and the compiled code stays valid.  An input laid out
     differently from the example (transposed, step-sliced) is copied into the compiled layout
@@ -123,7 +124,7 @@ def compile_exported(
     registry = registry or DEFAULT_REGISTRY
     devices = {t.device.type for t in ep.state_dict.values() if isinstance(t, torch.Tensor)}
     table = export_table(config, registry.select(config, devices or {"cpu"}))
-    # custom ops' candidates checked, timed, the winners inlined (custom_ops.py)
+    # custom ops' candidates checked, timed, the winners inlined (fxforge/custom_ops)
     chosen, custom_ops, dispatches = decomposition_table(ep.graph_module, config, registry)
     table.update(chosen)
     ep = ep.run_decompositions(table)
@@ -160,7 +161,7 @@ def _fill_attr_vals(gm: fx.GraphModule) -> None:
 
     Submodule calls ``ep.module()`` adds (its input guards) return nothing: their value is None.
     """
-    from .graph import fake_mode_of, fetch_attr
+    from ..core.graph import fake_mode_of, fetch_attr
 
     mode = fake_mode_of(gm)
     for n in gm.graph.nodes:

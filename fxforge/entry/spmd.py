@@ -17,15 +17,27 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from . import dtensor as dth
-from .codegen.registry import DEFAULT_REGISTRY, Registry
-from .compiled import Compiled
-from .compiler import compile_graph
-from .config import Config
-from .graph import VAL, is_mutating
-from .inputs import Expected, check_inputs, flatten_call
-from .passes.partition import (GRADIENTS, RETURNED, STATE_KINDS, RankInput, RankOutput, check_regions,
-                               decompositions, local_map_hop, rank_inputs, rank_outputs, trace_rank)
+from ..core import dtensor as dth
+from ..codegen.registry import DEFAULT_REGISTRY, Registry
+from ..artifact.compiled import Compiled
+from ..spine import compile_graph
+from ..core.config import Config
+from ..core.graph import VAL, is_mutating
+from ..artifact.inputs import Expected, check_inputs
+from ..core.signature import flatten_call
+from ..passes.partition import (
+    GRADIENTS,
+    RETURNED,
+    STATE_KINDS,
+    RankInput,
+    RankOutput,
+    check_regions,
+    decompositions,
+    local_map_hop,
+    rank_inputs,
+    rank_outputs,
+    trace_rank,
+)
 
 __all__ = ["Partitioned", "partition"]
 
@@ -157,7 +169,7 @@ def partition(
     """
     if not isinstance(program, ExportedProgram):
         raise TypeError(f"partition expects a torch.export.ExportedProgram, got {type(program).__name__}; "
-                        "use torch.export.export(module, args) first (fxforge.dtensor.export_local_map to keep "
+                        "use torch.export.export(module, args) first (fxforge.core.dtensor.export_local_map to keep "
                         "local_map regions)")
     from torch.distributed.device_mesh import DeviceMesh
 

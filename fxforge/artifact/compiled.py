@@ -169,7 +169,7 @@ class Compiled:
     def write_report(self, path: str) -> str:
         """Write the self-contained HTML report of this graph (memory picture, graph picture,
         pass timeline, kernels, stats, source) to ``path``; returns ``path``."""
-        from .report.html import write_report
+        from ..report.html import write_report
 
         return write_report(self, path)
 

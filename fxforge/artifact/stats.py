@@ -11,11 +11,11 @@ from typing import Any, Sequence
 
 import torch.fx as fx
 
-from .collectives import collective_stats
-from .copies import graph_copy_bytes
-from .graph import FALLBACK_BACKEND, peak_live_bytes
-from .passes.memory import arena_intervals, arena_peak_bytes, symmetric_arena_bytes
-from .plan import Group, MemoryPlan
+from ..core.collectives import collective_stats
+from ..core.copies import graph_copy_bytes
+from ..core.graph import FALLBACK_BACKEND, peak_live_bytes
+from ..passes.memory import arena_intervals, arena_peak_bytes, symmetric_arena_bytes
+from ..core.plan import Group, MemoryPlan
 
 # The keys every compile's ``stats`` holds (with a zero or empty value where nothing was seen).
 STAT_KEYS = (
@@ -67,7 +67,7 @@ class CompileStats:
     passes: list
     fallbacks: dict  # node name -> why it runs eagerly
     compile_seconds: float
-    custom_ops: list = field(default_factory=list)  # the entry points fill it in (custom_ops.py)
+    custom_ops: list = field(default_factory=list)  # the entry points fill it in (fxforge/custom_ops)
 
     @property
     def collective_bytes(self) -> int:

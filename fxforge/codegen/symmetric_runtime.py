@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..collectives import group_rank, process_group
+from ..core.collectives import group_rank, process_group
 
 
 class SymmetricPlanError(RuntimeError):

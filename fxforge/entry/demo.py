@@ -169,6 +169,28 @@ def run_demo(
     gen = torch.Generator().manual_seed(seed + 1)
     idx = torch.randint(0, cfg.vocab, (batch, cfg.seq), generator=gen)
     targets = torch.randint(0, cfg.vocab, (batch, cfg.seq), generator=gen)
+    checks, first_inference_s, first_train_s = _checks(cfg, eager, model, compiled, idx, targets, gen)
+    timing = _timings(compiled, eager, floor, idx, targets, calls, budget_s)
+    timing["inference"]["first_call_s"] = first_inference_s
+    timing["train_step"]["first_call_s"] = first_train_s
+    failures = _failures(backend)
+    return {
+        "ok": all(c["ok"] for c in checks.values()) and not failures,
+        "checks": checks,
+        "graphs": [_graph_row(c) for c in backend.compiled],
+        "failures": failures,
+        "timing": timing,
+        "model": asdict(cfg),
+        "batch": batch,
+        "calls": calls,
+        "params": sum(p.numel() for p in eager.parameters()),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _checks(cfg: GPTConfig, eager, model, compiled, idx, targets, gen) -> tuple[dict[str, dict], float, float]:
+    """Inference, a training step, an SGD step and inference again, each against eager; with the
+    first inference's and the first training step's seconds (their compiles included)."""
     checks: dict[str, dict] = {}
 
     def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
@@ -180,7 +202,7 @@ def run_demo(
         got = compiled(idx)
         first_inference_s = time.perf_counter() - t0
         check("inference logits", got, eager(idx))
-        idx2 = torch.randint(0, cfg.vocab, (batch, cfg.seq), generator=gen)  # a second call, new tokens
+        idx2 = torch.randint(0, cfg.vocab, tuple(idx.shape), generator=gen)  # a second call, new tokens
         check("inference logits (2nd call)", compiled(idx2), eager(idx2))
 
     # One training step: forward + backward graphs; loss and every gradient against eager.
@@ -210,8 +232,12 @@ def run_demo(
                 p -= 0.1 * p.grad
                 p.grad = None
         check("inference after SGD step", compiled(idx2), eager(idx2))
+    return checks, first_inference_s, first_train_s
 
-    # Timing: median per call, same inputs, after the compiles above.
+
+def _timings(compiled, eager, floor, idx, targets, calls: int, budget_s: float) -> dict:
+    """Median per call, same inputs, after the compiles: inference and a training step, fxforge
+    against eager and aot_eager (interleaved)."""
     def infer(m):
         def run():
             with torch.no_grad():
@@ -230,28 +256,19 @@ def run_demo(
         (fx_s, eager_s, floor_s), n = _time_interleaved([make(compiled), make(eager), make(floor)], calls, budget_s)
         timing[what] = {"fxforge_s": fx_s, "eager_s": eager_s, "aot_eager_s": floor_s, "ratio": fx_s / eager_s,
                         "calls": n}
-    timing["inference"]["first_call_s"] = first_inference_s
-    timing["train_step"]["first_call_s"] = first_train_s
+    return timing
 
-    # A Compiled whose generated code raised switches to eager for good: that is a failure here.
+
+def _failures(backend) -> list[dict]:
+    """Graphs the backend could not compile, and Compiled graphs whose generated code raised (they
+    switch to eager for good: a failure here), and a missing or extra graph kind."""
     failures = [{"graph": k, "reason": r} for k, r in backend.failures]
     failures += [{"graph": c.stats.get("graph"), "reason": f"generated code failed: {reason}"}
                  for c in backend.compiled for reason in c.failures]
     kinds = sorted(str(c.stats.get("graph")) for c in backend.compiled)
     if kinds != ["backward", "forward", "inference"]:
         failures.append({"graph": "-", "reason": f"expected one inference, forward and backward graph; got {kinds}"})
-    return {
-        "ok": all(c["ok"] for c in checks.values()) and not failures,
-        "checks": checks,
-        "graphs": [_graph_row(c) for c in backend.compiled],
-        "failures": failures,
-        "timing": timing,
-        "model": asdict(cfg),
-        "batch": batch,
-        "calls": calls,
-        "params": sum(p.numel() for p in eager.parameters()),
-        "threads": torch.get_num_threads(),
-    }
+    return failures
 
 
 def _kib(n: int) -> str:

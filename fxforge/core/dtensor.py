@@ -6,7 +6,7 @@
   (``compute_local_shape_and_global_offset``: uneven dims put the smaller chunks last), without any
   communication: every rank holds the full value, so Replicate -> Shard / Partial is local.
 * **Bytes**: ``redistribute_bytes`` is what one rank sends to move a tensor from one placement to
-  another, per DTensor's own transform plan (``fxforge.collectives.collective_bytes`` reads the
+  another, per DTensor's own transform plan (``fxforge.core.collectives.collective_bytes`` reads the
   same off a functional collective node of a per-rank graph).  Both count bandwidth-optimal
   (ring) algorithms:
 

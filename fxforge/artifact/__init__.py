@@ -1,0 +1,2 @@
+"""What a compile returns and how it runs: ``Compiled``, its statistics (``stats``), and the
+check of a call's inputs."""
