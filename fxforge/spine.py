@@ -96,18 +96,18 @@ def build_groups(gm: fx.GraphModule, sched: list[fx.Node], registry: Registry) -
     """Groups from the ``GROUP``/``BACKEND`` metadata the passes wrote, in schedule order."""
     by_id: dict[int, Group] = {}
     for n in sched:
-        gid = n.meta.get(GROUP)
+        gid = GROUP.get(n)
         if gid is None:
             continue
         if gid not in by_id:
-            backend = n.meta[BACKEND]
+            backend = BACKEND.of(n)
             fused = _fuses(backend, registry)
             by_id[gid] = Group(gid, backend, [], fused=fused,
                                overwrites_inputs=fused and registry.get(backend).overwrites_inputs)
         g = by_id[gid]
         g.nodes.append(n)
-        if FALLBACK in n.meta:
-            g.reason = n.meta[FALLBACK]
+        if FALLBACK.on(n):
+            g.reason = FALLBACK.of(n)
     outputs = set(output_nodes(gm))
     for g in by_id.values():
         members = set(g.nodes)
@@ -191,8 +191,8 @@ def _run_passes(gm: fx.GraphModule, config: Config, kind: str, registry: Registr
 
 def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, stages: _Stages) -> tuple[Plan, dict]:
     """The schedule, the groups in its order and the memory plan; the scheduler's figures."""
-    fused = {n.meta[GROUP] for n in gm.graph.nodes
-             if n.meta.get(GROUP) is not None and _fuses(n.meta.get(BACKEND, FALLBACK_BACKEND), registry)}
+    fused = {GROUP.of(n) for n in gm.graph.nodes
+             if GROUP.get(n) is not None and _fuses(BACKEND.get(n, FALLBACK_BACKEND), registry)}
     sched, sched_stats = make_schedule(gm, fused)
     stages.done("schedule")
     groups = build_groups(gm, sched, registry)

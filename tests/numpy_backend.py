@@ -1,6 +1,6 @@
 """A third kernel language on fxforge's kernel IR, as a plugin would write it: NumPy source.
 
-The group walk (``ir.emitter.Emitter``), the op semantics (``ir.aten``) and the values are
+The group walk (``ir.lowering.Emitter``), the op semantics (``ir.aten``) and the values are
 fxforge's; this module only prints them: every index is a NumPy array (``xindex`` the rows as a
 column, ``rindex`` a row's elements as a row: broadcasting makes the ``[rows, elements]`` block),
 each tensor a flat view of its memory, every reduction folded in one ``np.sum``/``np.max`` call.
@@ -13,7 +13,7 @@ import torch
 
 from fxforge.codegen.api import CodegenBackend, GroupCost, Kernel
 from fxforge.codegen.ir import aten as ir_aten, stmts as stmts_ir, values as ir
-from fxforge.codegen.ir.emitter import Emitter, Unsupported, node_refusal
+from fxforge.codegen.ir.lowering import Emitter, Unsupported, node_refusal
 from fxforge.codegen.ir.facts import checked_cost, pointwise_facts
 from fxforge.codegen.ir.printer import IndexPrinter, ValuePrinter
 from fxforge.core.iteration import shape_of

@@ -797,7 +797,7 @@ def test_shared_object_cached_in_process_and_compile_errors_name_the_file(monkey
 
 def _unit_of(bodies: list[str], names: list[str] | None = None) -> build.CUnit:
     """A CUnit of one-line kernels ``out_ptr0[0] = <body>;`` (named k0, k1... unless ``names``)."""
-    from fxforge.codegen.ir.emitter import Param
+    from fxforge.codegen.ir.lowering import Param
 
     params = [Param("out_ptr0", "*float", "out")]
     kernels = []
@@ -920,7 +920,7 @@ def test_kernels_called_through_ctypes_without_python_headers(monkeypatch, fresh
 def _every_kind_unit() -> build.CUnit:
     """One kernel taking a parameter of each kind, in an order that interleaves them:
     ``out[j] = (in[j] + a) * (flag ? s : -s) + b`` for ``j < n``; error 1 for ``n < 0``."""
-    from fxforge.codegen.ir.emitter import Param
+    from fxforge.codegen.ir.lowering import Param
 
     params = [Param("out_ptr0", "*float", "out"), Param("n", "i64", "n"), Param("in_ptr0", "*float", "x"),
               Param("s", "fp32", "s"), Param("flag", "i1", "flag"), Param("a", "i64", "a"), Param("b", "fp32", "b")]

@@ -13,7 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import fxforge
 from fxforge.codegen.c import backend as c_backend, build
 from fxforge.codegen.c.kernel import CEmitter, frame_refusal
-from fxforge.codegen.ir.emitter import Unsupported
+from fxforge.codegen.ir.lowering import Unsupported
 from fxforge.codegen.ir.facts import group_cost
 from fxforge.codegen.triton import backend as triton_backend
 from fxforge.codegen.triton.kernel import TritonEmitter

@@ -73,7 +73,7 @@ def memoized(tag: str, nodes: list[fx.Node], outputs: list[fx.Node] | None, prob
     """``probe()`` (a backend's emitter run on ``nodes``, summarized), or its summary from an
     earlier probe of a group of the same structure in this graph; ``tag`` names the backend."""
     gm = nodes[0].graph.owning_module if nodes else None
-    memo = gm.meta.get(PROBES) if gm is not None else None
+    memo = PROBES.get(gm) if gm is not None else None
     if memo is None:  # not while a PassManager runs: nothing to keep it in
         return probe()
     key = (tag, structure(nodes, outputs))

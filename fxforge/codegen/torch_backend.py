@@ -101,9 +101,9 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
 
     def ref(n: fx.Node) -> str:
         if n in members and node_kind(n) == "compute":
-            return n.name if n.meta.get(ALLOCATES) else param(ctx.buffer(n, None))
+            return n.name if ALLOCATES.get(n) else param(ctx.buffer(n, None))
         if node_kind(n) == "getitem" and n.args[0] in members:  # an output of a multi-output op
-            if n.args[0].meta.get(ALLOCATES):
+            if ALLOCATES.get(n.args[0]):
                 return f"{n.args[0].name}[{n.args[1]}]"
             return param(ctx.buffer(n.args[0], n.args[1]))
         if n in members:
@@ -127,7 +127,7 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
             continue
         body.append(f"# {node.name}: {op_display(op)}")
         found = out_variant(op)
-        if node.meta.get(ALLOCATES):
+        if ALLOCATES.get(node):
             body.append(f"{node.name} = {call(op_source(op), node)}")
             returns.append(node.name)
             continue
@@ -174,7 +174,7 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
             params.add(a)
             if tensor_val(a) is not None:
                 storages.add(storage_root(a))
-        if node_kind(n) == "compute" and not n.meta.get(ALLOCATES):
+        if node_kind(n) == "compute" and not ALLOCATES.get(n):
             slots = [(n, i) for i in _slots(n)]
             params.update(slots)
             storages.update(slots)
@@ -189,7 +189,7 @@ _WRITES_STRIDED = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.c
 
 def writes_views(node: fx.Node, config: Config) -> bool:
     """The out= call of ``node`` writes a region of a larger buffer as well as a buffer of its own."""
-    if node.meta.get(ALLOCATES) or not isinstance(node.target, torch._ops.OpOverload):
+    if ALLOCATES.get(node) or not isinstance(node.target, torch._ops.OpOverload):
         return False
     return torch.Tag.pointwise in node.target.tags or node.target in _WRITES_STRIDED or reduction_of(node) is not None
 

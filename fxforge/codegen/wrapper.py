@@ -504,8 +504,8 @@ class _Builder:
         b = self.plan.memory.of(n, None)
         self.bind_buffer(b)
         self.lines.append(f"# {n.name}: {op_display(n.target)} in place "
-                          f"({sum(n.meta[ZERO_COPY])} of {len(n.meta[ZERO_COPY])} inputs written into it)")
-        for a, start, taken in zip(container_inputs(n), regions(n), n.meta[ZERO_COPY]):
+                          f"({sum(ZERO_COPY.of(n))} of {len(ZERO_COPY.of(n))} inputs written into it)")
+        for a, start, taken in zip(container_inputs(n), regions(n), ZERO_COPY.of(n)):
             if not taken:
                 self.lines.append(f"{self.region(b.name, b, start, _shape(a))}.copy_({format_arg(a, self.ref, self.const)})")
         if n.target is PAD:
@@ -609,7 +609,7 @@ class _Builder:
         elif kind == "get_attr":
             self.globals[n.name] = fetch_attr(self.gm, n.target)
             self.traced.add(n.name)
-        elif g is not None and any(ZERO_COPY in m.meta for m in g.nodes):
+        elif g is not None and any(ZERO_COPY.on(m) for m in g.nodes):
             if n is g.nodes[-1]:
                 self.emit_zero_copy(g)
         elif g is not None and g.backend != FALLBACK_BACKEND:
@@ -622,7 +622,7 @@ class _Builder:
             self.kept_names[n.name] = None
             self.traced_view(n)
         else:
-            dispatches = self.gm.meta.get(CUSTOM_OP_DISPATCH)  # custom_ops.Dispatches
+            dispatches = CUSTOM_OP_DISPATCH.get(self.gm)  # custom_ops.Dispatches
             dispatch = dispatches.of(n) if dispatches else None
             if dispatch is not None:
                 self.emit_dispatch(n, dispatch)

@@ -69,9 +69,9 @@ def node_copy_bytes(n, hint) -> int:
         return 0
 
     val = n.meta[VAL]
-    if ZERO_COPY in n.meta:
+    if ZERO_COPY.on(n):
         total = sum(_nbytes(a.meta[VAL].shape, val.dtype, hint)
-                    for a, taken in zip(container_inputs(n), n.meta[ZERO_COPY]) if not taken)
+                    for a, taken in zip(container_inputs(n), ZERO_COPY.of(n)) if not taken)
         if n.target is PAD:
             total += sum(_nbytes(shape, val.dtype, hint) for _, shape in pad_border(n))
         return total

@@ -21,52 +21,94 @@ import functools
 import itertools
 import operator
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Generic, Iterable, Sequence, TypeVar
 
 import sympy
 import torch
 import torch.fx as fx
 
-VAL = "val"
-GROUP = "fxforge_group"
-BACKEND = "fxforge_backend"
-FALLBACK = "fxforge_fallback"
-BUFFER = "fxforge_buffer"
-ALLOCATES = "fxforge_allocates"
-SLICE_OF = "fxforge_slice_of"
-ZERO_COPY = "fxforge_zero_copy"
-SYMMETRIC = "fxforge_symmetric"
-PROBES = "fxforge_probes"
-INPUT_STRIDES = "fxforge_input_strides"
-FREE_OUTPUTS = "fxforge_free_outputs"
-CUSTOM_OP_DISPATCH = "fxforge_custom_op_dispatch"
+T = TypeVar("T")
 
-META_KEYS = {
-    VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
-    GROUP: "int: id of the kernel group the node runs in (passes/assign.py, passes/fusion.py)",
-    BACKEND: "str: name of the codegen backend that runs the node's group, or 'fallback'",
-    FALLBACK: "str: why no codegen backend accepted the node (present only on fallback nodes)",
-    BUFFER: "str: name of the planned buffer holding the node's output storage (passes/memory.py)",
-    ALLOCATES: "bool: the node's kernel allocates its own outputs, which get no planned buffer",
-    SLICE_OF: "(str, tuple): the node writes its output in place into the region starting at these "
-              "per-dim offsets of the named cat/pad node's result (passes/padcat.py)",
-    ZERO_COPY: "tuple[bool, ...]: on a cat / constant_pad_nd node, which inputs are written in place into its "
-               "result; the wrapper moves only the others (copies) and a pad's border (fills)",
-    SYMMETRIC: "str: the process group whose symmetric-memory arena holds the node's output, which a "
-               "collective reads from every rank (passes/symmetric.py)",
-}
-# the keys fxforge writes in a GraphModule's own meta
-GRAPH_META_KEYS = {
-    PROBES: "dict: backends' emitter probe summaries by group structure and nodes' fusion facts, kept "
-            "while a PassManager runs (codegen/probes.py, codegen/ir/facts.py)",
-    INPUT_STRIDES: "dict[str, tuple[int, ...]]: placeholder name -> the strides its caller passes where they "
-                   "differ from the traced value's (a training forward's saved activations, laid out by its "
-                   "passes; backend.py), adopted by lowering/conv_layout.py",
-    FREE_OUTPUTS: "int: the graph's outputs from this index on may keep the layout the passes give them (a "
-                  "training forward's saved activations, whose strides are reported to AOTAutograd; backend.py)",
-    CUSTOM_OP_DISPATCH: "custom_ops.Dispatches, (op, shape key) -> Dispatch: calls of a tuned custom op chosen per range "
-                        "of a size, which the wrapper emits as an if chain (custom_ops.py)",
-}
+VAL = "val"
+
+
+class MetaKey(str, Generic[T]):
+    """A metadata key fxforge writes, with what it holds: the key itself (``n.meta[GROUP]`` still
+    reads it), and typed access, ``GROUP.get(n)``, ``GROUP.of(n)``, ``GROUP.set(n, 3)``,
+    ``GROUP.on(n)``, ``GROUP.clear(n)``, on a node's meta or a graph module's (``graph``)."""
+
+    doc: str
+    graph: bool
+
+    def __new__(cls, name: str, doc: str, graph: bool = False) -> "MetaKey":
+        key = super().__new__(cls, name)
+        key.doc, key.graph = doc, graph
+        return key
+
+    def get(self, owner: fx.Node | fx.GraphModule, default: T | None = None) -> T | None:
+        return owner.meta.get(self, default)
+
+    def of(self, owner: fx.Node | fx.GraphModule) -> T:
+        return owner.meta[self]
+
+    def set(self, owner: fx.Node | fx.GraphModule, value: T) -> None:
+        owner.meta[self] = value
+
+    def on(self, owner: fx.Node | fx.GraphModule) -> bool:
+        return self in owner.meta
+
+    def clear(self, owner: fx.Node | fx.GraphModule) -> None:
+        owner.meta.pop(self, None)
+
+    def __reduce__(self):  # pickled (a graph's meta, a package's stats) as the plain key it equals
+        return (str, (str(self),))
+
+    def __copy__(self) -> "MetaKey":
+        return self
+
+    def __deepcopy__(self, memo) -> "MetaKey":
+        return self
+
+
+GROUP: MetaKey[int] = MetaKey(
+    "fxforge_group", "int: id of the kernel group the node runs in (passes/assign.py, passes/fusion.py)")
+BACKEND: MetaKey[str] = MetaKey("fxforge_backend", "str: name of the codegen backend that runs the node's group, or 'fallback'")
+FALLBACK: MetaKey[str] = MetaKey(
+    "fxforge_fallback", "str: why no codegen backend accepted the node (present only on fallback nodes)")
+BUFFER: MetaKey[str] = MetaKey(
+    "fxforge_buffer", "str: name of the planned buffer holding the node's output storage (passes/memory.py)")
+ALLOCATES: MetaKey[bool] = MetaKey(
+    "fxforge_allocates", "bool: the node's kernel allocates its own outputs, which get no planned buffer")
+SLICE_OF: MetaKey[tuple] = MetaKey(
+    "fxforge_slice_of", "(str, tuple): the node writes its output in place into the region starting at these "
+    "per-dim offsets of the named cat/pad node's result (passes/padcat.py)")
+ZERO_COPY: MetaKey[tuple] = MetaKey(
+    "fxforge_zero_copy", "tuple[bool, ...]: on a cat / constant_pad_nd node, which inputs are written in place "
+    "into its result; the wrapper moves only the others (copies) and a pad's border (fills)")
+SYMMETRIC: MetaKey[str] = MetaKey(
+    "fxforge_symmetric", "str: the process group whose symmetric-memory arena holds the node's output, which a "
+    "collective reads from every rank (passes/symmetric.py)")
+# the keys of a GraphModule's own meta
+PROBES: MetaKey[dict] = MetaKey(
+    "fxforge_probes", "dict: backends' emitter probe summaries by group structure and nodes' fusion facts, kept "
+    "while a PassManager runs (codegen/probes.py, codegen/ir/facts.py)", graph=True)
+INPUT_STRIDES: MetaKey[dict] = MetaKey(
+    "fxforge_input_strides", "dict[str, tuple[int, ...]]: placeholder name -> the strides its caller passes where "
+    "they differ from the traced value's (a training forward's saved activations, laid out by its passes; "
+    "entry/dynamo.py), adopted by lowering/conv_layout.py", graph=True)
+FREE_OUTPUTS: MetaKey[int] = MetaKey(
+    "fxforge_free_outputs", "int: the graph's outputs from this index on may keep the layout the passes give them "
+    "(a training forward's saved activations, whose strides are reported to AOTAutograd; entry/dynamo.py)",
+    graph=True)
+CUSTOM_OP_DISPATCH: MetaKey[Any] = MetaKey(
+    "fxforge_custom_op_dispatch", "custom_ops.Dispatches, (op, shape key) -> Dispatch: calls of a tuned custom op "
+    "chosen per range of a size, which the wrapper emits as an if chain (fxforge/custom_ops)", graph=True)
+
+_KEYS = (GROUP, BACKEND, FALLBACK, BUFFER, ALLOCATES, SLICE_OF, ZERO_COPY, SYMMETRIC, PROBES, INPUT_STRIDES,
+         FREE_OUTPUTS, CUSTOM_OP_DISPATCH)
+META_KEYS = {VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
+             **{k: k.doc for k in _KEYS if not k.graph}}
+GRAPH_META_KEYS = {k: k.doc for k in _KEYS if k.graph}  # the keys fxforge writes in a GraphModule's own meta
 
 FALLBACK_BACKEND = "fallback"
 

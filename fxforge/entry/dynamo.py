@@ -39,7 +39,7 @@ class Backend:
     def _compiler(self, kind: str, custom_ops: list[dict], dispatches: dict):
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]):
             if dispatches:
-                gm.meta[CUSTOM_OP_DISPATCH] = dispatches
+                CUSTOM_OP_DISPATCH.set(gm, dispatches)
             caller_layouts(gm, example_inputs, kind)
             traced = _traced_strides(gm)  # before the passes adopt the given ones
             try:
@@ -57,7 +57,7 @@ class Backend:
                 c.stats["saved_activation_bytes"] = saved_activation_bytes(gm)
             else:
                 c.stats["custom_ops"] = custom_ops
-            if kind == "forward" and FREE_OUTPUTS in gm.meta:
+            if kind == "forward" and FREE_OUTPUTS.on(gm):
                 report_output_strides(c.graph)
             self.compiled.append(c)
             return c.call_boxed
@@ -120,7 +120,7 @@ def caller_layouts(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str)
         # token: with tokens still among the outputs, each stride would land on the wrong value)
         if isinstance(getattr(meta, "num_forward", None), int) and plain and tc.output_strides is not None \
                 and not getattr(meta, "tokens", None):
-            gm.meta[FREE_OUTPUTS] = meta.num_forward
+            FREE_OUTPUTS.set(gm, meta.num_forward)
     elif kind == "backward":
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
         given = {}
@@ -130,7 +130,7 @@ def caller_layouts(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str)
                     and all(type(s) is int for s in (*v.shape, *x.stride())) and v.stride() != x.stride()):
                 given[n.name] = tuple(x.stride())
         if given:
-            gm.meta[INPUT_STRIDES] = given
+            INPUT_STRIDES.set(gm, given)
 
 
 def report_output_strides(gm: fx.GraphModule) -> None:
@@ -150,7 +150,7 @@ def report_output_strides(gm: fx.GraphModule) -> None:
 
 def _traced_strides(gm: fx.GraphModule) -> dict[int, tuple]:
     """Input position -> traced strides, of the inputs given in other strides (``INPUT_STRIDES``)."""
-    given = gm.meta.get(INPUT_STRIDES) or {}
+    given = INPUT_STRIDES.get(gm) or {}
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     return {i: tuple(n.meta[VAL].stride()) for i, n in enumerate(phs) if n.name in given}
 

@@ -129,7 +129,7 @@ def compile_exported(
     table.update(chosen)
     ep = ep.run_decompositions(table)
     if dispatches:
-        ep.graph_module.meta[CUSTOM_OP_DISPATCH] = dispatches
+        CUSTOM_OP_DISPATCH.set(ep.graph_module, dispatches)
     c = compile_graph(ep.graph_module, config, kind="export", registry=registry)
     c.stats["custom_ops"] = custom_ops
     return ExportedCompiled(c, Signature.of(ep), ChainMap(ep.state_dict, ep.constants), ep)

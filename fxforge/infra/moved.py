@@ -40,6 +40,7 @@ MOVED = {
     "fxforge.codegen.triton.ops": "fxforge.codegen.triton.dtypes",
     "fxforge.lowering.ops": "fxforge.lowering.fxforge_ops",
     "fxforge.codegen.symmetric": "fxforge.codegen.symmetric_runtime",
+    "fxforge.codegen.ir.emitter": "fxforge.codegen.ir.lowering",
 }
 
 

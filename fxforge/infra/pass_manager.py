@@ -104,11 +104,11 @@ class PassManager:
         try:
             return self._run(gm)
         finally:  # what backends memoized while the passes ran (codegen/probes.py)
-            gm.meta.pop(PROBES, None)
+            PROBES.clear(gm)
 
     def _run(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
         records = []
-        gm.meta[PROBES] = {}  # backends' memo while the passes run (codegen/probes.py, ir/facts.py)
+        PROBES.set(gm, {})  # backends' memo while the passes run (codegen/probes.py, ir/facts.py)
         if self.debug:
             _verify_or_raise("<input>", gm)
         if self.observer is not None:
@@ -133,7 +133,7 @@ class PassManager:
                 _verify_or_raise(name, gm)
             if self.observer is not None:
                 self.observer(name, gm)
-        gm.meta.pop(PROBES, None)
+        PROBES.clear(gm)
         return gm, records
 
 

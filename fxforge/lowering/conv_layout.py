@@ -114,7 +114,7 @@ class ConvLayout:
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         convs = self.applies(gm)
-        given = gm.meta.get(INPUT_STRIDES) or {}
+        given = INPUT_STRIDES.get(gm) or {}
         fake = fake_mode_of(gm) if convs or given else None
         if fake is None:
             return PassResult(gm, False, {"convolutions": 0})
@@ -161,7 +161,7 @@ class ConvLayout:
         for c in convs:
             recompute(c)
 
-        free = gm.meta.get(FREE_OUTPUTS)
+        free = FREE_OUTPUTS.get(gm)
         kept = 0
         for n in list(graph.nodes):
             if n.op == "output":  # exactly the traced strides, size-1 dims' too

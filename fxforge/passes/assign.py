@@ -76,14 +76,14 @@ class AssignBackends:
         """Give compute node ``node`` group ``gid`` and its backend (``choose``), in its metadata;
         returns the backend (None: an eager fallback).  Passes inserting nodes later use it too."""
         backend, reason = self.choose(node, bound)
-        node.meta[GROUP] = gid
+        GROUP.set(node, gid)
         if backend is not None:
-            node.meta[BACKEND] = backend.name
+            BACKEND.set(node, backend.name)
             if backend.allocates is not None and backend.allocates(node, self.config):
-                node.meta[ALLOCATES] = True
+                ALLOCATES.set(node, True)
         else:
-            node.meta[BACKEND] = FALLBACK_BACKEND
-            node.meta[FALLBACK] = reason
+            BACKEND.set(node, FALLBACK_BACKEND)
+            FALLBACK.set(node, reason)
             log.info("fxforge: %s (%s) runs as eager fallback: %s", node.name, op_display(node.target), reason)
         return backend
 

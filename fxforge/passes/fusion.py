@@ -80,7 +80,7 @@ def view_input(v: fx.Node) -> fx.Node | None:
 
 def fusible(n: fx.Node, backend: CodegenBackend) -> bool:
     """A fusion candidate: a pointwise op or reduction the backend runs, without side effects."""
-    return n.meta.get(BACKEND) == backend.name and not has_side_effects(n) and kind_of(n) in ("pointwise", "reduction")
+    return BACKEND.get(n) == backend.name and not has_side_effects(n) and kind_of(n) in ("pointwise", "reduction")
 
 
 class FuseGroups:
@@ -120,8 +120,8 @@ class FusionRun:
         self.gid: dict[fx.Node, int] = {}
         self.groups: dict[int, _Group] = {}
         for n in nodes:
-            if n.meta.get(GROUP) is not None:
-                g = n.meta[GROUP]
+            if GROUP.get(n) is not None:
+                g = GROUP.of(n)
                 self.gid[n] = g
                 it = iteration_of([n]) if self.fusible(n) else Iteration(sympy.Integer(1))
                 self.groups[g] = _Group(g, [n], self.index[n], 1, it, set(n.all_input_nodes) - {n}, [])
@@ -160,8 +160,8 @@ class FusionRun:
 
         for g in self.groups.values():
             for n in g.nodes:
-                n.meta[GROUP] = g.id
-                n.meta.setdefault(BACKEND, self.backend.name)  # views pulled in
+                GROUP.set(n, g.id)
+                BACKEND.set(n, BACKEND.get(n, self.backend.name))  # views pulled in
         if self.copied_views:
             gm.recompile()  # the graph gained view copies: its code must say so even when run by hand
         if self.config.debug:
@@ -548,7 +548,7 @@ def group_graph(gm: fx.GraphModule):
     import networkx as nx  # only checks use it: not loaded by import fxforge
 
     g = nx.DiGraph()
-    gid = {n: n.meta[GROUP] for n in gm.graph.nodes if n.meta.get(GROUP) is not None}
+    gid = {n: GROUP.of(n) for n in gm.graph.nodes if GROUP.get(n) is not None}
     vertex = {n: group_vertex(n, gid) for n in gm.graph.nodes}
     for n in gm.graph.nodes:
         g.add_node(vertex[n])
@@ -568,8 +568,8 @@ def verify_groups(gm: fx.GraphModule, config: Config, backend: CodegenBackend | 
         problems.append("the kernel groups form a cycle")
     groups: dict[int, list[fx.Node]] = {}
     for n in gm.graph.nodes:
-        if n.meta.get(GROUP) is not None:
-            groups.setdefault(n.meta[GROUP], []).append(n)
+        if GROUP.get(n) is not None:
+            groups.setdefault(GROUP.of(n), []).append(n)
     outs = set(output_nodes(gm))
     for gid, nodes in groups.items():
         compute = sum(1 for n in nodes if node_kind(n) == "compute")

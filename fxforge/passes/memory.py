@@ -83,11 +83,11 @@ def collect_buffers(gm: fx.GraphModule, groups: list[Group], pos: dict[fx.Node, 
     escaping |= {storage_root(a) for n in gm.graph.nodes if opaque_aliasing(n) for a in n.all_input_nodes}
     buffers: dict[str, Buffer] = {}
     for g in groups:
-        if g.backend == FALLBACK_BACKEND and not any(ZERO_COPY in n.meta for n in g.nodes):
+        if g.backend == FALLBACK_BACKEND and not any(ZERO_COPY.on(n) for n in g.nodes):
             continue  # (a zero-copy cat/pad is run by the wrapper, whoever would have run it)
         written = set(g.outputs) if g.fused else None
         for node in g.nodes:
-            if node_kind(node) != "compute" or node.meta.get(ALLOCATES):
+            if node_kind(node) != "compute" or ALLOCATES.get(node):
                 continue  # views, scalars and self-allocating kernels hold no planned buffer
             if written is not None and node not in written:
                 continue  # stays inside the fused kernel
@@ -117,7 +117,7 @@ def place_slices(buffers: dict[str, Buffer]) -> None:
     of its buffer, which then lives from the first of them written to the last read."""
     slices = []
     for b in buffers.values():
-        at = b.producer.meta.get(SLICE_OF)
+        at = SLICE_OF.get(b.producer)
         if at is not None and b.index is None and at[0] in buffers:
             base = buffers[at[0]]
             b.kind, b.base, b.region, b.stride = "slice", base.name, tuple(at[1]), base.stride
@@ -296,11 +296,11 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
             g = group_of.get(b.producer)
             if g is not None and not (g.overwrites_inputs and g.outputs == [b.producer]):
                 continue
-            if b.index is None and b.kind != "slice" and ZERO_COPY not in b.producer.meta \
-                    and SYMMETRIC not in b.producer.meta:
+            if b.index is None and b.kind != "slice" and not ZERO_COPY.on(b.producer) \
+                    and not SYMMETRIC.on(b.producer):
                 src = inplace_source(b.producer, b, buffers, pos, home) if g is None else \
                     group_inplace_source(g, b, buffers, pos, home)
-                if src is None or src.name in reused or SYMMETRIC in src.producer.meta:
+                if src is None or src.name in reused or SYMMETRIC.on(src.producer):
                     continue  # (symmetric bytes are in another arena)
                 if b.kind == "fresh":
                     # an output written over an arena buffer that dies there: that buffer, and
@@ -319,7 +319,7 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     symmetric = []
     for b in buffers.values():
         if b.kind == "arena":
-            (symmetric if SYMMETRIC in b.producer.meta else by_device.setdefault(str(b.device), [])).append(b)
+            (symmetric if SYMMETRIC.on(b.producer) else by_device.setdefault(str(b.device), [])).append(b)
     env = shape_env_of(gm)
     length = max(pos.values(), default=-1) + 1
     first, last = call_spans(groups, pos, length)

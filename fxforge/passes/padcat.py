@@ -82,7 +82,7 @@ class ZeroCopyCatPad:
 
     def backend_of(self, n: fx.Node) -> CodegenBackend | None:
         """The backend running ``n`` (None: an eager fallback, or not a kernel's node)."""
-        name = n.meta.get(BACKEND)
+        name = BACKEND.get(n)
         return None if name in (None, FALLBACK_BACKEND) else self.backends.get(name)
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
@@ -92,19 +92,19 @@ class ZeroCopyCatPad:
         for n in list(gm.graph.nodes):
             if not is_container(n):
                 continue
-            n.meta.pop(ZERO_COPY, None)
+            ZERO_COPY.clear(n)
             why_not = self.container_refusal(n)
             inputs = container_inputs(n)
             taken = []
             for i, (a, region) in enumerate(zip(inputs, regions(n) if why_not is None else [None] * len(inputs))):
                 why = why_not or self.refusal(n, a, inputs, i, outputs)
                 if why is None:
-                    a.meta[SLICE_OF] = (n.name, region)
-                    if is_container(a) and ZERO_COPY not in a.meta:
+                    SLICE_OF.set(a, (n.name, region))
+                    if is_container(a) and not ZERO_COPY.on(a):
                         # an inner cat/pad none of whose inputs is in place: the wrapper still
                         # builds it, by copies, in its region of this one
-                        a.meta[ZERO_COPY] = (False,) * len(container_inputs(a))
-                        a.meta.pop(ALLOCATES, None)
+                        ZERO_COPY.set(a, (False,) * len(container_inputs(a)))
+                        ALLOCATES.clear(a)
                     placed += 1
                 else:
                     refused[why] += 1
@@ -112,8 +112,8 @@ class ZeroCopyCatPad:
                               getattr(a, "name", a), why)
                 taken.append(why is None)
             if any(taken):
-                n.meta[ZERO_COPY] = tuple(taken)
-                n.meta.pop(ALLOCATES, None)  # its result is a planned buffer its inputs write into
+                ZERO_COPY.set(n, tuple(taken))
+                ALLOCATES.clear(n)  # its result is a planned buffer its inputs write into
         return PassResult(gm, placed > 0, {"zero_copy_inputs": placed, "refused_zero_copy": dict(refused)})
 
     # ------------------------------------------------------------------ refusals
@@ -140,9 +140,9 @@ class ZeroCopyCatPad:
             return "producer"  # one output of a multi-output op: only single outputs are placed
         if kind != "compute":
             return "view"
-        if SLICE_OF in a.meta:
+        if SLICE_OF.on(a):
             return "shared"
-        if SYMMETRIC in a.meta:
+        if SYMMETRIC.on(a):
             return "symmetric"
         va, vn = a.meta.get(VAL), n.meta[VAL]
         if not isinstance(va, torch.Tensor) or va.dtype != vn.dtype:
@@ -165,7 +165,7 @@ class ZeroCopyCatPad:
         if is_container(a):
             return True  # a container's result is a region it fills (or copies into)
         backend = self.backend_of(a)
-        if backend is None or a.meta.get(ALLOCATES):
+        if backend is None or ALLOCATES.get(a):
             return False
         return backend.writes_views is not None and bool(backend.writes_views(a, self.config))
 
@@ -180,7 +180,7 @@ class ZeroCopyCatPad:
             # a view run by the wrapper reads through strides (what reads the view is a reader
             # too); one inside a kernel is indexed as its kernel's backend says
             return backend is None or not backend.fuses or backend.reads_views
-        if r.meta.get(BACKEND) == FALLBACK_BACKEND:
+        if BACKEND.get(r) == FALLBACK_BACKEND:
             return True
         if backend is None:
             return False

@@ -56,8 +56,8 @@ def fused_layout(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int
     only inside such a kernel gets no buffer."""
     by_group: dict[int, list[fx.Node]] = {}
     for n in order:
-        if n.meta.get(GROUP) in fused:
-            by_group.setdefault(n.meta[GROUP], []).append(n)
+        if GROUP.get(n) in fused:
+            by_group.setdefault(GROUP.of(n), []).append(n)
     pos = fused_positions(order, by_group.values())
     outputs = set(output_nodes(gm))
     internal: set[fx.Node] = set()
@@ -119,8 +119,8 @@ def units(gm: fx.GraphModule) -> Units:
     for n in nodes:
         if n.op == "call_function" and n.target is operator.getitem and n.args[0] in unit_of:
             head = unit_of[n.args[0]]
-        elif n.meta.get(GROUP) is not None:
-            head = group_head.setdefault(n.meta[GROUP], n)
+        elif GROUP.get(n) is not None:
+            head = group_head.setdefault(GROUP.of(n), n)
         else:
             head = n
         unit_of[n] = head

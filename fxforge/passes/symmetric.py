@@ -131,7 +131,7 @@ class PlaceSymmetric:
         placed = 0
         outputs = set(output_nodes(gm))
         returned = {storage_root(o) for o in outputs}
-        next_group = 1 + max((n.meta.get(GROUP, -1) for n in gm.graph.nodes), default=-1)
+        next_group = 1 + max((GROUP.get(n, -1) for n in gm.graph.nodes), default=-1)
         bound = None
         for n in list(gm.graph.nodes):
             args = symmetric_arg_nodes(n)
@@ -141,14 +141,15 @@ class PlaceSymmetric:
             for _, a in args:
                 why = self.refusal(a, group, returned)
                 if why is None:
-                    a.meta[SYMMETRIC] = group
+                    SYMMETRIC.set(a, group)
                     placed += 1
                     continue
                 copy_ins[why] += 1
                 log.debug("fxforge: %s reads %s from symmetric memory through a copy: %s", n.name, a.name, why)
                 with gm.graph.inserting_before(n):
                     c = gm.graph.call_function(torch.ops.aten.clone.default, (a,))
-                c.meta[VAL], c.meta[SYMMETRIC] = a.meta[VAL].clone(), group
+                c.meta[VAL] = a.meta[VAL].clone()
+                SYMMETRIC.set(c, group)
                 bound = bound_symbols(gm) if bound is None else bound
                 self.assign.place(c, bound, next_group)
                 next_group += 1
@@ -165,13 +166,13 @@ class PlaceSymmetric:
             return "graph_input"
         if node_kind(a) != "compute" or storage_root(a) is not a:
             return "view"
-        if a.meta.get(SYMMETRIC, group) != group:
+        if SYMMETRIC.get(a, group) != group:
             return "other_group"
         if a in returned:
             return "graph_output"
         if any(is_mutating(u) and u.args and u.args[0] is a for u in a.users if not symmetric_args(u)):
             return "mutated"
-        if a.meta.get(BACKEND) in (None, FALLBACK_BACKEND) or a.meta.get(ALLOCATES) or SLICE_OF in a.meta:
+        if BACKEND.get(a) in (None, FALLBACK_BACKEND) or ALLOCATES.get(a) or SLICE_OF.on(a):
             return "producer"
         if not isinstance(a.meta.get(VAL), torch.Tensor):
             return "producer"
@@ -245,7 +246,7 @@ def plan_symmetric(gm: fx.GraphModule, bufs: list, pos: dict[fx.Node, int], leng
     by_group: dict[str, list] = {}
     for b in sorted(bufs, key=lambda b: (b.start, b.name)):
         b.released = reads.get(b.producer, b.end)
-        by_group.setdefault(b.producer.meta[SYMMETRIC], []).append(b)
+        by_group.setdefault(SYMMETRIC.of(b.producer), []).append(b)
     arenas, barriers = [], []
     for index, group in enumerate(sorted(by_group)):
         members = by_group[group]

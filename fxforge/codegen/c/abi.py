@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from ..ir.emitter import Param
+from ..ir.lowering import Param
 from ..ir.stmts import Array
+from ..ir.values import Role
 
 # The local arrays of one kernel (row caches, tiles, column accumulators, a template's staged
 # rows) take at most this much C stack in all; the arrays past it live in heap scratch space the
@@ -96,7 +97,7 @@ def c_head(name: str, params: list[Param], heap: bool = False) -> list[str]:
         array = _ENTRY_ARRAY[param_kind(p)]
         i, count[array] = count[array], count[array] + 1
         if p.sig.startswith("*"):
-            lines.append(f"    {'const ' if p.name.startswith('in_') else ''}{p.sig[1:]}* {p.name} = {array}[{i}];")
+            lines.append(f"    {'const ' if p.name.startswith(f'{Role.IN}_') else ''}{p.sig[1:]}* {p.name} = {array}[{i}];")
         else:
             ct = _SCALAR_CTYPE[p.sig]
             lines.append(f"    const {ct} {p.name} = ({ct}){array}[{i}];")

@@ -23,7 +23,7 @@ from ...core.config import Config
 from ...core.graph import VAL, node_kind, tensors
 from ...core.plan import Group
 from ..api import GroupCost, Kernel, KernelContext
-from ..ir.emitter import Unsupported, node_refusal
+from ..ir.lowering import Unsupported, node_refusal
 from ..ir.facts import checked_cost
 from ..probes import memoized
 from ..registry import C_MAX_KERNEL_ARGS

@@ -1,7 +1,7 @@
 """Emitting one C function (and its Python launch function) for a group of ATen nodes.
 
 The loop nest, index math, operand reads and dtype rules are the shared walk's
-(``codegen/ir/emitter.py``), with one element per iteration instead of a block: the kernel
+(``codegen/ir/lowering.py``), with one element per iteration instead of a block: the kernel
 is a loop nest over the dims of the output (pointwise) or of the reduction's kept dims (rows),
 each coordinate a loop variable, so a contiguous or broadcast read is an affine index the C
 compiler vectorizes; a reduction over the last dims folds each row in loops over its reduced
@@ -30,11 +30,11 @@ import torch.fx as fx
 from ...core.graph import VAL, expr, node_kind
 from ...core.iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
-from ..ir.emitter import R, RINDEX, X, XINDEX, Emitter, Unsupported
+from ..ir.lowering import R, RINDEX, X, XINDEX, Emitter, Unsupported
 from ..ir.rows import Frame, trailing
 from ..ir.aten import REDUCTIONS, Reduction
 from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store, walk
-from ..ir.values import Value, Var
+from ..ir.values import Domain, Elem, Value, Var
 from .dtypes import CTYPE, SIG_DTYPE
 from . import build
 from .abi import CEmitted, Scratch, c_function, launch_source
@@ -251,7 +251,7 @@ def frame_refusal(fr: Frame, reductions: list[fx.Node], nodes: list[fx.Node], do
     for n in nodes:
         if n not in after and any((a.args[0] if a.target is operator.getitem else a) in after
                                   for a in n.all_input_nodes):
-            if node_kind(n) == "compute" and dom(n) == "xr":
+            if node_kind(n) == "compute" and dom(n) == Domain.ELEMENT:
                 return f"{n.name} is read before its reduction ran (a column kernel folds in one pass)"
             after.add(n)
     return None
@@ -329,7 +329,7 @@ class CEmitter(Emitter):
             return None
         return a, int(rows), b, int(n)
 
-    def tiled(self, ptr: str, off: sympy.Expr, dtype: torch.dtype, stored: bool) -> str | None:
+    def tiled(self, ptr: str, off: sympy.Expr, dtype: torch.dtype, stored: bool) -> Elem | None:
         """The tile element standing for ``ptr[off]`` (``TILE_ROWS``), or None: ``off`` must step
         by 1 from row to row and by at least ``TILE_ROWS`` along them, as a function of the loop
         variables alone (a float32 tensor read or stored across the rows)."""
@@ -347,7 +347,7 @@ class CEmitter(Emitter):
             if (len(self.tiles) + 1) * TILE_ROWS * n * 4 > TILE_MAX_BYTES:
                 return None
             self.tiles[key] = f"tile{len(self.tiles)}"
-        return f"{self.tiles[key]}[{a} - xb][{b}]"
+        return Elem(self.tiles[key], (sa - sympy.Symbol("xb", integer=True, nonnegative=True), sb), dtype)
 
     def tiled_nest(self, top: Nest, condition) -> Nest:
         """The kernel's nest ``top`` (``open_nest``, its body the kernel's) with its rows' loop
@@ -450,13 +450,13 @@ class CEmitter(Emitter):
         self.body.append(nest)
         return nest
 
-    def operand(self, a, shape: tuple, dom: str) -> Value:
-        if isinstance(a, fx.Node) and a in self.row_cache and dom == "xr" and shape == shape_of(a.meta[VAL]):
+    def operand(self, a, shape: tuple, dom: Domain) -> Value:
+        if isinstance(a, fx.Node) and a in self.row_cache and dom == Domain.ELEMENT and shape == shape_of(a.meta[VAL]):
             return self.row_cached(a, lambda: super(CEmitter, self).operand(a, shape, dom))
         return super().operand(a, shape, dom)
 
     def value(self, n: fx.Node):
-        if n in self.row_cache and self.dom(n) == "xr":
+        if n in self.row_cache and self.dom(n) == Domain.ELEMENT:
             return self.row_cached(n, lambda: super(CEmitter, self).value(n))
         return super().value(n)
 
@@ -476,16 +476,16 @@ class CEmitter(Emitter):
                 return self.remember(("row", a), v)
             row = self.row_cache[a] = Var(self.fresh("row"), v.dtype)
             self.hoisted.append(self.scratch.alloc(CTYPE[v.dtype], row.name, (int(self.frame.rnumel),), v.dtype.itemsize))
-            self.body.append(Set(f"{row.name}[{RINDEX}]", v))
+            self.body.append(Set(Elem(row.name, (R,), v.dtype), v))
         else:
-            v = self.emit_assign(self.fresh("c"), Var(f"{row.name}[{RINDEX}]", row.dtype))
+            v = self.bind(self.fresh("c"), Elem(row.name, (R,), row.dtype))
         return self.remember(("row", a), v)
 
-    def load(self, a: fx.Node, shape: tuple, dom: str) -> Value:
+    def load(self, a: fx.Node, shape: tuple, dom: Domain) -> Value:
         """A read inside a fold's loop whose offset does not vary with the reduced index (a row's
         mean, a column's bias) is made once per row, before the loop: left inside, next to the
         loop's stores, the compiler could not tell it from them and would not vectorize the loop."""
-        if self.hoisted is None or dom != "xr":
+        if self.hoisted is None or dom != Domain.ELEMENT:
             return super().load(a, shape, dom)
         before = len(self.body)
         v = super().load(a, shape, dom)
@@ -519,10 +519,10 @@ class CEmitter(Emitter):
         size = sympy.sympify(size) if size is not None else None
         return int(size) if size is not None and size.is_Integer else None
 
-    def emit_load(self, name: str, ptr: str, off: sympy.Expr, dom: str, dtype: torch.dtype) -> None:
+    def add_load(self, name: str, ptr: str, off: sympy.Expr, dom: Domain, dtype: torch.dtype) -> None:
         self.body.append(Load(name, ptr, off, dtype, dom, at=self.tiled(ptr, off, dtype, stored=False)))
 
-    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
+    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: Domain) -> None:
         ptr, off = self.store_target(n, index, val, dom)
         self.body.append(Store(ptr, off, ir.cast(v, val.dtype), dom, at=self.tiled(ptr, off, val.dtype, stored=True)))
 
@@ -533,14 +533,14 @@ class CEmitter(Emitter):
 
     def element(self, r, low: Reduction, acc_dt: torch.dtype) -> Value:
         """The element of reduction ``r``'s input that the open fold loop reads, as its accumulator type."""
-        return ir_aten.element(low, self.operand(r.inp, shape_of(r.inp.meta[VAL]), "xr"), acc_dt)
+        return ir_aten.element(low, self.operand(r.inp, shape_of(r.inp.meta[VAL]), Domain.ELEMENT), acc_dt)
 
     def combine(self, low: Reduction, acc_dt: torch.dtype, acc: str, nan: str | None, element: Value) -> None:
         """Fold ``element`` into ``acc`` (max/min: the vectorizable compare, NaN tracked in ``nan``)."""
         if nan is None:
             self.body.append(Set(acc, ir_aten.combine(low, Var(acc, acc_dt), element)))
             return
-        e, a = self.emit_assign(self.fresh("e"), element), Var(acc, acc_dt)
+        e, a = self.bind(self.fresh("e"), element), Var(acc, acc_dt)
         self.body.append(Set(acc, ir.where(ir.compare("gt" if low.combine == "max_nan" else "lt", e, a), e, a)))
         self.body.append(Set(nan, ir.isnan(e), op="|"))
 
@@ -579,7 +579,7 @@ class CEmitter(Emitter):
             else:  # the fold loop folds a row into the column's part (``columns_by_rows``)
                 acc, part = self.fresh("acc"), self.fresh("part")
                 self.by_rows[acc] = ColumnFold(low, acc_dt, part, part_dt)
-                self.column_accs[key] = {"acc": Var(f"{acc}[{XINDEX}]", acc_dt)}
+                self.column_accs[key] = {"acc": Elem(acc, (X,), acc_dt)}
                 folds.append((r, low, part_dt, part))
         full = self.full_outputs()
 
@@ -587,7 +587,7 @@ class CEmitter(Emitter):
             for r, low, acc_dt, acc in folds:
                 self.combine(low, acc_dt, acc, None, self.element(r, low, acc_dt))
             for n in full:
-                self.store(n, None, n.meta[VAL], self.value(n), "xr")
+                self.store(n, None, n.meta[VAL], self.value(n), Domain.ELEMENT)
 
         self.fold_nest = self.loop(one_pass)
 
@@ -621,7 +621,7 @@ class CEmitter(Emitter):
         self.body.append(Let(m2, ir.Const(0.0, acc_dt), mutable=True))
 
         def deviation():
-            d = self.emit_assign(self.fresh("d"), ir.sub(element(), Var(mean, acc_dt)))
+            d = self.bind(self.fresh("d"), ir.sub(element(), Var(mean, acc_dt)))
             self.body.append(Set(m2, ir.add(Var(m2, acc_dt), ir.mul(d, d))))
 
         self.loop(deviation, simd=(("+", m2),))
@@ -662,10 +662,10 @@ class CEmitter(Emitter):
         def nest(stmts: list[Stmt]) -> Nest:
             return Nest(loops, top.body + stmts, simd=top.simd)
 
-        def element_of(acc: str) -> str:
-            return f"{acc}[{XINDEX}]"
+        def element_of(acc: str) -> Elem:
+            return Elem(acc, (X,), self.by_rows[acc].dtype)
 
-        def fold_rows(first: sympy.Expr | None, count: int, into: Callable[[str], str] = element_of) -> list[Stmt]:
+        def fold_rows(first: sympy.Expr | None, count: int, into: Callable[[str], Elem] = element_of) -> list[Stmt]:
             """Rows ``first`` to ``first + count`` of a column folded into its parts, unrolled (None:
             the row ``ri`` of the loop around), then the parts into the column's array elements
             (``into``: an accumulator's element for the column)."""
@@ -673,11 +673,11 @@ class CEmitter(Emitter):
                      for f in self.by_rows.values()]
             rows = row if first is None else [Nest([], [Index("ri", first + k)] + row) for k in range(count)]
             return parts + rows + [
-                Set(into(acc), ir_aten.combine(f.low, Var(into(acc), f.dtype), ir.cast(Var(f.part, f.part_dtype), f.dtype)))
+                Set(into(acc), ir_aten.combine(f.low, into(acc), ir.cast(Var(f.part, f.part_dtype), f.dtype)))
                 for acc, f in self.by_rows.items()]
 
         out = [self.scratch.alloc(CTYPE[f.dtype], a, (columns,), f.dtype.itemsize) for a, f in self.by_rows.items()]
-        nests = [nest([Set(f"{acc}[{XINDEX}]", ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()])]
+        nests = [nest([Set(Elem(acc, (X,), f.dtype), ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()])]
         if rn.is_Integer and small:
             whole = int(rn) - int(rn) % per_block
             rb = sympy.Symbol("rb", integer=True, nonnegative=True)
@@ -698,7 +698,7 @@ class CEmitter(Emitter):
                             1, condition)]
 
     def chunked_folds(self, chunks: tuple[int, int], whole: int, columns: int, condition,
-                      fold_block: Callable[[Callable[[str], str]], Nest],
+                      fold_block: Callable[[Callable[[str], Elem]], Nest],
                       nest: Callable[[list[Stmt]], Nest]) -> tuple[list[Array], list[Stmt]]:
         """The rows ``[0, whole)`` of a column kernel walking its rows folded in ``chunks``
         (``row_chunks``): each chunk's blocks of rows (``fold_block(into)``, folding into the
@@ -709,8 +709,8 @@ class CEmitter(Emitter):
         arrays = [self.scratch.alloc(CTYPE[f.dtype], f"{a}_chunks", (count, _ceil_to(columns, 8)), f.dtype.itemsize)
                   for a, f in self.by_rows.items()]  # (each chunk's part on cache lines of its own)
 
-        def chunk_of(acc: str) -> str:  # the column's part in chunk ``rc``
-            return f"{acc}_chunk[{XINDEX}]"
+        def chunk_of(acc: str) -> Elem:  # the column's part in chunk ``rc``
+            return Elem(f"{acc}_chunk", (X,), self.by_rows[acc].dtype)
 
         def at_chunk(const: str) -> list[Stmt]:
             return [Line(f"{const}{CTYPE[f.dtype]}* const {acc}_chunk = {acc}_chunks[rc];") for acc, f in self.by_rows.items()]
@@ -721,7 +721,7 @@ class CEmitter(Emitter):
             Line(f"const int64_t re = {end} < {whole} ? {end} : {whole};"),
             Nest([Loop("rb", "re", f"rc * {per_chunk}", COLUMN_ROW_BLOCK)], [fold_block(chunk_of)])]
         gather = at_chunk("const ") + [nest([
-            Set(f"{acc}[{XINDEX}]", ir_aten.combine(f.low, Var(f"{acc}[{XINDEX}]", f.dtype), Var(chunk_of(acc), f.dtype)))
+            Set(Elem(acc, (X,), f.dtype), ir_aten.combine(f.low, Elem(acc, (X,), f.dtype), chunk_of(acc)))
             for acc, f in self.by_rows.items()])]
         return arrays, [split(Nest([Loop("rc", count)], fold), 1, condition), Nest([Loop("rc", count)], gather)]
 

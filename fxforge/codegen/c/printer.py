@@ -32,7 +32,7 @@ import torch
 
 from ..ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
 from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
-from ..ir.values import Const, Op
+from ..ir.values import Const, Elem, Op
 from .dtypes import CTYPE
 
 
@@ -85,6 +85,9 @@ class CValues(ValuePrinter):
     def __init__(self, vector_math: frozenset[str] = frozenset()):
         super().__init__(CPrinter())
         self.vector_math = vector_math
+
+    def elem(self, e: Elem) -> str:
+        return e.array + "".join(f"[{self.index(i)}]" for i in e.index)
 
     def const(self, c: Const) -> str:
         dt, x = c.dtype, c.value
@@ -179,18 +182,24 @@ class CStatements(StatementPrinter):
         if isinstance(s, Index):
             return f"const int64_t {s.name} = {c_index(s.expr)};"
         if isinstance(s, Load):
-            return f"const {CTYPE[s.dtype]} {s.name} = {s.at or f'{s.ptr}[{c_index(s.offset)}]'};"
+            return f"const {CTYPE[s.dtype]} {s.name} = {self.element(s)};"
         if isinstance(s, Store):
-            return f"{s.at or f'{s.ptr}[{c_index(s.offset)}]'} = {self.values(s.value)};"
+            return f"{self.element(s)} = {self.values(s.value)};"
         if isinstance(s, Let):
             return f"{'' if s.mutable else 'const '}{CTYPE[s.value.dtype]} {s.name} = {self.values(s.value)};"
         if isinstance(s, Set):
-            return f"{s.target} {s.op}= {self.values(s.value)};"
+            return f"{self.target(s.target)} {s.op}= {self.values(s.value)};"
         if isinstance(s, Array):
             return array_decl(s)
         if isinstance(s, Line):
             return s.text
         raise TypeError(f"not a kernel statement: {s!r}")
+
+    def element(self, s: Load | Store) -> str:
+        """The element a load reads or a store writes: ``ptr[offset]``, or where the kernel moved
+        it (``at``: a tile's element)."""
+        return self.values(s.at if s.at is not None else Elem(s.ptr, (s.offset,), s.dtype if isinstance(s, Load)
+                                                               else s.value.dtype))
 
     def nest(self, s: Nest, indent: str) -> list[str]:
         fors = [for_line(l) for l in s.loops]

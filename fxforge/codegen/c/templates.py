@@ -39,9 +39,9 @@ from torch.utils._sympy.functions import ModularIndexing
 
 from ...core.graph import VAL, free_symbols, tensors
 from ..ir import values as ir
-from ..ir.emitter import Param
+from ..ir.lowering import Param
 from ..ir.stmts import Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
-from ..ir.values import Var
+from ..ir.values import Domain, Elem, Role, Var
 from . import build
 from .abi import INDEX_OUT_OF_RANGE, CEmitted, Scratch, c_function, fail, launch_source
 from .kernel import COLUMN_CHUNK_MIN_ELEMENTS, TILE_ROWS, block_rows, chunks, parallel_min_work, split
@@ -118,9 +118,9 @@ def _loops(sizes, prefix: str = "i") -> tuple[list[Loop], list[sympy.Symbol]]:
     return [Loop(f"{prefix}{d}", int(s)) for d, s in enumerate(sizes)], [_loop_var(f"{prefix}{d}") for d in range(len(sizes))]
 
 
-def _elem(ptr: str, off: sympy.Expr, dt: torch.dtype) -> Var:
+def _elem(ptr: str, off: sympy.Expr, dt: torch.dtype) -> Elem:
     """Element ``off`` of tensor ``ptr`` as a value (a read inside an expression)."""
-    return Var(f"{ptr}[{c_index(off)}]", dt)
+    return Elem(ptr, (off,), dt)
 
 
 class _Tensors:
@@ -135,7 +135,7 @@ class _Tensors:
         self.specs: dict[str, tuple] = {}  # CEmitted.specs
         self.scratch = Scratch()  # the kernel's local arrays
 
-    def add(self, key: str, var: str, role: str, a: fx.Node, i: int | None, t: torch.Tensor) -> None:
+    def add(self, key: str, var: str, role: Role, a: fx.Node, i: int | None, t: torch.Tensor) -> None:
         self.ptr[key] = f"{role}_ptr{sum(1 for p in self.params if p.name.startswith(role))}"
         self.params.append(Param(self.ptr[key], "*" + CTYPE[t.dtype], var))
         sizes, strides = self.layout(a, i) if self.layout is not None else (t.shape, t.stride())
@@ -179,12 +179,12 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
     ptr, layouts = ts.ptr, ts.layouts  # dx, dw, db, dy, x, mean, rstd, w -> the C parameter, its layout
     for i, key in enumerate(("dx", "dw", "db")):
         if isinstance(val[i], torch.Tensor):
-            ts.add(key, buffer(node, i), "out", node, i, val[i])
+            ts.add(key, buffer(node, i), Role.OUT, node, i, val[i])
     ins = {"dy": grad, "x": x, "mean": mean, "rstd": rstd}
     if "dx" in ptr and isinstance(weight, fx.Node):  # only the input's gradient reads the weight
         ins["w"] = weight
     for key, a in ins.items():
-        ts.add(key, ref(a), "in", a, None, a.meta[VAL])
+        ts.add(key, ref(a), Role.IN, a, None, a.meta[VAL])
 
     loops, coords = _loops(xv.shape[:lead])
     j = _loop_var("j")
@@ -239,15 +239,18 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
     if chunking is None:  # one pass over the rows, into one accumulator a column
         stmts += [ts.scratch.alloc("double", acc, (n,), 8) for _, acc in accs]
         if accs:
-            stmts.append(Nest([Loop("j", n)], [Set(f"{acc}[j]", ir.Const(0.0, f64)) for _, acc in accs]))
-    body: list[Stmt] = [Load("mu", ptr["mean"], row["mean"], dt, "x"), Load("rs", ptr["rstd"], row["rstd"], dt, "x")]
+            stmts.append(Nest([Loop("j", n)], [Set(Elem(acc, (j,), f64), ir.Const(0.0, f64)) for _, acc in accs]))
+    body: list[Stmt] = [
+        Load("mu", ptr["mean"], row["mean"], dt, Domain.ROW),
+        Load("rs", ptr["rstd"], row["rstd"], dt, Domain.ROW),
+    ]
     if blocked:
         body += [Line(f"const {ct}* row_{key} = blk_{key}[i{lead - 1} - ib];") for key in staged]
         body += [Line(f"{ct}* row_{key} = blk_{key}[i{lead - 1} - ib];") for key in written]
     else:
         for key in staged:
             body += [ts.scratch.alloc(ct, f"row_{key}", (n,), isz),
-                     Nest([Loop("j", n)], [Set(f"row_{key}[j]", _elem(ptr[key], row[key] + col[key] * j, dt))])]
+                     Nest([Loop("j", n)], [Set(Elem(f"row_{key}", (j,), dt), _elem(ptr[key], row[key] + col[key] * j, dt))])]
     if "dx" in ptr:
         ds, db = Var("ds", f64), Var("db", f64)
         body += [Let("ds", ir.Const(0.0, f64), mutable=True), Let("db", ir.Const(0.0, f64), mutable=True),
@@ -260,11 +263,11 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
     per_element: list[Stmt] = []
     if "dx" in ptr:
         dx = ir.add(ir.add(ir.mul(rs, g), ir.mul(Var("b", dt), at("x"))), Var("c", dt))
-        per_element.append(Store(*where("dx"), dx, "xr"))
+        per_element.append(Store(*where("dx"), dx, Domain.ELEMENT))
     if "dw" in ptr:
-        per_element.append(Set("acc_dw[j]", wide(ir.mul(at("dy"), ir.mul(ir.sub(at("x"), mu), rs))), op="+"))
+        per_element.append(Set(Elem("acc_dw", (j,), f64), wide(ir.mul(at("dy"), ir.mul(ir.sub(at("x"), mu), rs))), op="+"))
     if "db" in ptr:
-        per_element.append(Set("acc_db[j]", wide(at("dy")), op="+"))
+        per_element.append(Set(Elem("acc_db", (j,), f64), wide(at("dy")), op="+"))
     body.append(Nest([Loop("j", n)], per_element))
     if blocked:  # the last row loop runs block by block: stage the block's rows, then each row
         r, ib = _loop_var("r"), _loop_var("ib")
@@ -275,11 +278,11 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
             stage.append(ts.scratch.alloc(ct, f"blk_{key}", (block, n), isz))
             stage.append(Line(f"fx_tile_in8(&blk_{key}[0][0], {n}, {ptr[key]} + ({c_index(first[key])}), {col[key]}, {n}, nb);")
                          if tiles else Nest([Loop("j", n), Loop("r", "nb")], [
-                             Set(f"blk_{key}[r][j]", _elem(ptr[key], first[key] + r + col[key] * j, dt))]))
+                             Set(Elem(f"blk_{key}", (r, j), dt), _elem(ptr[key], first[key] + r + col[key] * j, dt))]))
         stage += [ts.scratch.alloc(ct, f"blk_{key}", (block, n), isz) for key in written]
         store = [Line(f"fx_tile_out8({ptr[key]} + ({c_index(first[key])}), {col[key]}, &blk_{key}[0][0], {n}, {n}, nb);")
                  if tiles else Nest([Loop("j", n), Loop("r", "nb")], [
-                     Store(ptr[key], first[key] + r + col[key] * j, Var(f"blk_{key}[r][j]", dt), "xr")])
+                     Store(ptr[key], first[key] + r + col[key] * j, Elem(f"blk_{key}", (r, j), dt), Domain.ELEMENT)])
                  for key in written]
         i = f"i{lead - 1}"
         rows_nest = Nest(outer, stage + [Nest([Loop(i, "ib + nb", "ib")], body)] + store)
@@ -287,7 +290,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
         rows_nest = Nest(outer, body)
     if chunking is None:
         stmts.append(rows_nest)
-        stmts += [Nest([Loop("j", n)], [Store(ptr[key], col[key] * j, ir.cast(Var(f"{acc}[j]", f64), dt), "xr")])
+        stmts += [Nest([Loop("j", n)], [Store(ptr[key], col[key] * j, ir.cast(Elem(acc, (j,), f64), dt), Domain.ELEMENT)])
                   for key, acc in accs]
         return ts.kernel(name, "layer norm backward", stmts)
     # (a row's local arrays are private to the thread running its chunk where they are on the
@@ -300,7 +303,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
     stmts += [ts.scratch.alloc("double", f"{acc}_chunks", (count, width), 8) for _, acc in accs]
     chunk: list[Stmt] = [Line(f"double* const {acc} = {acc}_chunks[rc];") for _, acc in accs]
     if accs:
-        chunk.append(Nest([Loop("j", n)], [Set(f"{acc}[j]", ir.Const(0.0, f64)) for _, acc in accs]))
+        chunk.append(Nest([Loop("j", n)], [Set(Elem(acc, (j,), f64), ir.Const(0.0, f64)) for _, acc in accs]))
     chunk += [Line(f"const int64_t ue = (rc + 1) * {per_chunk} < {units} ? (rc + 1) * {per_chunk} : {units};"),
               Nest([Loop("u", "ue", f"rc * {per_chunk}")], _unravel(outer, _loop_var("u")) + rows_nest.body)]
     stmts.append(split(Nest([Loop("rc", count)], chunk), 1, True if parallel else None))
@@ -308,8 +311,8 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
         total = Var(f"sum_{key}", f64)
         stmts.append(Nest([Loop("j", n)], [
             Let(total.name, ir.Const(0.0, f64), mutable=True),
-            Nest([Loop("rc", count)], [Set(total.name, Var(f"{acc}_chunks[rc][j]", f64), op="+")]),
-            Store(ptr[key], col[key] * j, ir.cast(total, dt), "xr")]))
+            Nest([Loop("rc", count)], [Set(total.name, Elem(f"{acc}_chunks", (_loop_var("rc"), j), f64), op="+")]),
+            Store(ptr[key], col[key] * j, ir.cast(total, dt), Domain.ELEMENT)]))
     return ts.kernel(name, "layer norm backward", stmts)
 
 
@@ -389,9 +392,9 @@ def _row_kernel(name: str, node: fx.Node, ref, buffer, layout, what: str, out: s
     node), one row's statements ``body(dt, n, at)`` (the dtype, the row length, ``_rows``' ``at``)."""
     first = next(iter(ins.values())).meta[VAL]
     ts = _Tensors(layout)
-    ts.add(out, buffer(node, None), "out", node, None, node.meta[VAL])
+    ts.add(out, buffer(node, None), Role.OUT, node, None, node.meta[VAL])
     for key, a in ins.items():
-        ts.add(key, ref(a), "in", a, None, a.meta[VAL])
+        ts.add(key, ref(a), Role.IN, a, None, a.meta[VAL])
     loops, at = _rows(ts, first.dim())
     return ts.kernel(name, what, [Nest(loops, body(first.dtype, int(first.shape[-1]), at))])
 
@@ -415,10 +418,10 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmi
         return [Let("m", ir.Const(-math.inf, dt), mutable=True),
                 Nest([Loop("j", n)], [Set("m", ir.where(ir.compare("gt", m, x), m, x))], simd=(("max", "m"),)),
                 Let("s", ir.Const(0.0, f64), mutable=True),
-                Nest([Loop("j", n)], [Let("d", ir.sub(x, m)), exp, Store(*at("out", j), e, "xr"),
+                Nest([Loop("j", n)], [Let("d", ir.sub(x, m)), exp, Store(*at("out", j), e, Domain.ELEMENT),
                                       Set("s", ir.cast(e, f64), op="+")], simd=(("+", "s"),)),
                 Let("r", ir.cast(ir.truediv(ir.Const(1.0, f64), s), dt)),
-                Nest([Loop("j", n)], [Store(*at("out", j), ir.mul(_elem(*at("out", j), dt), Var("r", dt)), "xr")])]
+                Nest([Loop("j", n)], [Store(*at("out", j), ir.mul(_elem(*at("out", j), dt), Var("r", dt)), Domain.ELEMENT)])]
 
     return _row_kernel(name, node, ref, buffer, layout, "softmax", "out", {"x": node.args[0]}, body)
 
@@ -455,8 +458,8 @@ def _index_rows(ts: _Tensors, indices: torch.Tensor, per_index) -> Nest:
         return _offset(coords, ts.layouts[key][1][:len(coords)])
 
     k = sympy.Symbol("k", integer=True)
-    read = [Load("k", ts.ptr["indices"], row("indices"), torch.int64, "x")] if indices.dtype == torch.int64 else [
-        Load("ki", ts.ptr["indices"], row("indices"), indices.dtype, "x"),
+    read = [Load("k", ts.ptr["indices"], row("indices"), torch.int64, Domain.ROW)] if indices.dtype == torch.int64 else [
+        Load("ki", ts.ptr["indices"], row("indices"), indices.dtype, Domain.ROW),
         Let("k", ir.cast(Var("ki", indices.dtype), torch.int64))]
     return Nest(loops, read + per_index(row, k))
 
@@ -471,15 +474,15 @@ def embedding(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CE
     weight, indices = node.args[:2]
     wv, iv = weight.meta[VAL], indices.meta[VAL]
     ts = _Tensors(layout)
-    ts.add("out", buffer(node, None), "out", node, None, node.meta[VAL])
-    ts.add("weight", ref(weight), "in", weight, None, wv)
-    ts.add("indices", ref(indices), "in", indices, None, iv)
+    ts.add("out", buffer(node, None), Role.OUT, node, None, node.meta[VAL])
+    ts.add("weight", ref(weight), Role.IN, weight, None, wv)
+    ts.add("indices", ref(indices), Role.IN, indices, None, iv)
     (w0, w1), os = ts.layouts["weight"][1], ts.layouts["out"][1][-1]
     j = _loop_var("j")
     return ts.kernel(name, "embedding", [_index_rows(ts, iv, lambda row, k: [
         Line(f"if (k < 0 || k >= {int(wv.shape[0])}) {fail(INDEX_OUT_OF_RANGE, 'k')}"),
         Nest([Loop("j", int(wv.shape[1]))], [
-            Store(ts.ptr["out"], row("out") + os * j, _elem(ts.ptr["weight"], w0 * k + w1 * j, wv.dtype), "xr")])])])
+            Store(ts.ptr["out"], row("out") + os * j, _elem(ts.ptr["weight"], w0 * k + w1 * j, wv.dtype), Domain.ELEMENT)])])])
 
 
 def embedding_backward(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmitted:
@@ -493,19 +496,19 @@ def embedding_backward(name: str, node: fx.Node, ref, buffer, layout, threads: i
     grad, indices, num_weights, padding_idx = node.args[:4]
     ov = node.meta[VAL]
     ts = _Tensors(layout)
-    ts.add("dw", buffer(node, None), "out", node, None, ov)
-    ts.add("grad", ref(grad), "in", grad, None, grad.meta[VAL])
-    ts.add("indices", ref(indices), "in", indices, None, indices.meta[VAL])
+    ts.add("dw", buffer(node, None), Role.OUT, node, None, ov)
+    ts.add("grad", ref(grad), Role.IN, grad, None, grad.meta[VAL])
+    ts.add("indices", ref(indices), Role.IN, indices, None, indices.meta[VAL])
     (d0, d1), gs = ts.layouts["dw"][1], ts.layouts["grad"][1][-1]
     rows, cols = int(ov.shape[0]), int(ov.shape[1])
     dw, dt = ts.ptr["dw"], ov.dtype
     r, j = _loop_var("r"), _loop_var("j")
-    zeros = Nest([Loop("r", rows), Loop("j", cols)], [Store(dw, d0 * r + d1 * j, ir.const(0, dt), "xr")])
+    zeros = Nest([Loop("r", rows), Loop("j", cols)], [Store(dw, d0 * r + d1 * j, ir.const(0, dt), Domain.ELEMENT)])
     return ts.kernel(name, "embedding backward", [zeros, _index_rows(ts, indices.meta[VAL], lambda row, k: [
         Line(f"if (k == {int(padding_idx)} || k < 0 || k >= {rows}) continue;"),
         Nest([Loop("j", cols)], [Store(dw, d0 * k + d1 * j, ir.add(_elem(dw, d0 * k + d1 * j, dt),
                                                                      _elem(ts.ptr["grad"], row("grad") + gs * j, dt)),
-                                       "xr")])])])
+                                       Domain.ELEMENT)])])])
 
 
 _ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
@@ -535,11 +538,11 @@ def arange(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmit
     start, step = _arange_terms(node)
     ov = node.meta[VAL]
     ts = _Tensors(layout)
-    ts.add("out", buffer(node, None), "out", node, None, ov)
+    ts.add("out", buffer(node, None), Role.OUT, node, None, ov)
     (st,) = ts.layouts["out"][1]
     i = _loop_var("i")
     return ts.kernel(name, "arange", [Nest([Loop("i", ov.numel())], [
-        Store(ts.ptr["out"], st * i, ir.cast(ir.Index(start + step * i), ov.dtype), "xr")])])
+        Store(ts.ptr["out"], st * i, ir.cast(ir.Index(start + step * i), ov.dtype), Domain.ELEMENT)])])
 
 
 # op -> (why it cannot run as the template, or None; the emitter)

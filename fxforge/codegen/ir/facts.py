@@ -39,7 +39,7 @@ from ...core.iteration import kind_of, reduction_of, shape_of
 from ..api import GroupCost
 from .aten import read_nodes
 from .rows import Frame, check_operand, check_view, domain, frame_of, internal, root
-from .values import Unsupported
+from .values import Domain, Unsupported
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def pointwise_facts(n: fx.Node) -> PointwiseFacts | None:
     """The facts of ``n`` alone, or None: not a static pointwise node (a backend's
     ``fusion_facts``).  Memoized per graph (module docstring)."""
     gm = n.graph.owning_module
-    memo = gm.meta.get(PROBES) if gm is not None else None
+    memo = PROBES.get(gm) if gm is not None else None
     if memo is None:  # not while a PassManager runs
         return _facts(n)
     key = ("facts", n)
@@ -116,9 +116,9 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
     stored = [n for n in outputs if n in is_computed] if outputs else computed
     try:
         fr = frame_of(nodes, reductions)
-        doms: dict[fx.Node, str] = {}
+        doms: dict[fx.Node, Domain] = {}
 
-        def dom(n: fx.Node) -> str:
+        def dom(n: fx.Node) -> Domain:
             if n not in doms:
                 doms[n] = domain(fr, n, reductions)
             return doms[n]
@@ -159,7 +159,7 @@ def _computed_members(nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node
 
 
 def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reductions: list[fx.Node],
-              dom: Callable[[fx.Node], str]) -> tuple[set[fx.Node], set[fx.Node]] | None:
+              dom: Callable[[fx.Node], Domain]) -> tuple[set[fx.Node], set[fx.Node]] | None:
     """Every operand of the computed members checked in its reader's domain (and each member view
     on the way to it): the tensors read from outside and the runtime scalars read; None where a
     read's sizes are symbolic (the emitter answers); raises ``Unsupported``."""
@@ -169,7 +169,7 @@ def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reducti
     for n in computed:
         if n in reductions:
             r = reduction_of(n)
-            shape, want, read = shape_of(r.inp.meta[VAL]), "xr", [r.inp]
+            shape, want, read = shape_of(r.inp.meta[VAL]), Domain.ELEMENT, [r.inp]
         else:
             shape, want, read = shape_of(n.meta[VAL]), dom(n), read_nodes(n)
             if read is None:
@@ -199,14 +199,14 @@ def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reducti
 
 
 def _all_computed(members: set[fx.Node], computed: list[fx.Node], stored: list[fx.Node], reductions: list[fx.Node],
-                  dom: Callable[[fx.Node], str]) -> bool:
+                  dom: Callable[[fx.Node], Domain]) -> bool:
     """Every computed member is needed by the kernel: stored, a reduction or a row value (each
     computed once per row), or read, through member views, by a member that is.  A kernel computes
     a value per element only where something needs it (some languages all of them, when the rows
     are folded without a loop): the facts do not say which."""
     needed: set[fx.Node] = set()
     roots = set(stored) | set(reductions)
-    stack = [n for n in computed if n in roots or dom(n) == "x"]
+    stack = [n for n in computed if n in roots or dom(n) == Domain.ROW]
     while stack:
         n = stack.pop()
         if n in needed:

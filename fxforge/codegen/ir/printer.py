@@ -23,7 +23,7 @@ from torch.utils._sympy.printers import ExprPrinter
 
 from ..pyexpr import ReadableArith, _delimited
 from .stmts import Nest, Stmt
-from .values import COMPOSITES, Const, Index, Op, Unsupported, Value, Var, expand
+from .values import COMPOSITES, Const, Elem, Index, Op, Unsupported, Value, Var, expand
 
 
 class IndexPrinter(ReadableArith, ExprPrinter):
@@ -117,6 +117,8 @@ class ValuePrinter:
             return self.const(x)
         if isinstance(x, Index):
             return self.index(x.expr)
+        if isinstance(x, Elem):
+            return self.elem(x)
         out = self.op(x, [self(a) for a in x.args])
         if out is not None:
             return out
@@ -126,6 +128,10 @@ class ValuePrinter:
 
     def const(self, c: Const) -> str:
         raise NotImplementedError
+
+    def elem(self, e: Elem) -> str:
+        """An array element; a language without arrays leaves it refused."""
+        raise Unsupported(f"{self.language} kernels have no arrays ({e.array})")
 
     def op(self, x: Op, args: list[str]) -> str | None:
         """``x`` with its arguments rendered as ``args``, or None where the language lacks it."""
@@ -142,8 +148,14 @@ class StatementPrinter:
             out += self.nest(s, indent) if isinstance(s, Nest) else [indent + self.line(s)]
         return out
 
+    values: ValuePrinter
+
     def line(self, s: Stmt) -> str:
         raise NotImplementedError
 
     def nest(self, s: Nest, indent: str) -> list[str]:
         raise NotImplementedError
+
+    def target(self, t: str | Elem) -> str:
+        """What a ``Set`` updates: a local's name, or an array element as the values print it."""
+        return t if isinstance(t, str) else self.values(t)

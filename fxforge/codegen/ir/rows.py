@@ -2,12 +2,12 @@
 
 A group's kernel runs one loop nest (``Frame``): a pointwise group, one flat loop over its
 elements; a group with reductions, rows over the kept dims of the first reduction's input times
-the reduced elements of a row.  Each member computes either one value per row (domain ``"x"``)
-or one per element of the rows (``"xr"``), and reads its operands in its own domain: a row value
-read per element must be one value per row of the reader's shape (broadcast along the reduced
-dims); a value per element is never read per row.
+the reduced elements of a row.  Each member computes either one value per row
+(``Domain.ROW``) or one per element of the rows (``Domain.ELEMENT``), and reads its operands in
+its own domain: a row value read per element must be one value per row of the reader's shape
+(broadcast along the reduced dims); a value per element is never read per row.
 
-The emitter builds a kernel in this frame (``emitter.py``), and the fusion facts check a
+The lowering builds a kernel in this frame (``lowering.py``), and the fusion facts check a
 candidate group against the same rules without building one (``facts.py``): whatever one refuses,
 the other refuses.  Every rule raises ``Unsupported`` with its reason.
 """
@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from ...core.graph import VAL, aliased_input, node_kind
 from ...core.iteration import numel as _numel, reduction_of, same_size as _same, shape_of
-from .values import Unsupported
+from .values import Domain, Unsupported
 
 aten = torch.ops.aten
 # Views that keep a value's elements in order: a member computed in the kernel viewed so has the
@@ -112,19 +112,19 @@ def frame_of(order: list[fx.Node], reductions: list[fx.Node],
     return Frame(True, size(xg), size(rg), xg, rg, shape, layouts)
 
 
-def domain(fr: Frame, n: fx.Node, reductions: list[fx.Node]) -> str:
-    """"x": one value per row; "xr": one per element of the rows (reduction kernels only)."""
+def domain(fr: Frame, n: fx.Node, reductions: list[fx.Node]) -> Domain:
+    """``Domain.ROW``: one value per row; ``ELEMENT``: one per element of the rows (reduction kernels only)."""
     if not fr.reduction:
-        return "x"
+        return Domain.ROW
     if n.target is operator.getitem:
         return domain(fr, n.args[0], reductions)
     if n in reductions:
-        return "x"
+        return Domain.ROW
     numel = _numel(shape_of(n.meta[VAL]))
     if _same(numel, fr.xnumel_g):
-        return "x"
+        return Domain.ROW
     if _same(numel, fr.xnumel_g * fr.rnumel_g):
-        return "xr"
+        return Domain.ELEMENT
     raise Unsupported(f"{n.name} has {numel} elements; the kernel runs {fr.xnumel_g} rows x {fr.rnumel_g}")
 
 
@@ -147,13 +147,13 @@ def check_rows(fr: Frame, a: fx.Node, shape: tuple) -> None:
 def check_operand(fr: Frame, a: fx.Node, have: str, shape: tuple, want: str) -> None:
     """Member ``a`` (a value in domain ``have``) read by a member computing a value of ``shape``
     in domain ``want``."""
-    if have == "x" and want == "xr":
+    if have == Domain.ROW and want == Domain.ELEMENT:
         check_rows(fr, a, shape)
     elif have != want:
         raise Unsupported(f"{a.name}: a full value read per row")
 
 
-def check_view(fr: Frame, n: fx.Node, dom: Callable[[fx.Node], str]) -> None:
+def check_view(fr: Frame, n: fx.Node, dom: Callable[[fx.Node], Domain]) -> None:
     """A member view ``n`` of a value computed in the kernel: the same elements in the same
     order, or a row value expanded along the reduced dims.  ``dom(n)``: a member's domain."""
     if not isinstance(n.meta[VAL], torch.Tensor):  # a split's pieces are views of a computed value
@@ -161,7 +161,7 @@ def check_view(fr: Frame, n: fx.Node, dom: Callable[[fx.Node], str]) -> None:
     base = aliased_input(n)
     if n.target in ORDER_KEEPING_VIEWS and _same(_numel(shape_of(n.meta[VAL])), _numel(shape_of(base.meta[VAL]))):
         return
-    if n.target == aten.expand.default and dom(base) == "x" and dom(n) == "xr":
+    if n.target == aten.expand.default and dom(base) == Domain.ROW and dom(n) == Domain.ELEMENT:
         check_rows(fr, base, shape_of(n.meta[VAL]))
         return
     raise Unsupported(f"{n.target} of a value computed in the kernel")

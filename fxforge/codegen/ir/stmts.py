@@ -1,5 +1,5 @@
 """A kernel's statements: the loop nest, its loads and stores, the locals it binds and the
-accumulators its folds update, as the group walk (``emitter.py``) builds them.
+accumulators its folds update, as the group walk (``lowering.py``) builds them.
 
 Every kernel language prints these (``codegen/c/printer.py``, ``codegen/triton/printer.py``)
 and nothing reads printed text back: what a language changes about a kernel (a read made once
@@ -8,10 +8,10 @@ changes here, on the statements.
 
 * ``Index``: an integer local bound to an index expression (sympy, Python floor semantics);
 * ``Load`` / ``Store``: an element of a tensor parameter at an offset (an index expression in
-  the kernel's indices and locals), in a domain (``"x"``: one per row, ``"xr"``: one per
-  element of the rows);
+  the kernel's indices and locals), in a domain (``values.Domain``: ``ROW``, one per row;
+  ``ELEMENT``, one per element of the rows);
 * ``Let``: a local bound to a value (``values.py``), ``mutable`` for an accumulator;
-* ``Set``: an accumulator (or an element of a local array) updated;
+* ``Set``: an accumulator (a local, or an element of a local array: ``values.Elem``) updated;
 * ``Nest``: perfectly nested loops around a body (none: a block of its own), with what a
   printer may do with them: vectorize the innermost loop (its iterations independent but for the
   named reductions), split the outer ones across threads;
@@ -28,7 +28,7 @@ from typing import Union
 import sympy
 import torch
 
-from .values import Value
+from .values import Domain, Elem, Value
 
 
 @dataclass(eq=False)
@@ -43,8 +43,8 @@ class Load:
     ptr: str
     offset: sympy.Expr
     dtype: torch.dtype
-    dom: str
-    at: str | None = None  # where the language reads the element instead (a C tile's element)
+    dom: Domain
+    at: Elem | None = None  # where the language reads the element instead (a C tile's element)
 
 
 @dataclass(eq=False)
@@ -52,8 +52,8 @@ class Store:
     ptr: str
     offset: sympy.Expr
     value: Value  # of the stored dtype
-    dom: str
-    at: str | None = None  # where the language writes the element instead (a C tile's element)
+    dom: Domain
+    at: Elem | None = None  # where the language writes the element instead (a C tile's element)
 
 
 @dataclass(eq=False)
@@ -65,7 +65,7 @@ class Let:
 
 @dataclass(eq=False)
 class Set:
-    target: str
+    target: str | Elem  # a local, or an element of a local array
     value: Value
     op: str = ""  # a compound update: ``target op= value``
 

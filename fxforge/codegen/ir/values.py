@@ -1,11 +1,12 @@
 """Kernel values: the expressions a kernel computes per element, before any language.
 
 A value is a small tree: a constant (``Const``), a name the kernel binds (``Var``: a load's
-result, a parameter, an accumulator), an index expression (``Index``: a size, a row length) or an
-operation of the vocabulary below on other values (``Op``).  Every value carries the torch dtype
-it has in the kernel.  The builders (``add``, ``where``, ``exp``...) fold what is known when the
-kernel is built (a cast of a constant, a ``where`` on a constant condition, NaN tests of
-constants), so printers see only what must be computed at run time.
+result, a parameter, an accumulator), an element of an array (``Elem``), an index expression
+(``Index``: a size, a row length) or an operation of the vocabulary below on other values
+(``Op``).  Every value carries the torch dtype it has in the kernel.  The builders (``add``,
+``where``, ``exp``...) fold what is known when the kernel is built (a cast of a constant, a
+``where`` on a constant condition, NaN tests of constants), so printers see only what must be
+computed at run time.
 
 The vocabulary: ``PRIMITIVES`` name operations a printer renders in its language, or refuses
 (a C kernel has no ``log``: the group is left to ATen); ``COMPOSITES`` are operations with a
@@ -18,12 +19,36 @@ from __future__ import annotations
 
 import math
 import struct
+from enum import Enum
 from typing import Any, Callable
 
 import sympy
 import torch
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class Domain(str, Enum):
+    """Where a value of a kernel lives in its frame (``rows.py``): one per row (``ROW``), or one
+    per element of the rows (``ELEMENT``, reduction kernels only).  A str, so that it keys
+    dicts and prints as its short name."""
+
+    ROW = "x"
+    ELEMENT = "xr"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class Role(str, Enum):
+    """What a kernel does with a tensor parameter: reads it (``IN``) or writes it (``OUT``); its
+    C and Triton names start with it (``in_ptr0``, ``out_ptr1``)."""
+
+    IN = "in"
+    OUT = "out"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
 class Unsupported(Exception):
@@ -63,6 +88,20 @@ class Var(Value):
 
     def __repr__(self) -> str:
         return f"Var({self.name!r}, {self.dtype})"
+
+
+class Elem(Value):
+    """An element of an array: of a tensor parameter (its data pointer) or of a local array
+    (``stmts.Array``: a row cache, a tile, a column's accumulator), at one index expression per
+    dim (``index``).  Printers subscript it in their language; one without arrays refuses it."""
+
+    __slots__ = ("array", "index")
+
+    def __init__(self, array: str, index: tuple, dtype: torch.dtype):
+        self.array, self.index, self.dtype = array, tuple(sympy.sympify(i) for i in index), dtype
+
+    def __repr__(self) -> str:
+        return f"Elem({self.array!r}, {self.index!r}, {self.dtype})"
 
 
 class Index(Value):

@@ -1,6 +1,6 @@
 """Emitting one Triton kernel (module source + launch function) for a group of ATen nodes.
 
-Shapes of the kernels (the loop nest is ``ir.emitter``'s):
+Shapes of the kernels (the loop nest is ``ir.lowering``'s):
 
 * pointwise: blocks of ``XBLOCK`` flat indices ``xindex`` over the output's elements;
 * reduction: ``[XBLOCK, 1]`` rows times ``[1, RBLOCK]`` reduced elements; *persistent* (a whole
@@ -24,9 +24,9 @@ from ...core.graph import VAL
 from ...core.iteration import shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.aten import Reduction
-from ..ir.emitter import INT32_MAX, RINDEX, XINDEX, Emitter, Param, Unsupported, node_refusal  # noqa: F401 (the backend's names)
+from ..ir.lowering import INT32_MAX, RINDEX, XINDEX, Emitter, Param, Unsupported, node_refusal  # noqa: F401 (the backend's names)
 from ..ir.stmts import Line, Loop, Nest, without_dead_indices
-from ..ir.values import Const, Var
+from ..ir.values import Const, Domain, Var
 from ..pyexpr import PyExprPrinter
 from . import launch
 from .launch import Emitted
@@ -36,7 +36,7 @@ from .printer import TritonPrinter, TritonStatements, values
 
 
 class TritonEmitter(Emitter):
-    """``ir.emitter.Emitter`` writing Triton: blocks of rows, masked loads and stores."""
+    """``ir.lowering.Emitter`` writing Triton: blocks of rows, masked loads and stores."""
 
     SIG_DTYPE = SIG_DTYPE
 
@@ -80,8 +80,8 @@ class TritonEmitter(Emitter):
 
         def block() -> str:
             """The [XBLOCK, RBLOCK] block of the input, as the accumulator's type, masked to the identity."""
-            x = self.operand(r.inp, inp_shape, "xr")
-            x = Var(self.printer().block(x, "xr"), x.dtype) if isinstance(x, Const) else x
+            x = self.operand(r.inp, inp_shape, Domain.ELEMENT)
+            x = Var(self.printer().block(x, Domain.ELEMENT), x.dtype) if isinstance(x, Const) else x
             name = self.fresh("rv")
             self.put(f"{name} = tl.where(rmask & xmask, {self.values(ir_aten.element(low, x, acc_dt))}, {identity})")
             return name

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from ..ir.emitter import Param
+from ..ir.lowering import Param
 
 KERNEL_NAME = "kernel"
 # Rows of at most this many elements (static) reduce in one block; longer or symbolic rows loop.

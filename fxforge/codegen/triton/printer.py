@@ -22,7 +22,7 @@ import torch
 
 from ..ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
 from ..ir.stmts import Index, Let, Line, Load, Nest, Set, Stmt, Store
-from ..ir.values import Const, Op, Value
+from ..ir.values import Const, Domain, Op, Value
 from .dtypes import TL_DTYPE
 
 
@@ -152,25 +152,25 @@ class TritonStatements(StatementPrinter):
     def __init__(self, values: "TritonValues", reduction: bool, deps_of):
         self.values, self.reduction, self.deps_of = values, reduction, deps_of
 
-    def indices(self, dom: str) -> tuple[str, ...]:
-        return ("xindex",) if dom == "x" else ("xindex", "rindex")
+    def indices(self, dom: Domain) -> tuple[str, ...]:
+        return ("xindex",) if dom == Domain.ROW else ("xindex", "rindex")
 
-    def mask(self, dom: str) -> str:
-        return "xmask" if dom == "x" else "rmask & xmask"
+    def mask(self, dom: Domain) -> str:
+        return "xmask" if dom == Domain.ROW else "rmask & xmask"
 
-    def block_shape(self, dom: str) -> str:
+    def block_shape(self, dom: Domain) -> str:
         if not self.reduction:
             return "[XBLOCK]"
-        return "[XBLOCK, 1]" if dom == "x" else "[XBLOCK, RBLOCK]"
+        return "[XBLOCK, 1]" if dom == Domain.ROW else "[XBLOCK, RBLOCK]"
 
-    def block(self, v: Value, dom: str) -> str:
+    def block(self, v: Value, dom: Domain) -> str:
         """``v`` as a block of the domain's shape (constants become ``tl.full``)."""
         shape = self.block_shape(dom)
         if isinstance(v, Const):
             return f"tl.full({shape}, {self.values.literal(v)}, {TL_DTYPE[v.dtype]})"
         return f"tl.broadcast_to({self.values(v)}, {shape})"
 
-    def offset(self, e: sympy.Expr, dom: str) -> str:
+    def offset(self, e: sympy.Expr, dom: Domain) -> str:
         """An element offset as source: a block varying with every index of ``dom``."""
         out = TritonPrinter()(e)
         have = self.deps_of(e)
@@ -197,7 +197,8 @@ class TritonStatements(StatementPrinter):
             return f"{s.name} = {self.values(s.value)}"
         if isinstance(s, Set):
             value = self.values(s.value)
-            return f"{s.target} = {s.target} {s.op} {value}" if s.op else f"{s.target} = {value}"
+            target = self.target(s.target)
+            return f"{target} = {target} {s.op} {value}" if s.op else f"{target} = {value}"
         if isinstance(s, Line):
             return s.text
         raise TypeError(f"not a Triton kernel statement: {s!r}")

@@ -8,8 +8,8 @@ stride)`` with its own strides, exact divisions folded, ``indexing.py``) and eac
 (``codegen/ir``: what an op computes is written there once), in one walk over the members in
 schedule order.  The walk writes the kernel's statements (``stmts.py``: index locals, loads,
 lets, stores, loop nests) into ``body``.  A language's kernel module subclasses ``Emitter`` for
-what differs (``fold``, ``loop``, ``persistent``, ``open_persistent``, and ``emit_load``,
-``emit_assign`` or ``store`` where it places elements its own way), with its ``values`` printer
+what differs (``fold``, ``loop``, ``persistent``, ``open_persistent``, and ``add_load``,
+``bind`` or ``store`` where it places elements its own way), with its ``values`` printer
 and its element types (``SIG_DTYPE``); its ``launch`` prints the statements.
 """
 
@@ -34,7 +34,7 @@ from .stmts import Index, Let, Load, Stmt, Store
 from .aten import REDUCTIONS, Reduction
 from .printer import ValuePrinter
 from .rows import Frame, check_operand, check_view, domain, frame_of, internal, leading, root, trailing
-from .values import LOW_PRECISION, Const, Unsupported, Value, Var, compute_dtype
+from .values import LOW_PRECISION, Const, Domain, Elem, Role, Unsupported, Value, Var, compute_dtype
 
 INT32_MAX = 2**31 - 1
 
@@ -165,7 +165,7 @@ class Emitter:
             self.args.append(var)
         return var
 
-    def tensor(self, var: str, val: torch.Tensor, role: str) -> str:
+    def tensor(self, var: str, val: torch.Tensor, role: Role) -> str:
         key = (var, role)
         if key not in self.tensor_params:
             pname = f"{role}_ptr{sum(1 for k in self.tensor_params if k[1] == role)}"
@@ -315,14 +315,14 @@ class Emitter:
         self.flat_of[tuple(out)] = (tuple(shape), index)
         return self.remember(key, out)
 
-    def coords_of(self, shape: tuple, dom: str) -> dict[int, sympy.Expr]:
+    def coords_of(self, shape: tuple, dom: Domain) -> dict[int, sympy.Expr]:
         """Coordinates of the element that a value of (graph) ``shape`` computes in domain ``dom``:
-        row values ("x") sit at the flat row index ``xindex``; full values ("xr") at the element
-        (xindex, rindex) of a reduction's input layout, or at the flat position of that element
-        in the frame's shape (values reshaped from it)."""
+        row values (``Domain.ROW``) sit at the flat row index ``xindex``; full values (``ELEMENT``)
+        at the element (xindex, rindex) of a reduction's input layout, or at the flat position of
+        that element in the frame's shape (values reshaped from it)."""
         ks = [self.size(s) for s in shape]
         layout = self.frame.layouts.get(shape)
-        if dom == "x":
+        if dom == Domain.ROW:
             return dict(enumerate(self.coords(ks, X)))
         if layout is not None:
             kept = [d for d in range(len(shape)) if d not in layout]
@@ -341,14 +341,14 @@ class Emitter:
         found = self.lookup(("flat",))
         if found is None:
             shape = self.frame.shape
-            c = self.coords_of(shape, "xr")
+            c = self.coords_of(shape, Domain.ELEMENT)
             e, inner = sympy.Integer(0), sympy.Integer(1)
             for d in reversed(range(len(shape))):
                 e, inner = e + c[d] * inner, inner * self.size(shape[d])
             found = self.remember(("flat",), self.local(e))
         return found
 
-    def offset(self, val: torch.Tensor, coords: dict[int, sympy.Expr], out_rank: int, dom: str,
+    def offset(self, val: torch.Tensor, coords: dict[int, sympy.Expr], out_rank: int, dom: Domain,
                base: sympy.Expr = sympy.Integer(0)) -> sympy.Expr:
         """Element offset of ``val`` (right-aligned to ``out_rank`` dims, broadcast dims have no
         stride) at ``coords``, plus ``base``.  The offset varies with every index of ``dom`` (a
@@ -408,11 +408,11 @@ class Emitter:
         """The tensor outside the kernel that a member view of one reads (``a`` itself otherwise)."""
         return root(self.members, a)
 
-    def dom(self, n: fx.Node) -> str:
-        """"x": one value per row; "xr": one per element of the rows (``rows.domain``)."""
+    def dom(self, n: fx.Node) -> Domain:
+        """``Domain.ROW``: one value per row; ``ELEMENT``: one per element of the rows (``rows.domain``)."""
         return domain(self.frame, n, self.reductions)
 
-    def load(self, a: fx.Node, shape: tuple, dom: str) -> Value:
+    def load(self, a: fx.Node, shape: tuple, dom: Domain) -> Value:
         """Tensor ``a``, read from memory for a value of ``shape`` in ``dom`` (broadcast as eager)."""
         key = ("load", a, shape, dom)
         found = self.lookup(key)
@@ -424,7 +424,7 @@ class Emitter:
         if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
             raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
         rval = self.placed(root, None, rval)
-        ptr = self.tensor(self.ref(root), rval, "in")
+        ptr = self.tensor(self.ref(root), rval, Role.IN)
         base = sympy.Integer(0)
         if root is not a:  # a view of it, with the view's own layout
             if isinstance(rval, Placed):
@@ -434,10 +434,10 @@ class Emitter:
             val = rval
         off = self.offset(val, self.coords_of(shape, dom), len(shape), dom, base)
         name = self.fresh("tmp")
-        self.emit_load(name, ptr, off, dom, val.dtype)
+        self.add_load(name, ptr, off, dom, val.dtype)
         return self.remember(key, ir.cast(Var(name, val.dtype), compute_dtype(val.dtype)))
 
-    def operand(self, a: Any, shape: tuple, dom: str) -> Value:
+    def operand(self, a: Any, shape: tuple, dom: Domain) -> Value:
         """Argument ``a`` of a member computing a value of ``shape`` in ``dom``."""
         if not isinstance(a, fx.Node):
             raise Unsupported(f"operand {a!r}")
@@ -472,7 +472,7 @@ class Emitter:
         if dt in LOW_PRECISION:
             v = ir.cast(v, compute_dtype(dt))
         if not isinstance(v, Const):
-            v = self.emit_assign(self.value_name(n), v)
+            v = self.bind(self.value_name(n), v)
         return self.remember(("v", n), v)
 
     def value_name(self, n: fx.Node) -> str:
@@ -499,7 +499,7 @@ class Emitter:
             multi = isinstance(val, (tuple, list))
             for i, t in enumerate(val if multi else [val]):
                 t = self.placed(n, i if multi else None, t)
-                self.tensor(self.buffer(n, i if multi else None), t, "out")
+                self.tensor(self.buffer(n, i if multi else None), t, Role.OUT)
                 outs_placed.append(t)
         ins = []
         for n in self.order:
@@ -519,25 +519,25 @@ class Emitter:
         for n in self.nodes:
             if n in self.reductions:
                 self.reduce(n, persistent)
-            elif persistent or self.dom(n) == "x":
+            elif persistent or self.dom(n) == Domain.ROW:
                 self.value(n)
         full = self.full_outputs()
         for n in outs:
             if n not in self.reductions and n not in full:
-                self.store(n, None, n.meta[VAL], self.value(n), "x")
+                self.store(n, None, n.meta[VAL], self.value(n), Domain.ROW)
         if full:
             self.store_full(full, persistent)
         return self.launch()
 
     def full_outputs(self) -> list[fx.Node]:
-        """The outputs with one value per element of the rows ("xr"), not per row."""
-        return [n for n in self.outputs_of() if n not in self.reductions and self.dom(n) == "xr"]
+        """The outputs with one value per element of the rows (``Domain.ELEMENT``), not per row."""
+        return [n for n in self.outputs_of() if n not in self.reductions and self.dom(n) == Domain.ELEMENT]
 
     def store_full(self, full: list[fx.Node], persistent: bool) -> None:
         """Store the full outputs (after the folds, recomputing their values in a loop of their own)."""
         def store():
             for n in full:
-                self.store(n, None, n.meta[VAL], self.value(n), "xr")
+                self.store(n, None, n.meta[VAL], self.value(n), Domain.ELEMENT)
         store() if persistent else self.loop(store, independent=True)
 
     def frame_of(self) -> Frame:
@@ -565,10 +565,10 @@ class Emitter:
         rounded = []
         for i, (ov, res) in enumerate(zip(out_vals, results)):
             res = ir.cast(res, ov.dtype)
-            if not isinstance(res, Var):
-                res = self.emit_assign(self.fresh("red"), res)
+            if not isinstance(res, (Var, Elem)):  # (a name or an array element: already a reference)
+                res = self.bind(self.fresh("red"), res)
             if n in self.out_set:
-                self.store(n, i if multi else None, ov, res, "x")
+                self.store(n, i if multi else None, ov, res, Domain.ROW)
             rounded.append(ir.cast(res, compute_dtype(ov.dtype)))
         self.remember(("v", n), rounded if multi else rounded[0])
         self.check_rows_not_empty(r.kind)
@@ -593,26 +593,26 @@ class Emitter:
     def all_symbols(self):
         return list(self.sym_names.values()) + list(self.expr_syms.values())
 
-    def store_target(self, n: fx.Node, index: int | None, val: torch.Tensor, dom: str) -> tuple[str, sympy.Expr]:
+    def store_target(self, n: fx.Node, index: int | None, val: torch.Tensor, dom: Domain) -> tuple[str, sympy.Expr]:
         """Where output ``index`` of ``n`` (traced value ``val``) is stored in domain ``dom``: its
         pointer parameter and the element offset, at the planned layout (a region of a cat/pad's
         buffer: its container's strides)."""
-        ptr = self.tensor_params[(self.buffer(n, index), "out")]
+        ptr = self.tensor_params[(self.buffer(n, index), Role.OUT)]
         shape = shape_of(val)
         return ptr, self.offset(self.placed(n, index, val), self.coords_of(shape, dom), len(shape), dom)
 
     # ---------------------------------------------------------------- the language's hooks
 
-    def emit_load(self, name: str, ptr: str, off: sympy.Expr, dom: str, dtype: torch.dtype) -> None:
+    def add_load(self, name: str, ptr: str, off: sympy.Expr, dom: Domain, dtype: torch.dtype) -> None:
         """Bind ``name`` to the element of tensor ``ptr`` at offset ``off``."""
         self.body.append(Load(name, ptr, off, dtype, dom))
 
-    def emit_assign(self, name: str, v: Value) -> Var:
+    def bind(self, name: str, v: Value) -> Var:
         """Bind ``v`` to the kernel local ``name``."""
         self.body.append(Let(name, v))
         return Var(name, v.dtype)
 
-    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: str) -> None:
+    def store(self, n: fx.Node, index: int | None, val: torch.Tensor, v: Value, dom: Domain) -> None:
         """Store ``v`` as output ``index`` of ``n`` (``val``: its traced value)."""
         ptr, off = self.store_target(n, index, val, dom)
         self.body.append(Store(ptr, off, ir.cast(v, val.dtype), dom))
