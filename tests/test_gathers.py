@@ -51,6 +51,21 @@ def test_a_gather_moves_up_a_pointwise_chain_with_broadcast_operands(codegen, di
 
 
 @pytest.mark.parametrize("codegen", CODEGENS)
+def test_an_operand_of_fewer_dims_over_leading_ones_is_expanded_before_its_gather(codegen):
+    """``f``'s shape ``[1, 2]`` and an operand of shape ``[2]``: the same elements, one dim
+    fewer; its gather must read it at ``f``'s rank (found by tests/test_pass_properties.py)."""
+    torch.manual_seed(0)
+    x, w, index = torch.randn(1, 2), torch.randn(2), torch.zeros(1, 1, dtype=torch.int64)
+
+    def fn(x, w, index):
+        return torch.gather(x * w + 1, 1, index)
+
+    b, c = compile_fn(fn, codegen)
+    torch.testing.assert_close(c(x, w, index), fn(x, w, index))
+    assert moved(b) >= 1
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
 def test_log_probabilities_of_tokens_with_symbolic_rows(codegen):
     """A token's log-probability (``log_softmax(logits).gather``), the rows a dynamic size."""
     def fn(logits, tokens):

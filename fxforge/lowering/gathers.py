@@ -68,8 +68,8 @@ def sink(gm: fx.GraphModule, mode, g: fx.Node) -> list[fx.Node] | None:
         if not isinstance(v, torch.Tensor):
             continue
         have = [sympy.Integer(1)] * (len(shape) - v.dim()) + [expr(s) for s in v.shape]
-        if have == shape:
-            plan[a] = "gather"
+        if have == shape and v.dim() == len(shape):
+            plan[a] = "gather"  # (of f's rank: one of fewer dims, all its shape, is expanded first)
         elif all(h == 1 or (j != d and h == i) for j, (h, i) in enumerate(zip(have, ishape))):
             plan[a] = "keep"
         elif not free_symbols(fv):
