@@ -93,7 +93,7 @@ class NumpyEmitter(Emitter):
 
     def launch(self) -> Kernel:
         fr, p = self.frame, self.values.index
-        lines = [f"def {self.name}({', '.join(self.args)}):"] + ["    " + l for l in self.launch_lines + self.launch_checks]
+        lines = [f"def {self.name}({', '.join(self.args)}):"] + ["    " + l for l in self.prologue()]
         for q in self.params:
             lines.append(f"    {q.name} = _flat({q.launch})" if q.sig.startswith("*") else f"    {q.name} = {q.launch}")
         lines += [f"    xnumel, rnumel = {p(fr.xnumel)}, {p(fr.rnumel)}",

@@ -799,7 +799,7 @@ class CEmitter(Emitter):
         if self.value_names:
             head.append("# values: " + ", ".join(f"{v} = {n}" for v, n in self.value_names))
         head += ["# " + l for l in lines]
-        launch = launch_source(self.name, self.args, self.params, self.launch_lines + self.launch_checks, head)
+        launch = launch_source(self.name, self.args, self.params, self.prologue(), head)
         return CEmitted(symbol, "\n".join(lines) + "\n", launch, self.name, list(self.args), list(self.params),
                         len(self.nodes), len(self.storages), self.specs,
                         quick=bool(work.is_Integer and int(work) < QUICK_BUILD_MAX_WORK))

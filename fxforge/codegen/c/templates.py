@@ -157,7 +157,10 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
     """``native_layer_norm_backward(dy, x, shape, mean, rstd, w, b, mask)``: dx, dw, db.
 
     Why a template: it folds rows (the input's gradient) and columns (the weight's and bias's)
-    in one pass; a kernel of the IR has one frame, rows or columns.
+    in one pass; a kernel of the IR has one frame, rows or columns.  Its ``Line`` statements say
+    what the IR has no statement for yet: the prelude's tile helpers (``fx_tile_in8``), a row
+    pointer into a staged block, a chunk's part and its last row; one function holds the one
+    kernel, its staging and its chunking, each decided from the others' sizes.
 
     Enough rows are walked in chunks (``_row_chunks``, from the sizes alone): each chunk adds
     its rows' shares of dw and db into a part of its own, the chunks split across ``threads``

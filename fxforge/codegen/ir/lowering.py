@@ -30,7 +30,7 @@ from ...core.iteration import reduction_of, shape_of
 from ..indexing import floor_div, modular
 from ..pyexpr import PyExprPrinter
 from . import aten as ir_aten, values as ir
-from .stmts import Index, Let, Load, Stmt, Store
+from .stmts import EmptyCheck, Index, Let, Load, SizeRead, Stmt, Store, prologue_lines
 from .aten import REDUCTIONS, Reduction
 from .printer import ValuePrinter
 from .rows import Frame, check_operand, check_view, domain, frame_of, internal, leading, root, trailing
@@ -138,10 +138,10 @@ class Emitter:
         self.params: list[Param] = []
         self.args: list[str] = []  # launch-function parameters (wrapper variable names)
         self.arg_index: dict[str, int] = {}
-        self.launch_lines: list[str] = []
+        self.size_reads: list[SizeRead] = []  # the launch's size parameters, in order
         self.sym_names: dict[sympy.Symbol, str] = {}  # graph symbol -> ks param symbol
         self.expr_syms: dict[sympy.Expr, sympy.Symbol] = {}
-        self.reads: list[tuple[sympy.Expr, str]] = []  # (fake expr, launch-time read)
+        self.reads: list[tuple[sympy.Expr, tuple[str, str, int]]] = []  # (fake expr, (arg, "size"/"stride", dim))
         self.body: list[Stmt] = []  # the statements of the open scope (``stmts.py``)
         self.tensor_params: dict[tuple[str, int | None], str] = {}
         self.specs: dict[str, tuple] = {}  # tensor parameter -> (dtype, sizes, strides) as traced or planned
@@ -153,7 +153,7 @@ class Emitter:
         self.deps: dict[str, set[str]] = {}  # index local -> the indices it varies with
         self.defs: dict[sympy.Symbol, sympy.Expr] = {}  # index local -> the expression it holds
         self.flat_of: dict[tuple, tuple] = {}  # coordinates -> (shape, flat index) they decompose
-        self.launch_checks: list[str] = []
+        self.launch_checks: list[EmptyCheck] = []
         self.reductions: list[fx.Node] = []
         self.out_set = set(self.outputs_of())
 
@@ -190,8 +190,8 @@ class Emitter:
     def readable(self, var: str, val: torch.Tensor) -> None:
         """Sizes/strides of ``val`` that are plain symbols can be read off ``var`` at launch."""
         for d, (s, st) in enumerate(zip(val.shape, val.stride())):
-            self.reads.append((expr(s), f"{var}.size({d})"))
-            self.reads.append((expr(st), f"{var}.stride({d})"))
+            self.reads.append((expr(s), (var, "size", d)))
+            self.reads.append((expr(st), (var, "stride", d)))
 
     def size(self, e: Any) -> sympy.Expr:
         """A fake size/stride as an expression over kernel parameter symbols."""
@@ -213,11 +213,11 @@ class Emitter:
             self.expr_syms[e] = self.new_param(read, positive=False)
         return self.expr_syms[e]
 
-    def new_param(self, read: str, positive: bool) -> sympy.Symbol:
+    def new_param(self, read: tuple[str, str, int], positive: bool) -> sympy.Symbol:
         name = f"ks{sum(1 for p in self.params if p.name.startswith('ks'))}"
         self.params.append(Param(name, "i64", name))
-        self.launch_arg(read.split(".", 1)[0])
-        self.launch_lines.append(f"{name} = {read}")
+        self.launch_arg(read[0])
+        self.size_reads.append(SizeRead(name, *read))
         self.int64 = True  # symbolic sizes: indices may exceed int32 for some sizes
         return sympy.Symbol(name, integer=True, positive=True) if positive else sympy.Symbol(name, integer=True, nonnegative=True)
 
@@ -587,11 +587,16 @@ class Emitter:
         if _is_int(rnumel):
             raise Unsupported("empty reduction")
         if REDUCTIONS[kind].identity in ("lowest", "highest"):
-            rp = PyExprPrinter({s: s.name for s in self.all_symbols()})(rnumel)
-            self.launch_checks += [f"if {rp} <= 0:", f"    raise IndexError('{kind}(): cannot reduce over an empty dimension')"]
+            self.launch_checks.append(EmptyCheck(rnumel, kind))
 
     def all_symbols(self):
         return list(self.sym_names.values()) + list(self.expr_syms.values())
+
+    def prologue(self, *middle: str) -> list[str]:
+        """The launch function's first lines: the size reads, ``middle`` (a language's own), the
+        checks (``stmts.prologue_lines``)."""
+        py = PyExprPrinter({s: s.name for s in self.all_symbols()})
+        return prologue_lines(self.size_reads, py) + list(middle) + prologue_lines(self.launch_checks, py)
 
     def store_target(self, n: fx.Node, index: int | None, val: torch.Tensor, dom: Domain) -> tuple[str, sympy.Expr]:
         """Where output ``index`` of ``n`` (traced value ``val``) is stored in domain ``dom``: its

@@ -23,7 +23,7 @@ from torch.utils._sympy.printers import ExprPrinter
 
 from ..pyexpr import ReadableArith, _delimited
 from .stmts import Nest, Stmt
-from .values import COMPOSITES, Const, Elem, Index, Op, Unsupported, Value, Var, expand
+from .values import COMPOSITES, Block, Const, Elem, Full, Index, Mask, Op, Unsupported, Value, Var, expand
 
 
 class IndexPrinter(ReadableArith, ExprPrinter):
@@ -119,6 +119,8 @@ class ValuePrinter:
             return self.index(x.expr)
         if isinstance(x, Elem):
             return self.elem(x)
+        if isinstance(x, (Mask, Full, Block)):
+            return self.block(x)
         out = self.op(x, [self(a) for a in x.args])
         if out is not None:
             return out
@@ -133,6 +135,10 @@ class ValuePrinter:
         """An array element; a language without arrays leaves it refused."""
         raise Unsupported(f"{self.language} kernels have no arrays ({e.array})")
 
+    def block(self, b: Mask | Full | Block) -> str:
+        """A block language's mask, filled block or broadcast; the others refuse them."""
+        raise Unsupported(f"{self.language} kernels have no blocks ({type(b).__name__})")
+
     def op(self, x: Op, args: list[str]) -> str | None:
         """``x`` with its arguments rendered as ``args``, or None where the language lacks it."""
         raise NotImplementedError
@@ -145,7 +151,10 @@ class StatementPrinter:
     def lines(self, stmts: list[Stmt], indent: str = "") -> list[str]:
         out: list[str] = []
         for s in stmts:
-            out += self.nest(s, indent) if isinstance(s, Nest) else [indent + self.line(s)]
+            if isinstance(s, Nest):
+                out += self.nest(s, indent)
+            else:  # (a statement may print as several lines: a row reduction of a tuple)
+                out += [indent + line for line in self.line(s).split("\n")]
         return out
 
     values: ValuePrinter

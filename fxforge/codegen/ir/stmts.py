@@ -12,6 +12,7 @@ changes here, on the statements.
   ``ELEMENT``, one per element of the rows);
 * ``Let``: a local bound to a value (``values.py``), ``mutable`` for an accumulator;
 * ``Set``: an accumulator (a local, or an element of a local array: ``values.Elem``) updated;
+* ``Reduce``: a fold step of a block language, lane by lane or across each row's lanes;
 * ``Nest``: perfectly nested loops around a body (none: a block of its own), with what a
   printer may do with them: vectorize the innermost loop (its iterations independent but for the
   named reductions), split the outer ones across threads;
@@ -71,6 +72,21 @@ class Set:
 
 
 @dataclass(eq=False)
+class Reduce:
+    """A fold step of a block language: ``targets`` (locals of the accumulators' dtypes) take
+    ``combine`` (a fold's combine function, ``aten.Reduction.combine``) of themselves and
+    ``args``, lane by lane (``across`` False: a loop iteration's block folded into the
+    accumulators), or of ``args`` across each row's lanes (``across``: the row's result, kept as a
+    column of the block where ``keep``)."""
+
+    targets: tuple[str, ...]
+    args: tuple[Value, ...]
+    combine: str
+    across: bool = False
+    keep: bool = True
+
+
+@dataclass(eq=False)
 class Loop:
     """``for var in range(start, stop, step)``: bounds are index expressions or the language's
     own words (a block's bounds)."""
@@ -105,7 +121,7 @@ class Line:
     text: str
 
 
-Stmt = Union[Index, Load, Store, Let, Set, Nest, Array, Line]
+Stmt = Union[Index, Load, Store, Let, Set, Reduce, Nest, Array, Line]
 
 
 def walk(stmts: list[Stmt]):
@@ -139,3 +155,44 @@ def without_dead_indices(stmts: list[Stmt], defs: dict[sympy.Symbol, sympy.Expr]
         return out
 
     return keep(stmts)
+
+
+# --------------------------------------------------------------------------- the launch function
+
+
+@dataclass(frozen=True)
+class SizeRead:
+    """A size parameter read off a launch argument when the kernel is launched:
+    ``name = arg.size(dim)`` (or ``.stride(dim)``)."""
+
+    name: str
+    arg: str
+    attr: str  # "size" or "stride"
+    dim: int
+
+    def source(self) -> str:
+        return f"{self.arg}.{self.attr}({self.dim})"
+
+
+@dataclass(frozen=True)
+class EmptyCheck:
+    """Rows of a symbolic length that may be empty where the fold has no identity (min, max, the
+    arg folds): the launch raises eager's error when ``rows`` is not positive."""
+
+    rows: sympy.Expr
+    kind: str
+
+
+Prologue = Union[SizeRead, EmptyCheck]
+
+
+def prologue_lines(items: list[Prologue], printer) -> list[str]:
+    """The launch function's first lines (Python, whatever the kernel's language), ``printer``
+    printing size expressions: each size read, each check."""
+    out = []
+    for p in items:
+        if isinstance(p, SizeRead):
+            out.append(f"{p.name} = {p.source()}")
+        else:
+            out += [f"if {printer(p.rows)} <= 0:", f"    raise IndexError('{p.kind}(): cannot reduce over an empty dimension')"]
+    return out

@@ -104,6 +104,36 @@ class Elem(Value):
         return f"Elem({self.array!r}, {self.index!r}, {self.dtype})"
 
 
+class Mask(Value):
+    """The lanes of a block inside the kernel's sizes, in domain ``dom`` (a block language's
+    kernels: Triton's ``xmask`` / ``rmask & xmask``)."""
+
+    __slots__ = ("dom",)
+
+    def __init__(self, dom: "Domain"):
+        self.dom, self.dtype = dom, torch.bool
+
+
+class Full(Value):
+    """A block of domain ``dom`` filled with ``value`` (an accumulator's start)."""
+
+    __slots__ = ("value", "dom")
+
+    def __init__(self, value: Value, dom: "Domain"):
+        self.value, self.dom, self.dtype = value, dom, value.dtype
+
+
+class Block(Value):
+    """``value`` broadcast to a block of domain ``dom`` (a row's element indices, as values), of
+    ``dtype`` where the language's block has another type than the value (Triton's ``rindex``
+    is int32)."""
+
+    __slots__ = ("value", "dom")
+
+    def __init__(self, value: Value, dom: "Domain", dtype: torch.dtype | None = None):
+        self.value, self.dom, self.dtype = value, dom, value.dtype if dtype is None else dtype
+
+
 class Index(Value):
     """An integer index expression over the kernel's size parameters (int64)."""
 

@@ -24,13 +24,13 @@ from ...core.graph import VAL
 from ...core.iteration import shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.aten import Reduction
-from ..ir.lowering import INT32_MAX, RINDEX, XINDEX, Emitter, Param, Unsupported, node_refusal  # noqa: F401 (the backend's names)
-from ..ir.stmts import Line, Loop, Nest, without_dead_indices
+from ..ir.lowering import INT32_MAX, R, RINDEX, XINDEX, Emitter, Param, Unsupported, node_refusal  # noqa: F401 (the backend's names)
+from ..ir.stmts import Let, Line, Loop, Nest, Reduce, Set, without_dead_indices
 from ..ir.values import Const, Domain, Var
 from ..pyexpr import PyExprPrinter
 from . import launch
 from .launch import Emitted
-from .dtypes import COMBINE_FN, SIG_DTYPE, TL_DTYPE
+from .dtypes import SIG_DTYPE
 from .prelude import available_helpers
 from .printer import TritonPrinter, TritonStatements, values
 
@@ -72,79 +72,77 @@ class TritonEmitter(Emitter):
         self.body.append(nest)
 
     def fold(self, r, low: Reduction, acc_dt: torch.dtype, persistent: bool) -> dict[str, Var]:
-        """Emit the fold of each row (one block, or a loop over blocks): the accumulators it
-        leaves, ``[XBLOCK, 1]`` each (see ``ir.aten.result``)."""
-        combine = COMBINE_FN[low.combine]
-        identity, tacc = self.values(ir_aten.identity(low, acc_dt)), TL_DTYPE[acc_dt]
+        """The fold of each row (one block, or a loop over blocks) as statements (``Reduce``, and
+        the blocks of ``values``: ``Mask``, ``Full``, ``Block``): the accumulators it leaves,
+        ``[XBLOCK, 1]`` each (see ``ir.aten.result``)."""
+        combine, identity = low.combine, ir_aten.identity(low, acc_dt)
         inp_shape = shape_of(r.inp.meta[VAL])
+        every = Domain.ELEMENT
 
-        def block() -> str:
+        def block() -> Var:
             """The [XBLOCK, RBLOCK] block of the input, as the accumulator's type, masked to the identity."""
-            x = self.operand(r.inp, inp_shape, Domain.ELEMENT)
-            x = Var(self.printer().block(x, Domain.ELEMENT), x.dtype) if isinstance(x, Const) else x
-            name = self.fresh("rv")
-            self.put(f"{name} = tl.where(rmask & xmask, {self.values(ir_aten.element(low, x, acc_dt))}, {identity})")
-            return name
+            x = self.operand(r.inp, inp_shape, every)
+            x = ir.Block(x, every) if isinstance(x, Const) else x
+            return self.bind(self.fresh("rv"), ir.where(ir.Mask(every), ir_aten.element(low, x, acc_dt), identity))
 
-        def ridx() -> str:
-            self.put("ridx = tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)")
-            return "ridx"
+        def ridx() -> Var:
+            return self.bind("ridx", ir.cast(ir.Block(ir.Index(R), every, torch.int32), torch.int64))  # (rindex: int32)
 
-        def mean_of(total: str) -> str:
-            return self.values(ir.truediv(Var(total, acc_dt), ir_aten.count(self.frame.rnumel, acc_dt)))
+        def start(name: str, value: ir.Value) -> None:
+            self.body.append(Let(name, ir.Full(value, every), mutable=True))
 
         if low.strategy == "combine":
             acc = self.fresh("acc")
             if persistent:
-                self.put(f"{acc} = tl.reduce({block()}, 1, {combine})[:, None]")
+                self.body.append(Reduce((acc,), (block(),), combine, across=True))
             else:
-                self.put(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
-                self.loop(lambda: self.put(f"{acc} = {combine}({acc}, {block()})"))
-                self.put(f"{acc} = tl.reduce({acc}, 1, {combine})[:, None]")
+                start(acc, identity)
+                self.loop(lambda: self.body.append(Reduce((acc,), (block(),), combine)))
+                self.body.append(Reduce((acc,), (Var(acc, acc_dt),), combine, across=True))
             return {"acc": Var(acc, acc_dt)}
         if low.strategy == "arg":
             v, i = self.fresh("accv"), self.fresh("acci")
             if persistent:
-                self.put(f"{v}, {i} = tl.reduce(({block()}, {ridx()}), 1, {combine})")
+                self.body.append(Reduce((v, i), (block(), ridx()), combine, across=True))
             else:
-                self.put(f"{v} = tl.full([XBLOCK, RBLOCK], {identity}, {tacc})")
-                self.put(f"{i} = tl.full([XBLOCK, RBLOCK], {INT32_MAX}, tl.int64)")
-                self.loop(lambda: self.put(f"{v}, {i} = {combine}({v}, {i}, {block()}, {ridx()})"))
-                self.put(f"{v}, {i} = tl.reduce(({v}, {i}), 1, {combine})")
-            self.put(f"{v} = {v}[:, None]")
-            self.put(f"{i} = {i}[:, None]")
+                start(v, identity)
+                start(i, ir.Const(INT32_MAX, torch.int64))
+                self.loop(lambda: self.body.append(Reduce((v, i), (block(), ridx()), combine)))
+                self.body.append(Reduce((v, i), (Var(v, acc_dt), Var(i, torch.int64)), combine, across=True))
             return {"value": Var(v, acc_dt), "index": Var(i, torch.int64)}
         # moments: the mean, then the squared deviations from it
         mean, m2 = self.fresh("mean"), self.fresh("m2")
+        count = ir_aten.count(self.frame.rnumel, acc_dt)
 
-        def deviation2(v: str) -> str:
-            d = self.fresh("d")
-            self.put(f"{d} = tl.where(rmask & xmask, {v} - {mean}, 0.0)")
-            return f"{d} * {d}"
+        def deviation2(x: Var) -> ir.Value:
+            d = self.bind(self.fresh("d"), ir.where(ir.Mask(every), ir.sub(x, Var(mean, acc_dt)), ir.Const(0.0, acc_dt)))
+            return ir.mul(d, d)
+
+        def take_mean(total: str) -> None:
+            self.body.append(Let(mean, ir.truediv(Var(total, acc_dt), count)))
 
         if persistent:  # two passes over the block in registers
-            v = block()
-            self.put(f"{mean} = {mean_of(f'tl.reduce({v}, 1, {combine})')}[:, None]")
-            self.put(f"{m2} = tl.reduce({deviation2(v)}, 1, {combine})[:, None]")
+            x, total = block(), self.fresh("sum")
+            self.body.append(Reduce((total,), (x,), combine, across=True))
+            take_mean(total)
+            square = self.bind(self.fresh("sq"), deviation2(x))
+            self.body.append(Reduce((m2,), (square,), combine, across=True))
         else:
             acc = self.fresh("acc")
-            self.put(f"{acc} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
-            self.loop(lambda: self.put(f"{acc} = {acc} + {block()}"))
-            self.put(f"{mean} = {mean_of(f'tl.reduce({acc}, 1, {combine})')}[:, None]")
-            self.put(f"{m2} = tl.full([XBLOCK, RBLOCK], 0, {tacc})")
-            self.loop(lambda: self.put(f"{m2} = {m2} + {deviation2(block())}"))
-            self.put(f"{m2} = tl.reduce({m2}, 1, {combine})[:, None]")
+            start(acc, ir.Const(0, acc_dt))
+            self.loop(lambda: self.body.append(Set(acc, ir.add(Var(acc, acc_dt), block()))))
+            self.body.append(Reduce((acc,), (Var(acc, acc_dt),), combine, across=True))
+            take_mean(acc)
+            start(m2, ir.Const(0, acc_dt))
+            self.loop(lambda: self.body.append(Set(m2, ir.add(Var(m2, acc_dt), deviation2(block())))))
+            self.body.append(Reduce((m2,), (Var(m2, acc_dt),), combine, across=True))
         return {"mean": Var(mean, acc_dt), "m2": Var(m2, acc_dt)}
-
-    def put(self, line: str) -> None:
-        """A line of the fold in Triton's own words (``tl.reduce``...) into the open scope."""
-        self.body.append(Line(line))
 
     def launch(self) -> Emitted:
         """The kernel module and its launch function (``launch.assemble``)."""
         fr = self.frame
         py = PyExprPrinter({s: s.name for s in self.all_symbols()})
-        prologue = self.launch_lines + [f"xnumel = {py(fr.xnumel)}", "if xnumel <= 0:", "    return"] + self.launch_checks
+        prologue = self.prologue(f"xnumel = {py(fr.xnumel)}", "if xnumel <= 0:", "    return")
         kind, cfgs = launch.configs(fr.reduction, fr.xnumel, fr.rnumel)
         body = without_dead_indices(self.body, self.defs)
         lines = launch.head(fr.reduction, TritonPrinter()(fr.xnumel), self.int64) + self.printer().lines(body)

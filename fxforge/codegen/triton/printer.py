@@ -21,9 +21,9 @@ import sympy
 import torch
 
 from ..ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
-from ..ir.stmts import Index, Let, Line, Load, Nest, Set, Stmt, Store
-from ..ir.values import Const, Domain, Op, Value
-from .dtypes import TL_DTYPE
+from ..ir.stmts import Index, Let, Line, Load, Nest, Reduce, Set, Stmt, Store
+from ..ir.values import Block, Const, Domain, Full, Mask, Op, Value
+from .dtypes import COMBINE_FN, TL_DTYPE
 
 
 def floor_div(a: str, b: str) -> str:
@@ -90,6 +90,16 @@ class TritonValues(ValuePrinter):
         if fn.startswith("_ld_") and self.helpers is not None and fn not in self.helpers:
             return None
         return f"{fn}({', '.join(a)})"
+
+    def block(self, b: Mask | Full | Block) -> str:
+        """A reduction kernel's blocks: ``[XBLOCK, 1]`` per row, ``[XBLOCK, RBLOCK]`` per element."""
+        shape = "[XBLOCK, 1]" if b.dom == Domain.ROW else "[XBLOCK, RBLOCK]"
+        if isinstance(b, Mask):
+            return "xmask" if b.dom == Domain.ROW else "rmask & xmask"
+        if isinstance(b, Full):
+            fill = self.literal(b.value) if isinstance(b.value, Const) else self(b.value)
+            return f"tl.full({shape}, {fill}, {TL_DTYPE[b.dtype]})"
+        return f"tl.broadcast_to({self(b.value)}, {shape})"
 
     def literal(self, c: Const) -> str:
         """The constant as a Python literal (Triton types it as fp32, int32/int64 or i1)."""
@@ -199,6 +209,19 @@ class TritonStatements(StatementPrinter):
             value = self.values(s.value)
             target = self.target(s.target)
             return f"{target} = {target} {s.op} {value}" if s.op else f"{target} = {value}"
+        if isinstance(s, Reduce):
+            return self.reduce(s)
         if isinstance(s, Line):
             return s.text
         raise TypeError(f"not a Triton kernel statement: {s!r}")
+
+    def reduce(self, s: Reduce) -> str:
+        """A fold step: ``acc = fn(acc, x)`` lane by lane, or ``tl.reduce`` across each row's lanes
+        (a tuple reduction then keeps each result as a column of the block, a line each)."""
+        fn, targets, args = COMBINE_FN[s.combine], ", ".join(s.targets), [self.values(a) for a in s.args]
+        if not s.across:
+            return f"{targets} = {fn}({', '.join([*s.targets, *args])})"
+        if len(args) == 1:
+            return f"{targets} = tl.reduce({args[0]}, 1, {fn}){'[:, None]' if s.keep else ''}"
+        lines = [f"{targets} = tl.reduce(({', '.join(args)}), 1, {fn})"]
+        return "\n".join(lines + ([f"{t} = {t}[:, None]" for t in s.targets] if s.keep else []))
