@@ -31,7 +31,7 @@ from hypothesis import given, settings
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
-from fxforge.codegen.c import abi, backend as c_backend, build, kernel as kernel_module, launcher
+from fxforge.codegen.c import abi, backend as c_backend, build, kernel as kernel_module, launcher, schedule
 from fxforge.codegen.ir import stmts
 from fxforge.spine import compile_graph
 from fxforge.core.graph import BACKEND
@@ -507,8 +507,8 @@ def test_column_reductions_too_large_or_symbolic_are_aten_kernels(name):
     # where the kernel would walk down its columns (fewer than COLUMNS_BY_ROWS_MIN), or the count
     # is symbolic
     fn = COLUMN_CASES[name]
-    rows = kernel_module.COLUMN_MAX_NUMEL // 16 + 1
-    assert 16 < kernel_module.COLUMNS_BY_ROWS_MIN
+    rows = schedule.COLUMN_MAX_NUMEL // 16 + 1
+    assert 16 < schedule.COLUMNS_BY_ROWS_MIN
     large = (1, rows, 16) if name == "mean_middle" else (rows, 1, 16)  # 16 columns of many rows
     for shape, dynamic in ((large, False), (_X3, True)):
         a, g = torch.randn(shape), torch.randn(shape)
@@ -527,13 +527,13 @@ def test_large_column_reductions_walk_their_rows_in_chunks(threads):
     for several threads, each takes a chunk: the same sums, bit for bit, at any thread count and
     whatever it was built for."""
     fn = COLUMN_CASES["two_sums_and_a_full_output"]
-    rows = kernel_module.COLUMN_MAX_NUMEL // 200 + 1
+    rows = schedule.COLUMN_MAX_NUMEL // 200 + 1
     a, g = torch.randn(rows, 200), torch.randn(rows, 200)
     b = check(fn, a, g, atol=1e-4, rtol=1e-5, config=fxforge.Config(codegen="c", debug=True, threads=threads))
     src = b.compiled[0].source
     assert re.search(r"double acc\d+\[200\];", src) and re.search(r"double acc\d+_chunks\[\d+\]\[200\];", src), src
     chunks = re.search(r"(#pragma omp parallel for\n#\s+)?for \(int64_t rc = 0; rc < (\d+); rc\+\+\)", src)
-    assert chunks and 2 <= int(chunks.group(2)) <= kernel_module.COLUMN_CHUNKS_MAX, src
+    assert chunks and 2 <= int(chunks.group(2)) <= schedule.COLUMN_CHUNKS_MAX, src
     assert (chunks.group(1) is not None) == (threads > 1) and "xb" not in src, src
     saved = torch.get_num_threads()
     try:
@@ -556,7 +556,7 @@ def test_column_kernels_with_too_few_rows_for_chunks_split_blocks_of_columns():
     blocks = re.search(r"for \(int64_t xb = 0; xb < 1000; xb \+= (\d+)\)", src)
     assert blocks and "#pragma omp parallel for" in src and "_chunks" not in src, src
     block = int(blocks.group(1))
-    assert block % kernel_module.COLUMN_BLOCK_MIN == 0 and -(-1000 // block) <= 4
+    assert block % schedule.COLUMN_BLOCK_MIN == 0 and -(-1000 // block) <= 4
 
 
 def _loads_inside_fold_loops(source: str) -> list[str]:
@@ -859,7 +859,7 @@ def test_short_kernels_are_built_quick_in_units_of_their_own(monkeypatch, tmp_pa
         return torch.relu(small * 2 + 1) @ small, (big.sin() * 3 - big).sum(-1)
 
     small, big = torch.randn(8, 8), torch.randn(512, 64)
-    assert 8 * 8 * 4 < kernel_module.QUICK_BUILD_MAX_WORK < 512 * 64 * 4
+    assert 8 * 8 * 4 < schedule.QUICK_BUILD_MAX_WORK < 512 * 64 * 4
     b, out = run_compiled(f, small, big)
     for got, want in zip(out, f(small, big)):
         torch.testing.assert_close(got, want)

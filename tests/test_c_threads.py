@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fxforge
-from fxforge.codegen.c import build, kernel as kernel_module
+from fxforge.codegen.c import build, schedule
 from thread_helpers import run_in_threads
 
 pytestmark = [pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine"),
@@ -82,14 +82,14 @@ def test_kernels_built_for_one_thread_never_split(threads):
 
 
 def test_the_split_pays_at_every_thread_count():
-    least = kernel_module.parallel_min_work
+    least = schedule.parallel_min_work
     assert least(1) is None
     counts = [2, 3, 4, 8, 16, 64, 128]
     works = [least(t) for t in counts]
     assert works == sorted(works) and works[0] > 1000  # waking more threads costs more
     for t, w in zip(counts, works):  # at the cutoff, the time saved is the fork's cost
-        saved = w * kernel_module.WORK_NS * (1 - 1 / t)
-        assert saved >= kernel_module.FORK_NS * math.log2(t) > saved - kernel_module.WORK_NS
+        saved = w * schedule.WORK_NS * (1 - 1 / t)
+        assert saved >= schedule.FORK_NS * math.log2(t) > saved - schedule.WORK_NS
 
 
 def _built_and_run_at_thread_counts(fn, run, source):
@@ -176,7 +176,7 @@ def test_symbolic_sizes_decide_at_run_time():
     b, fn = _compiled(True)
     fn(*_inputs(64, 48))
     src = b.compiled[-1].source
-    assert f">= {kernel_module.parallel_min_work(4)})" in src, src
+    assert f">= {schedule.parallel_min_work(4)})" in src, src
 
 
 def test_calls_from_several_python_threads(threads):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import fxforge
 from fxforge.codegen.c import build
-from fxforge.codegen.c.kernel import TILE_ROWS
+from fxforge.codegen.c.schedule import TILE_ROWS
 from fxforge.codegen.c.prelude import PRELUDE
 from fxforge.testing import profile
 

@@ -12,7 +12,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
 from fxforge.codegen.c import backend as c_backend, build
-from fxforge.codegen.c.kernel import CEmitter, frame_refusal
+from fxforge.codegen.c.kernel import CEmitter
+from fxforge.codegen.c.schedule import frame_refusal
 from fxforge.codegen.ir.lowering import Unsupported
 from fxforge.codegen.ir.facts import group_cost
 from fxforge.codegen.triton import backend as triton_backend

@@ -29,7 +29,8 @@ from ..probes import memoized
 from ..registry import C_MAX_KERNEL_ARGS
 from .build import CUnit, compiler
 from .launcher import refusal
-from .kernel import CEmitter, frame_refusal
+from .kernel import CEmitter
+from .schedule import frame_refusal
 from .dtypes import CTYPE
 from .templates import template_of
 

@@ -44,7 +44,7 @@ from ..ir.stmts import Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
 from ..ir.values import Domain, Elem, Role, Var
 from . import build
 from .abi import INDEX_OUT_OF_RANGE, CEmitted, Scratch, c_function, fail, launch_source
-from .kernel import COLUMN_CHUNK_MIN_ELEMENTS, TILE_ROWS, block_rows, chunks, parallel_min_work, split
+from .schedule import COLUMN_CHUNK_MIN_ELEMENTS, TILE_ROWS, block_rows, chunks, parallel_min_work, split
 from .dtypes import CTYPE, ONE_THREAD_MAX_NUMEL
 from .printer import CStatements, c_index, values
 

@@ -6,7 +6,7 @@ For a group of static pointwise nodes and reductions the emitter's answer follow
 its members, in O(the group's nodes and their reads) (``group_cost``):
 
 * whether it is one kernel: the rules of its loop nest (``rows.py``, which the emitter builds
-  by), and the language's own (C: ``kernel.frame_refusal``, which its emitter raises).  Every
+  by), and the language's own (C: ``schedule.frame_refusal``, which its emitter raises).  Every
   member was accepted alone: its op, dtypes and printing are the same inside a group, where its
   operands are values instead of loads;
 * its launch arguments: one pointer per tensor its members read from outside (``aten.read_nodes``;
