@@ -53,14 +53,6 @@ def test_calls_whose_thread_did_not_run_are_contended_and_retried():
     assert "descheduled" in t.describe()
 
 
-def test_a_running_call_on_a_machine_with_room_is_not_contended(monkeypatch):
-    monkeypatch.setattr(timing, "_busy_cpu_seconds", lambda: None)  # the other processes unread here
-    t = timing.time_candidates({"spins": _spin(0.002)}, timing.Budget(rounds=5, min_rounds=5), attempts=1)
-    # a spinning call's thread is on the CPU for most of its wall time, unless the machine is full
-    assert t.descheduled <= t.calls and t.other_load is None
-    assert t.contended == (t.descheduled > timing.MAX_DESCHEDULED_SHARE * t.calls)
-
-
 def test_other_processes_crowd_only_the_threads_the_calls_need(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert not timing._crowded(2.0, threads=1) and timing._crowded(3.5, threads=1)
@@ -76,8 +68,8 @@ def test_the_load_is_read_from_this_processes_cpus():
     busy = timing._busy_cpu_seconds()
     if busy is None:
         pytest.skip("no /proc/stat here: the load of other processes is unknown, only the calls' own CPU time counts")
-    _spin(0.05)()
-    assert timing._busy_cpu_seconds() >= busy
+    _spin(0.05)()  # 50 ms of this thread's CPU time: five clock ticks on its CPUs at least
+    assert timing._busy_cpu_seconds() > busy
 
 
 # --------------------------------------------------------------------------- custom-op tuning

@@ -31,7 +31,7 @@ taken in vector lanes, as eager's reductions are), or ``-fopenmp`` where kernels
 OpenMP threads too (``openmp``); nothing else reorders floating-point arithmetic.  ``-fwrapv``:
 integer arithmetic wraps as eager's does (``abs`` of the most negative int64 is itself; without
 it the compiler may assume it is not negative).  Kernels too short for -O2 to pay
-(``kernel.QUICK_BUILD_MAX_WORK``) are built at ``-O1`` (the rest the same), in units of their own.
+(``schedule.QUICK_BUILD_MAX_WORK``) are built at ``-O1`` (the rest the same), in units of their own.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def flags(parallel: bool = False, quick: bool = False, march: str | None = None)
     """The compiler flags of every build (``FLAGS``; with ``SANITIZE_FLAGS`` under
     ``FXFORGE_C_SANITIZE=1``); ``parallel``: ``-fopenmp`` for ``-fopenmp-simd`` (``openmp``);
     ``quick``: ``-O1`` for ``-O2`` (the vectorizer kept: kernels whose run time is too short for
-    more to pay, ``kernel.QUICK_BUILD_MAX_WORK``); ``march``: the CPU to build for instead of
+    more to pay, ``schedule.QUICK_BUILD_MAX_WORK``); ``march``: the CPU to build for instead of
     this one (``x86-64-v3``: a package's builds, ``fxforge.package``)."""
     sanitize = os.environ.get("FXFORGE_C_SANITIZE", "").strip().lower() in ("1", "true", "yes", "on")
     out = FLAGS + SANITIZE_FLAGS if sanitize else FLAGS

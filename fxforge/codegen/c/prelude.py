@@ -19,7 +19,7 @@ not vectorized without ``-ffast-math``, which would also reorder eager's arithme
 
 * ``fx_tile_in8`` / ``fx_tile_out8``: a tile of 8 rows moved between a tensor read or stored
   across its rows (element ``j`` of row ``x`` at ``x + s*j``: a transposed value) and a local
-  array holding each row contiguously (``kernel.TILE_ROWS``), 8 x 8 blocks transposed in vector
+  array holding each row contiguously (``schedule.TILE_ROWS``), 8 x 8 blocks transposed in vector
   registers (``__builtin_shufflevector``; a plain loop for compilers without it).
 
 ``FX_MAX_NAN`` / ``FX_MIN_NAN`` propagate NaN like ``torch.maximum``/``amax``.

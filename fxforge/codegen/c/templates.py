@@ -53,9 +53,9 @@ aten = torch.ops.aten
 # Per-column accumulators live on the C stack (a double a column for each of dw and db).
 LAYER_NORM_MAX_COLUMNS = 8192
 # What the layer norm gradient computes an element, in the emitter's node-elements
-# (``kernel.WORK_NS``): dx's five ops, the two row sums' three, dw's three, db's one.
+# (``schedule.WORK_NS``): dx's five ops, the two row sums' three, dw's three, db's one.
 LAYER_NORM_BACKWARD_OPS = 12
-# Strided rows staged ``kernel.TILE_ROWS`` at a time where they start one element apart, in at
+# Strided rows staged ``schedule.TILE_ROWS`` at a time where they start one element apart, in at
 # most this many bytes of C stack.
 STAGE_BLOCK_MAX_BYTES = 64 << 10
 
@@ -164,7 +164,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
 
     Enough rows are walked in chunks (``_row_chunks``, from the sizes alone): each chunk adds
     its rows' shares of dw and db into a part of its own, the chunks split across ``threads``
-    where that pays (``kernel.parallel_min_work``), then the parts are added in chunk order: the
+    where that pays (``schedule.parallel_min_work``), then the parts are added in chunk order: the
     same sums at any thread count.
 
     Per row (mean ``mu``, ``rs`` = rstd, g = dy * w over the row's n elements, as ATen):
