@@ -92,25 +92,40 @@ def _crowded(other_load: float | None, threads: int) -> bool:
     return other_load > max(0, spare) + MAX_OTHER_LOAD
 
 
+class _Load:
+    """Watches the CPU time other processes spend on this process's CPUs from its start."""
+
+    def __init__(self):
+        self.busy, self.own, self.start = _busy_cpu_seconds(), time.process_time(), time.perf_counter()
+
+    def window(self) -> float:
+        return time.perf_counter() - self.start
+
+    def others(self) -> float | None:
+        """CPUs the other processes used on average since the start; None where unknown."""
+        busy = _busy_cpu_seconds()
+        if self.busy is None or busy is None:
+            return None
+        return max(0.0, busy - self.busy - (time.process_time() - self.own)) / self.window()
+
+
 def quiet(threads: int, window_s: float = LOAD_MIN_WINDOW_S) -> bool:
     """Whether the other processes leave ``threads`` CPUs free now (watched for ``window_s``,
     this process idle meanwhile); True where the load cannot be read (then a stored contended
     choice is re-timed: the safe side)."""
-    busy0, cpu0, t0 = _busy_cpu_seconds(), time.process_time(), time.perf_counter()
+    load = _Load()
     time.sleep(window_s)
-    busy1, cpu1, t1 = _busy_cpu_seconds(), time.process_time(), time.perf_counter()
-    if busy0 is None or busy1 is None:
-        return True
-    return not _crowded(max(0.0, busy1 - busy0 - (cpu1 - cpu0)) / (t1 - t0), threads)
+    others = load.others()
+    return others is None or not _crowded(others, threads)
 
 
 def _one_attempt(calls: Mapping[str, Callable[[], Any]], budget: Budget) -> tuple[dict[str, float], int, int, float | None]:
     names = list(calls)
     best = {n: float("inf") for n in names}
     count = descheduled = 0
-    busy0, cpu0, start = _busy_cpu_seconds(), time.process_time(), time.perf_counter()
+    load = _Load()
     for r in range(budget.rounds):
-        if r >= budget.min_rounds and time.perf_counter() - start > budget.seconds:
+        if r >= budget.min_rounds and load.window() > budget.seconds:
             break
         for n in names[r % len(names):] + names[:r % len(names)]:
             c0 = time.thread_time()
@@ -121,12 +136,8 @@ def _one_attempt(calls: Mapping[str, Callable[[], Any]], budget: Budget) -> tupl
             best[n] = min(best[n], wall)
             count += 1
             descheduled += cpu < QUIET_CPU_SHARE * wall
-    window = time.perf_counter() - start
-    busy1, own = _busy_cpu_seconds(), time.process_time() - cpu0
-    load = None
-    if busy0 is not None and busy1 is not None and window >= LOAD_MIN_WINDOW_S:
-        load = max(0.0, busy1 - busy0 - own) / window
-    return best, count, descheduled, load
+    others = load.others() if load.window() >= LOAD_MIN_WINDOW_S else None
+    return best, count, descheduled, others
 
 
 def time_candidates(calls: Mapping[str, Callable[[], Any]], budget: Budget = Budget(), threads: int = 1,
