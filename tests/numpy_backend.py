@@ -15,7 +15,7 @@ from fxforge.codegen.api import CodegenBackend, GroupCost, Kernel
 from fxforge.codegen.ir import aten as ir_aten, stmts as stmts_ir, values as ir
 from fxforge.codegen.ir.lowering import Emitter, Unsupported, node_refusal
 from fxforge.codegen.ir.facts import checked_cost, pointwise_facts
-from fxforge.codegen.ir.printer import IndexPrinter, ValuePrinter
+from fxforge.codegen.ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
 from fxforge.core.iteration import shape_of
 
 NP = {torch.float32: "np.float32", torch.float64: "np.float64", torch.int64: "np.int64", torch.int32: "np.int32",
@@ -39,33 +39,51 @@ class NumpyIndex(IndexPrinter):
         return "0" if b == 1 else f"({self._operand(a)} % {self._operand(b)})"
 
 
+def _call(fn: str):
+    return lambda p, x, a: f"{fn}({', '.join(a)})"
+
+
 class NumpyValues(ValuePrinter):
     language = "NumPy"
+    OPS = {**{name: f"({{0}} {sym} {{1}})" for name, sym in _BINARY.items()},
+           **{name: _call(f"np.{name}") for name in ir.FLOAT_UNARY if hasattr(np, name)},  # (erf, lgamma...: none)
+           **{name: _call(fn) for name, fn in _CALLS.items()},
+           "cast": lambda p, x, a: f"np.asarray({a[0]}).astype({NP[x.dtype]})"}
 
     def __init__(self):
         super().__init__(NumpyIndex())
 
-    def const(self, c: ir.Const) -> str:
+    def value_Const(self, c: ir.Const) -> str:
         value = f"float('{c.value!r}')" if isinstance(c.value, float) else repr(c.value)  # inf, nan
         return f"{NP[c.dtype]}({value})"
 
-    def op(self, x: ir.Op, a: list[str]) -> str | None:
-        if x.op in _BINARY:
-            return f"({a[0]} {_BINARY[x.op]} {a[1]})"
-        if x.op == "cast":
-            return f"np.asarray({a[0]}).astype({NP[x.dtype]})"
-        fn = _CALLS.get(x.op) or (f"np.{x.op}" if x.op in ir.FLOAT_UNARY and hasattr(np, x.op) else None)
-        return f"{fn}({', '.join(a)})" if fn else None  # erf, lgamma...: NumPy has none
+    def value_Lanes(self, x: ir.Lanes) -> str:
+        return "np.arange(rnumel)[None, :]"
 
 
-def _print(stmts, values) -> list[str]:
-    """The walk's statements (``ir/stmts.py``) as NumPy lines: every index an array already."""
-    forms = {stmts_ir.Index: lambda s: f"{s.name} = {values.index(s.expr)}",
-             stmts_ir.Load: lambda s: f"{s.name} = {s.ptr}[{values.index(s.offset)}]",
-             stmts_ir.Let: lambda s: f"{s.name} = {values(s.value)}",
-             stmts_ir.Store: lambda s: f"{s.ptr}[{values.index(s.offset)}] = {values(s.value)}",
-             stmts_ir.Line: lambda s: s.text}
-    return [forms[type(s)](s) for s in stmts]  # (no loops: each row is one array)
+class NumpyStatements(StatementPrinter):
+    """The walk's statements (``ir/stmts.py``) as NumPy lines: every index an array already, each
+    row's fold one call over the ``[rows, elements]`` block (no loops: each row is one array)."""
+
+    def __init__(self, values: NumpyValues):
+        self.values = values
+
+    def stmt_Index(self, s: stmts_ir.Index) -> str:
+        return f"{s.name} = {self.values.index(s.expr)}"
+
+    def stmt_Load(self, s: stmts_ir.Load) -> str:
+        return f"{s.name} = {s.ptr}[{self.values.index(s.offset)}]"
+
+    def stmt_Let(self, s: stmts_ir.Let) -> str:
+        return f"{s.name} = {self.values(s.value)}"
+
+    def stmt_Store(self, s: stmts_ir.Store) -> str:
+        return f"{s.ptr}[{self.values.index(s.offset)}] = {self.values(s.value)}"
+
+    def stmt_Reduce(self, s: stmts_ir.Reduce) -> str:
+        (target,), (x,) = s.targets, s.args
+        block = f"np.broadcast_to({self.values(x)}, (xnumel, rnumel))"
+        return f"{target} = {_FOLD[s.combine]}({block}, axis=1, keepdims=True).astype({NP[x.dtype]})"
 
 
 class NumpyEmitter(Emitter):
@@ -76,20 +94,23 @@ class NumpyEmitter(Emitter):
         return True  # the whole row in one array
 
     def open_persistent(self):
-        self.body.append(stmts_ir.Line(f"rindex = np.arange({self.values.index(self.frame.rnumel)})[None, :]"))
+        self.body.append(stmts_ir.Let("rindex", ir.Lanes()))
 
     def fold(self, r, low, acc_dt, persistent):
         if low.strategy == "arg":
             raise Unsupported("arg reductions")
-        x = self.operand(r.inp, shape_of(r.inp.meta["val"]), "xr")
-        block = f"np.broadcast_to({self.values(ir_aten.element(low, x, acc_dt))}, (xnumel, rnumel))"
+        x = self.bind(self.fresh("rv"), ir_aten.element(low, self.operand(r.inp, shape_of(r.inp.meta["val"]), ir.Domain.ELEMENT),
+                                                         acc_dt))
         name = self.fresh("acc")
         if low.strategy == "combine":
-            self.body.append(stmts_ir.Line(f"{name} = {_FOLD[low.combine]}({block}, axis=1, keepdims=True).astype({NP[acc_dt]})"))
+            self.body.append(stmts_ir.Reduce((name,), (x,), low.combine, across=True))
             return {"acc": ir.Var(name, acc_dt)}
-        self.body += [stmts_ir.Line(f"{name} = np.mean({block}, axis=1, keepdims=True, dtype={NP[acc_dt]})"),
-                      stmts_ir.Line(f"{name}_m2 = np.sum(({block} - {name}) ** 2, axis=1, keepdims=True, dtype={NP[acc_dt]})")]
-        return {"mean": ir.Var(name, acc_dt), "m2": ir.Var(f"{name}_m2", acc_dt)}
+        total, mean = ir.Var(f"{name}_sum", acc_dt), ir.Var(name, acc_dt)  # moments: the mean, then the squared deviations
+        d = ir.sub(x, mean)
+        self.body += [stmts_ir.Reduce((total.name,), (x,), "add", across=True),
+                      stmts_ir.Let(name, ir.truediv(total, ir_aten.count(self.frame.rnumel, acc_dt))),
+                      stmts_ir.Reduce((f"{name}_m2",), (ir.mul(d, d),), "add", across=True)]
+        return {"mean": mean, "m2": ir.Var(f"{name}_m2", acc_dt)}
 
     def launch(self) -> Kernel:
         fr, p = self.frame, self.values.index
@@ -99,7 +120,7 @@ class NumpyEmitter(Emitter):
         lines += [f"    xnumel, rnumel = {p(fr.xnumel)}, {p(fr.rnumel)}",
                   f"    xindex = np.arange(xnumel){'[:, None]' if fr.reduction else ''}",
                   "    with np.errstate(all='ignore'):  # eager's IEEE results, without NumPy's warnings"]
-        lines += ["        " + l for l in _print(self.body, self.values)]
+        lines += NumpyStatements(self.values).lines(self.body, "        ")
         return Kernel(self.name, "\n".join(lines) + "\n", list(self.args), {"np": np, "_flat": _flat},
                       node_count=len(self.nodes), unique_io_buffers=len(self.storages), launch_args=len(self.params))
 

@@ -129,6 +129,52 @@ def test_kernel_languages_share_only_the_ir():
                 for t in g.successors(m) if t.startswith(langs)}
 
 
+def _functions():
+    """(module path, function node) for every function in fxforge."""
+    for dirpath, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                for node in ast.walk(ast.parse(open(path).read())):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        yield os.path.relpath(path, ROOT), node
+
+
+def test_no_function_is_over_80_lines_but_a_c_template_that_says_why():
+    """A function over 80 lines is allowed only as a C template whose docstring says why the
+    kernel IR's group walk cannot express it (and why it is one function)."""
+    long = [(path, fn.name, fn.end_lineno - fn.lineno + 1) for path, fn in _functions() if fn.end_lineno - fn.lineno + 1 > 80]
+    for path, name, lines in long:
+        fn = next(f for p, f in _functions() if p == path and f.name == name)
+        doc = ast.get_docstring(fn) or ""
+        assert path == os.path.join("codegen", "c", "templates.py") and "Why a template" in doc and "80 lines" in doc, \
+            f"{path}: {name} is {lines} lines"
+
+
+def test_kernels_are_said_in_the_ir_not_in_printed_text():
+    """No module under ``codegen/`` builds a kernel statement out of source text: the IR has no
+    ``Line`` statement, and no IR name (a ``Var``, an ``Elem``'s array, a ``Set`` target) holds a
+    subscript or a call printed into it."""
+    from fxforge.codegen.ir import stmts
+
+    assert not hasattr(stmts, "Line")
+    bad = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "codegen")):
+        for f in files:
+            if f.endswith(".py"):
+                tree = ast.parse(open(os.path.join(dirpath, f)).read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
+                            "Var", "Elem", "Set", "Line", "put") and node.args:
+                        first = node.args[0]
+                        text = "".join(v.value for v in first.values if isinstance(v, ast.Constant)) \
+                            if isinstance(first, ast.JoinedStr) else first.value if isinstance(first, ast.Constant) else ""
+                        if isinstance(text, str) and any(c in text for c in "[]();=") or \
+                                getattr(node.func, "id", getattr(node.func, "attr", None)) in ("Line", "put"):
+                            bad.append(f"{f}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert bad == []
+
+
 def test_import_fxforge_loads_no_triton_module():
     code = ("import sys, fxforge\n"
             "print(sorted(m for m in sys.modules if m.startswith('fxforge.codegen.triton') or m == 'triton'))")

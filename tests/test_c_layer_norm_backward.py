@@ -105,7 +105,7 @@ def test_blocks_of_transposed_rows_with_a_remainder():
     model = nn.Sequential(TokenMix(24, 20), TokenMix(24, 20))
     bw = _grads_match(model, torch.randn(3, 20, 24), requires_grad=True)
     blocked = [k for k in bw.source.split("# C kernel ")[1:] if "fx_tile_in8(&blk_dy[0][0], 24, in_ptr0 + (" in k]
-    assert blocked and all("nb = 20 - ib < 8 ? 20 - ib : 8;" in k and "fx_tile_out8(out_ptr0 + (" in k for k in blocked)
+    assert blocked and all("nb = (FX_MIN_NAN(8, -ib + 20));" in k and "fx_tile_out8(out_ptr0 + (" in k for k in blocked)
 
 
 @pytest.mark.parametrize("blocks", [True, False])

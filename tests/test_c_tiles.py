@@ -59,7 +59,7 @@ def test_a_row_kernel_reads_a_transposed_residual_through_a_tile(rows, n):
     src = run(residual_norm, x, y, torch.randn(n), torch.randn(n))
     assert "fx_tile_in8(" in src
     # rows in blocks of TILE_ROWS; a last block of fewer rows where they do not divide evenly
-    assert ("? " in re.search(r"const int64_t nb = .*;", src).group(0)) == (rows % TILE_ROWS != 0)
+    assert ("FX_MIN_NAN(" in re.search(r"const int64_t nb = .*;", src).group(0)) == (rows % TILE_ROWS != 0)
 
 
 @pytest.mark.parametrize("rows,n", [(16, 64), (11, 20)])

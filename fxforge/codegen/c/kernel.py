@@ -30,16 +30,16 @@ from ..ir import aten as ir_aten, values as ir
 from ..ir.lowering import R, RINDEX, X, XINDEX, Emitter, Unsupported
 from ..ir.rows import trailing
 from ..ir.aten import REDUCTIONS, Reduction
-from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store, walk
+from ..ir.stmts import Array, Index, Let, Load, Loop, Nest, Set, Stmt, Store, View, local, walk
 from ..ir.values import Domain, Elem, Value, Var
 from .dtypes import CTYPE, SIG_DTYPE
 from . import build
 from .abi import CEmitted, Scratch, c_function, launch_source
-from .printer import CStatements, c_index, values
+from .printer import CStatements, values
 from .schedule import (COLUMN_BLOCK_MIN, COLUMN_CHUNK_MIN_ELEMENTS, COLUMN_ROW_BLOCK, COLUMN_ROW_BLOCK_MAX_STMTS,
                        QUICK_BUILD_MAX_WORK, ROW_CACHE_MAX_NUMEL, TILE_MAX_BYTES, TILE_ROWS, ColumnFold, _ceil_to,
                        accumulator, block_rows, chunks, column_folds, columns_by_rows, flat_index, frame_refusal,
-                       parallel_min_work, split)
+                       parallel_min_work, split, tile_move)
 
 class CEmitter(Emitter):
     SIG_DTYPE = SIG_DTYPE
@@ -126,12 +126,12 @@ class CEmitter(Emitter):
         step = sympy.diff(off, sb)
         if sympy.diff(off, sa) != 1 or not (step.is_Integer and int(step) >= TILE_ROWS):
             return None
-        key = (ptr, off.subs({sa: sympy.Symbol("xb", integer=True, nonnegative=True), sb: 0}), int(step), stored)
+        key = (ptr, off.subs({sa: local("xb"), sb: 0}), int(step), stored)
         if key not in self.tiles:
             if (len(self.tiles) + 1) * TILE_ROWS * n * 4 > TILE_MAX_BYTES:
                 return None
             self.tiles[key] = f"tile{len(self.tiles)}"
-        return Elem(self.tiles[key], (sa - sympy.Symbol("xb", integer=True, nonnegative=True), sb), dtype)
+        return Elem(self.tiles[key], (sa - local("xb"), sb), dtype)
 
     def tiled_nest(self, top: Nest, condition) -> Nest:
         """The kernel's nest ``top`` (``open_nest``, its body the kernel's) with its rows' loop
@@ -144,12 +144,12 @@ class CEmitter(Emitter):
         after: list[Stmt] = []
         for (ptr, first, step, stored), tile in self.tiles.items():
             block.append(self.scratch.alloc("float", tile, (TILE_ROWS, n), 4))
-            at_first = f"{ptr} + {c_index(first)}"
+            at_first, at_tile = Elem(ptr, (first,), torch.float32), Elem(tile, (0, 0), torch.float32)
             if stored:
-                after.append(Line(f"fx_tile_out8({at_first}, {step}, &{tile}[0][0], {n}, {n}, nb);"))
+                after.append(tile_move("fx_tile_out8", at_first, step, at_tile, n, n))
             else:
-                block.append(Line(f"fx_tile_in8(&{tile}[0][0], {n}, {at_first}, {step}, {n}, nb);"))
-        rows_loop = Nest([Loop(a, "xb + nb", "xb")] + top.loops[at + 1:], top.body,
+                block.append(tile_move("fx_tile_in8", at_tile, n, at_first, step, n))
+        rows_loop = Nest([Loop(a, local("xb") + local("nb"), local("xb"))] + top.loops[at + 1:], top.body,
                          simd=None if self.frame.reduction else ())
         return split(Nest(top.loops[:at] + [Loop("xb", rows, 0, TILE_ROWS)], block + [rows_loop] + after),
                      at + 1, condition)
@@ -441,7 +441,7 @@ class CEmitter(Emitter):
         loops = top.loops
         if blocks is not None:  # the outermost kept loop over the block's columns alone
             var, size, block = blocks
-            loops = [Loop(var, "xb + nb", "xb")] + loops[1:]
+            loops = [Loop(var, local("xb") + local("nb"), local("xb"))] + loops[1:]
 
         def nest(stmts: list[Stmt]) -> Nest:
             return Nest(loops, top.body + stmts, simd=top.simd)
@@ -496,15 +496,15 @@ class CEmitter(Emitter):
         def chunk_of(acc: str) -> Elem:  # the column's part in chunk ``rc``
             return Elem(f"{acc}_chunk", (X,), self.by_rows[acc].dtype)
 
-        def at_chunk(const: str) -> list[Stmt]:
-            return [Line(f"{const}{CTYPE[f.dtype]}* const {acc}_chunk = {acc}_chunks[rc];") for acc, f in self.by_rows.items()]
+        def at_chunk(readonly: bool) -> list[Stmt]:
+            return [View(f"{acc}_chunk", Elem(f"{acc}_chunks", (rc,), f.dtype), readonly) for acc, f in self.by_rows.items()]
 
-        end = f"(rc + 1) * {per_chunk}"
-        fold = at_chunk("") + [
+        rc = local("rc")
+        fold = at_chunk(False) + [
             nest([Set(chunk_of(acc), ir_aten.identity(f.low, f.dtype)) for acc, f in self.by_rows.items()]),
-            Line(f"const int64_t re = {end} < {whole} ? {end} : {whole};"),
-            Nest([Loop("rb", "re", f"rc * {per_chunk}", COLUMN_ROW_BLOCK)], [fold_block(chunk_of)])]
-        gather = at_chunk("const ") + [nest([
+            Index("re", sympy.Min((rc + 1) * per_chunk, whole)),
+            Nest([Loop("rb", local("re"), rc * per_chunk, COLUMN_ROW_BLOCK)], [fold_block(chunk_of)])]
+        gather = at_chunk(True) + [nest([
             Set(Elem(acc, (X,), f.dtype), ir_aten.combine(f.low, Elem(acc, (X,), f.dtype), chunk_of(acc)))
             for acc, f in self.by_rows.items()])]
         return arrays, [split(Nest([Loop("rc", count)], fold), 1, condition), Nest([Loop("rc", count)], gather)]

@@ -30,9 +30,10 @@ import math
 import sympy
 import torch
 
-from ..ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
-from ..ir.stmts import Array, Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
-from ..ir.values import Const, Elem, Op
+from ..ir.printer import IndexPrinter, OpRule, StatementPrinter, ValuePrinter
+from ..ir.stmts import Array, Check, Do, Index, Let, Load, Loop, Nest, Set, Skip, Store, View
+from ..ir.values import FLOAT_UNARY, Addr, Const, Elem, Op
+from .abi import fail
 from .dtypes import CTYPE
 
 
@@ -77,19 +78,66 @@ _PRELUDE_FIRST = ("exp", "erf")
 _LIBM = ("sqrt", "floor", "ceil", "trunc", "nearbyint")  # instructions
 
 
+def _bitwise(sym: str) -> OpRule:
+    def print_(p, x: Op, a: list[str]) -> str:  # (integer results narrowed back to their type)
+        return f"({a[0]} {sym} {a[1]})" if x.dtype == torch.bool else f"(({CTYPE[x.dtype]})({a[0]} {sym} {a[1]}))"
+    return print_
+
+
+def _abs(p, x: Op, a: list[str]) -> str:
+    if x.dtype.is_floating_point:
+        return f"fabsf({a[0]})" if x.dtype == torch.float32 else f"fabs({a[0]})"
+    return f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
+
+
+def _float_function(p: "CValues", x: Op, a: list[str]) -> str | None:
+    """A float function: the prelude's float32 version, else the C library's (module docstring)."""
+    name, dt = x.op, x.dtype
+    if not dt.is_floating_point:
+        return None
+    f32 = dt == torch.float32
+    library = name in p.vector_math or name in _LIBM
+    if f32 and name in _PRELUDE_F32 and (name in _PRELUDE_FIRST or not library):
+        return f"fx_{name}f({a[0]})"
+    if library or name in _PRELUDE_F32:
+        return f"{name}f({a[0]})" if f32 else f"{name}({a[0]})"
+    return None
+
+
 class CValues(ValuePrinter):
     """C values; ``vector_math``: the float functions the C library computes on vectors."""
 
     language = "C"
+    OPS: dict[str, OpRule] = {
+        **{name: f"({{0}} {sym} {{1}})" for name, sym in _BINARY.items()},
+        **{name: _bitwise(sym) for name, sym in _BITWISE.items()},
+        # floats only: an integer division by zero is undefined in C
+        "truediv": lambda p, x, a: f"({a[0]} / {a[1]})" if x.dtype.is_floating_point else None,
+        "neg": "(-{0})",
+        "abs": _abs,
+        "invert": lambda p, x, a: f"(({CTYPE[x.dtype]})(~{a[0]}))",
+        "not": "({0} == 0)",
+        "where": "({0} ? {1} : {2})",
+        "max_nan": "FX_MAX_NAN({0}, {1})",
+        "min_nan": "FX_MIN_NAN({0}, {1})",
+        "cast": lambda p, x, a: f"({a[0]} != 0)" if x.dtype == torch.bool else f"(({CTYPE[x.dtype]})({a[0]}))",
+        "gelu_grad": lambda p, x, a: f"fx_gelu_gradf({a[0]})" if x.dtype == torch.float32 else None,
+        **{name: _float_function for name in FLOAT_UNARY},
+    }
 
     def __init__(self, vector_math: frozenset[str] = frozenset()):
         super().__init__(CPrinter())
         self.vector_math = vector_math
 
-    def elem(self, e: Elem) -> str:
+    def value_Elem(self, e: Elem) -> str:
         return e.array + "".join(f"[{self.index(i)}]" for i in e.index)
 
-    def const(self, c: Const) -> str:
+    def value_Addr(self, x: Addr) -> str:
+        """``a + i`` for an element of a pointer (a tensor's), ``&a[i][j]`` for a local array's."""
+        e = x.of
+        return f"{e.array} + {self.index(e.index[0])}" if len(e.index) == 1 else f"&{self(e)}"
+
+    def value_Const(self, c: Const) -> str:
         dt, x = c.dtype, c.value
         if dt == torch.bool:
             return "true" if x else "false"
@@ -104,42 +152,6 @@ class CValues(ValuePrinter):
             return "INT64_MIN"
         return f"(({CTYPE[dt]}){x})"
 
-    def op(self, x: Op, a: list[str]) -> str | None:
-        name, dt = x.op, x.dtype
-        f32 = dt == torch.float32
-        if name in _BINARY:
-            return f"({a[0]} {_BINARY[name]} {a[1]})"
-        if name in _BITWISE:
-            return f"({a[0]} {_BITWISE[name]} {a[1]})" if dt == torch.bool else f"(({CTYPE[dt]})({a[0]} {_BITWISE[name]} {a[1]}))"
-        if name == "truediv":  # floats only: an integer division by zero is undefined in C
-            return f"({a[0]} / {a[1]})" if dt.is_floating_point else None
-        if name == "neg":
-            return f"(-{a[0]})"
-        if name == "abs":
-            if dt.is_floating_point:
-                return f"fabsf({a[0]})" if f32 else f"fabs({a[0]})"
-            return f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
-        if name == "invert":
-            return f"(({CTYPE[dt]})(~{a[0]}))"
-        if name == "not":
-            return f"({a[0]} == 0)"
-        if name == "where":
-            return f"({a[0]} ? {a[1]} : {a[2]})"
-        if name in ("max_nan", "min_nan"):
-            return f"{'FX_MAX_NAN' if name == 'max_nan' else 'FX_MIN_NAN'}({a[0]}, {a[1]})"
-        if name == "cast":
-            return f"({a[0]} != 0)" if dt == torch.bool else f"(({CTYPE[dt]})({a[0]}))"
-        if not dt.is_floating_point:
-            return None
-        if name == "gelu_grad":
-            return f"fx_gelu_gradf({a[0]})" if f32 else None
-        library = name in self.vector_math or name in _LIBM
-        if f32 and name in _PRELUDE_F32 and (name in _PRELUDE_FIRST or not library):
-            return f"fx_{name}f({a[0]})"
-        if library or name in _PRELUDE_F32:
-            return f"{name}f({a[0]})" if f32 else f"{name}({a[0]})"
-        return None
-
 
 @functools.lru_cache(maxsize=None)
 def values(vector_math: frozenset[str]) -> CValues:
@@ -153,14 +165,10 @@ def c_index(e: sympy.Expr) -> str:
     return CPrinter()(e)
 
 
-def _bound(x) -> str:
-    return x if isinstance(x, str) else c_index(sympy.sympify(x))
-
-
 def for_line(loop: Loop) -> str:
     v = loop.var
-    step = f"{v}++" if loop.step == 1 else f"{v} += {loop.step}"
-    return f"for (int64_t {v} = {_bound(loop.start)}; {v} < {_bound(loop.stop)}; {step})"
+    step = f"{v}++" if loop.step == 1 else f"{v} += {c_index(loop.step)}"
+    return f"for (int64_t {v} = {c_index(loop.start)}; {v} < {c_index(loop.stop)}; {step})"
 
 
 def array_decl(a: Array) -> str:
@@ -178,22 +186,35 @@ class CStatements(StatementPrinter):
     def __init__(self, values: CValues):
         self.values = values
 
-    def line(self, s: Stmt) -> str:
-        if isinstance(s, Index):
-            return f"const int64_t {s.name} = {c_index(s.expr)};"
-        if isinstance(s, Load):
-            return f"const {CTYPE[s.dtype]} {s.name} = {self.element(s)};"
-        if isinstance(s, Store):
-            return f"{self.element(s)} = {self.values(s.value)};"
-        if isinstance(s, Let):
-            return f"{'' if s.mutable else 'const '}{CTYPE[s.value.dtype]} {s.name} = {self.values(s.value)};"
-        if isinstance(s, Set):
-            return f"{self.target(s.target)} {s.op}= {self.values(s.value)};"
-        if isinstance(s, Array):
-            return array_decl(s)
-        if isinstance(s, Line):
-            return s.text
-        raise TypeError(f"not a kernel statement: {s!r}")
+    def stmt_Index(self, s: Index) -> str:
+        return f"const int64_t {s.name} = {c_index(s.expr)};"
+
+    def stmt_Load(self, s: Load) -> str:
+        return f"const {CTYPE[s.dtype]} {s.name} = {self.element(s)};"
+
+    def stmt_Store(self, s: Store) -> str:
+        return f"{self.element(s)} = {self.values(s.value)};"
+
+    def stmt_Let(self, s: Let) -> str:
+        return f"{'' if s.mutable else 'const '}{CTYPE[s.value.dtype]} {s.name} = {self.values(s.value)};"
+
+    def stmt_Set(self, s: Set) -> str:
+        return f"{self.target(s.target)} {s.op}= {self.values(s.value)};"
+
+    def stmt_Array(self, s: Array) -> str:
+        return array_decl(s)
+
+    def stmt_View(self, s: View) -> str:
+        return f"{'const ' if s.readonly else ''}{CTYPE[s.of.dtype]}* const {s.name} = {self.values(s.of)};"
+
+    def stmt_Do(self, s: Do) -> str:
+        return f"{self.values(s.call)};"
+
+    def stmt_Check(self, s: Check) -> str:
+        return f"if ({self.values(s.cond)}) {fail(s.code, self.values(s.value))}"
+
+    def stmt_Skip(self, s: Skip) -> str:
+        return f"if ({self.values(s.cond)}) continue;"
 
     def element(self, s: Load | Store) -> str:
         """The element a load reads or a store writes: ``ptr[offset]``, or where the kernel moved

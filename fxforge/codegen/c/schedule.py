@@ -21,8 +21,9 @@ from ...core.iteration import reduction_of
 from ..ir import aten as ir_aten
 from ..ir.rows import Frame, trailing
 from ..ir.aten import REDUCTIONS, Reduction
-from ..ir.stmts import Line, Nest
-from ..ir.values import Domain
+from ..ir import values as ir
+from ..ir.stmts import Do, Index, Nest, local
+from ..ir.values import Domain, Elem
 
 
 # A column kernel walks down its columns (one cache line per row for each vector of columns), so
@@ -156,12 +157,22 @@ def split(nest: Nest, loops: int, condition) -> Nest:
     return nest
 
 
-def block_rows(start: str, rows: int, block: int) -> Line:
+def block_rows(start: str, rows: int, block: int) -> Index:
     """``nb``, the rows of the block of ``rows`` starting at row ``start`` (``block``, the last one
-    fewer where ``rows`` is no multiple of it), as a C statement."""
+    fewer where ``rows`` is no multiple of it)."""
     if rows % block == 0:
-        return Line(f"const int64_t nb = {block};")
-    return Line(f"const int64_t nb = {rows} - {start} < {block} ? {rows} - {start} : {block};")
+        return Index("nb", sympy.Integer(block))
+    return Index("nb", sympy.Min(rows - local(start), block))
+
+
+def tile_move(fn: str, dst: Elem, dst_step, src: Elem, src_step, n: int) -> Do:
+    """The prelude's tile helper ``fn`` (``fx_tile_in8`` into a tile, ``fx_tile_out8`` out of one)
+    moving the block's ``nb`` rows (``block_rows``) of ``n`` float32 elements from ``src`` to
+    ``dst``: element ``j`` of a row ``*_step * j`` elements after the row's first (a tensor's
+    stride along the row, or the tile's row length)."""
+    args = (ir.Addr(dst), ir.Index(sympy.sympify(dst_step)), ir.Addr(src), ir.Index(sympy.sympify(src_step)),
+            ir.Index(sympy.Integer(n)), ir.Var("nb", torch.int64))
+    return Do(ir.Call(fn, args))
 
 
 def accumulator(low: Reduction, in_dt: torch.dtype, out_dt: torch.dtype) -> torch.dtype:

@@ -17,10 +17,10 @@ small ATen call that runs cold in a training step.
 
 Each template's docstring says why the kernel IR's group walk (``codegen/ir``: one frame of rows
 or columns, values computed from loads and constants) cannot express it.  A template writes the
-IR's statements itself (``ir/stmts.py``: nests, loads, stores, accumulators, local arrays, its
-arithmetic in the value vocabulary), and the C statement printer prints them as it prints every
-kernel: only an index check's early return, a skipped index and the tile helpers' calls are C
-lines of its own.
+IR's statements itself (``ir/stmts.py``: nests, loads, stores, accumulators, local arrays and
+views of their rows, the prelude's tile helpers, an index check's early return, a skipped index;
+its arithmetic in the value vocabulary), and the C statement printer prints them as it prints
+every kernel: no template writes C text.
 
 A template kernel runs its node alone (``fusion_cost`` keeps it out of groups); shapes must be
 static, float tensors float32 or float64 (indices and targets int64; an embedding's may be
@@ -40,13 +40,13 @@ from torch.utils._sympy.functions import ModularIndexing
 from ...core.graph import VAL, free_symbols, tensors
 from ..ir import values as ir
 from ..ir.lowering import Param
-from ..ir.stmts import Index, Let, Line, Load, Loop, Nest, Set, Stmt, Store
+from ..ir.stmts import Check, Index, Let, Load, Loop, Nest, Set, Skip, Stmt, Store, View, local
 from ..ir.values import Domain, Elem, Role, Var
 from . import build
-from .abi import INDEX_OUT_OF_RANGE, CEmitted, Scratch, c_function, fail, launch_source
-from .schedule import COLUMN_CHUNK_MIN_ELEMENTS, TILE_ROWS, block_rows, chunks, parallel_min_work, split
+from .abi import INDEX_OUT_OF_RANGE, CEmitted, Scratch, c_function, launch_source
+from .schedule import COLUMN_CHUNK_MIN_ELEMENTS, TILE_ROWS, block_rows, chunks, parallel_min_work, split, tile_move
 from .dtypes import CTYPE, ONE_THREAD_MAX_NUMEL
-from .printer import CStatements, c_index, values
+from .printer import CStatements, values
 
 aten = torch.ops.aten
 
@@ -104,10 +104,6 @@ def layer_norm_backward_refusal(node: fx.Node) -> str | None:
     return None
 
 
-def _loop_var(name: str) -> sympy.Symbol:
-    return sympy.Symbol(name, integer=True, nonnegative=True)
-
-
 def _offset(coords: list[sympy.Symbol], stride: tuple[int, ...]) -> sympy.Expr:
     """The element offset of ``coords`` (loop variables) at ``stride``."""
     return sympy.Add(*[st * c for c, st in zip(coords, stride) if st != 0])
@@ -115,7 +111,7 @@ def _offset(coords: list[sympy.Symbol], stride: tuple[int, ...]) -> sympy.Expr:
 
 def _loops(sizes, prefix: str = "i") -> tuple[list[Loop], list[sympy.Symbol]]:
     """Loops over ``sizes`` (variables ``i0``, ``i1``...) and their variables."""
-    return [Loop(f"{prefix}{d}", int(s)) for d, s in enumerate(sizes)], [_loop_var(f"{prefix}{d}") for d in range(len(sizes))]
+    return [Loop(f"{prefix}{d}", int(s)) for d, s in enumerate(sizes)], [local(f"{prefix}{d}") for d in range(len(sizes))]
 
 
 def _elem(ptr: str, off: sympy.Expr, dt: torch.dtype) -> Elem:
@@ -157,10 +153,9 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
     """``native_layer_norm_backward(dy, x, shape, mean, rstd, w, b, mask)``: dx, dw, db.
 
     Why a template: it folds rows (the input's gradient) and columns (the weight's and bias's)
-    in one pass; a kernel of the IR has one frame, rows or columns.  Its ``Line`` statements say
-    what the IR has no statement for yet: the prelude's tile helpers (``fx_tile_in8``), a row
-    pointer into a staged block, a chunk's part and its last row; one function holds the one
-    kernel, its staging and its chunking, each decided from the others' sizes.
+    in one pass; a kernel of the IR's group walk has one frame, rows or columns.  One function
+    (over 80 lines) holds the one kernel, its rows' staging and its chunking, each decided from
+    the others' sizes.
 
     Enough rows are walked in chunks (``_row_chunks``, from the sizes alone): each chunk adds
     its rows' shares of dw and db into a part of its own, the chunks split across ``threads``
@@ -190,7 +185,7 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
         ts.add(key, ref(a), Role.IN, a, None, a.meta[VAL])
 
     loops, coords = _loops(xv.shape[:lead])
-    j = _loop_var("j")
+    j = local("j")
     row = {}  # key -> offset of the row's first element (the row tensors)
     col = {}  # key -> stride along the normalized elements
     for key, (sizes, strides) in layouts.items():
@@ -248,8 +243,8 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
         Load("rs", ptr["rstd"], row["rstd"], dt, Domain.ROW),
     ]
     if blocked:
-        body += [Line(f"const {ct}* row_{key} = blk_{key}[i{lead - 1} - ib];") for key in staged]
-        body += [Line(f"{ct}* row_{key} = blk_{key}[i{lead - 1} - ib];") for key in written]
+        in_block = (local(f"i{lead - 1}") - local("ib"),)  # the row's place in its block
+        body += [View(f"row_{key}", Elem(f"blk_{key}", in_block, dt), readonly=key in staged) for key in staged + written]
     else:
         for key in staged:
             body += [ts.scratch.alloc(ct, f"row_{key}", (n,), isz),
@@ -273,22 +268,23 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
         per_element.append(Set(Elem("acc_db", (j,), f64), wide(at("dy")), op="+"))
     body.append(Nest([Loop("j", n)], per_element))
     if blocked:  # the last row loop runs block by block: stage the block's rows, then each row
-        r, ib = _loop_var("r"), _loop_var("ib")
+        r, ib = local("r"), local("ib")
         stage: list[Stmt] = [block_rows("ib", inner, block)]
         first = {k: _offset(coords[:-1] + [ib], layouts[k][1][:lead]) for k in adjacent}  # the block's first row
         tiles = ct == "float"
         for key in staged:
             stage.append(ts.scratch.alloc(ct, f"blk_{key}", (block, n), isz))
-            stage.append(Line(f"fx_tile_in8(&blk_{key}[0][0], {n}, {ptr[key]} + ({c_index(first[key])}), {col[key]}, {n}, nb);")
-                         if tiles else Nest([Loop("j", n), Loop("r", "nb")], [
+            stage.append(tile_move("fx_tile_in8", Elem(f"blk_{key}", (0, 0), dt), n, Elem(ptr[key], (first[key],), dt),
+                                   col[key], n)
+                         if tiles else Nest([Loop("j", n), Loop("r", local("nb"))], [
                              Set(Elem(f"blk_{key}", (r, j), dt), _elem(ptr[key], first[key] + r + col[key] * j, dt))]))
         stage += [ts.scratch.alloc(ct, f"blk_{key}", (block, n), isz) for key in written]
-        store = [Line(f"fx_tile_out8({ptr[key]} + ({c_index(first[key])}), {col[key]}, &blk_{key}[0][0], {n}, {n}, nb);")
-                 if tiles else Nest([Loop("j", n), Loop("r", "nb")], [
+        store = [tile_move("fx_tile_out8", Elem(ptr[key], (first[key],), dt), col[key], Elem(f"blk_{key}", (0, 0), dt), n, n)
+                 if tiles else Nest([Loop("j", n), Loop("r", local("nb"))], [
                      Store(ptr[key], first[key] + r + col[key] * j, Elem(f"blk_{key}", (r, j), dt), Domain.ELEMENT)])
                  for key in written]
         i = f"i{lead - 1}"
-        rows_nest = Nest(outer, stage + [Nest([Loop(i, "ib + nb", "ib")], body)] + store)
+        rows_nest = Nest(outer, stage + [Nest([Loop(i, ib + local("nb"), ib)], body)] + store)
     else:
         rows_nest = Nest(outer, body)
     if chunking is None:
@@ -304,17 +300,18 @@ def layer_norm_backward(name: str, node: fx.Node, ref, buffer, layout, threads: 
     units = _units(outer)
     width = -(-n // 8) * 8  # each chunk's part on cache lines of its own
     stmts += [ts.scratch.alloc("double", f"{acc}_chunks", (count, width), 8) for _, acc in accs]
-    chunk: list[Stmt] = [Line(f"double* const {acc} = {acc}_chunks[rc];") for _, acc in accs]
+    rc = local("rc")
+    chunk: list[Stmt] = [View(acc, Elem(f"{acc}_chunks", (rc,), f64)) for _, acc in accs]
     if accs:
         chunk.append(Nest([Loop("j", n)], [Set(Elem(acc, (j,), f64), ir.Const(0.0, f64)) for _, acc in accs]))
-    chunk += [Line(f"const int64_t ue = (rc + 1) * {per_chunk} < {units} ? (rc + 1) * {per_chunk} : {units};"),
-              Nest([Loop("u", "ue", f"rc * {per_chunk}")], _unravel(outer, _loop_var("u")) + rows_nest.body)]
+    chunk += [Index("ue", sympy.Min((rc + 1) * per_chunk, units)),
+              Nest([Loop("u", local("ue"), rc * per_chunk)], _unravel(outer, local("u")) + rows_nest.body)]
     stmts.append(split(Nest([Loop("rc", count)], chunk), 1, True if parallel else None))
     for key, acc in accs:  # the parts, added in chunk order
         total = Var(f"sum_{key}", f64)
         stmts.append(Nest([Loop("j", n)], [
             Let(total.name, ir.Const(0.0, f64), mutable=True),
-            Nest([Loop("rc", count)], [Set(total.name, Elem(f"{acc}_chunks", (_loop_var("rc"), j), f64), op="+")]),
+            Nest([Loop("rc", count)], [Set(total.name, Elem(f"{acc}_chunks", (local("rc"), j), f64), op="+")]),
             Store(ptr[key], col[key] * j, ir.cast(total, dt), Domain.ELEMENT)]))
     return ts.kernel(name, "layer norm backward", stmts)
 
@@ -412,10 +409,11 @@ def softmax(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmi
     masked score's weight is exactly 0, as eager's.  A row with a NaN, or of -inf only, is NaN, as
     eager's."""
     def body(dt: torch.dtype, n: int, at) -> list[Stmt]:
-        j, f64 = _loop_var("j"), torch.float64
+        j, f64 = local("j"), torch.float64
         x, m, d, e, s = _elem(*at("x", j), dt), Var("m", dt), Var("d", dt), Var("e", dt), Var("s", f64)
         if dt == torch.float32:  # (the vocabulary's exp is eager's over the whole range: a helper here)
-            exp = Line("const float e = d < -FX_EXPF_MIN_ARG ? 0.0f : fx_expf_neg(d);")
+            exp = Let("e", ir.where(ir.compare("lt", d, ir.neg(Var("FX_EXPF_MIN_ARG", dt))), ir.Const(0.0, dt),
+                                    ir.Call("fx_expf_neg", (d,), dt)))
         else:
             exp = Let("e", ir.exp(d))
         return [Let("m", ir.Const(-math.inf, dt), mutable=True),
@@ -467,6 +465,14 @@ def _index_rows(ts: _Tensors, indices: torch.Tensor, per_index) -> Nest:
     return Nest(loops, read + per_index(row, k))
 
 
+_K = Var("k", torch.int64)  # an index read by a gather's or scatter's loop (``_index_rows``)
+
+
+def _outside(low: int, high: int) -> ir.Value:
+    """``k`` outside ``[low, high)``."""
+    return ir.bit_or(ir.compare("lt", _K, ir.Index(sympy.Integer(low))), ir.compare("ge", _K, ir.Index(sympy.Integer(high))))
+
+
 def embedding(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmitted:
     """``embedding(weight, indices)``: ``out[i..., j] = weight[indices[i...], j]``, as ATen's
     ``index_select``; an index outside ``[0, V)`` raises eager's ``IndexError`` (error 2 of
@@ -481,9 +487,9 @@ def embedding(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CE
     ts.add("weight", ref(weight), Role.IN, weight, None, wv)
     ts.add("indices", ref(indices), Role.IN, indices, None, iv)
     (w0, w1), os = ts.layouts["weight"][1], ts.layouts["out"][1][-1]
-    j = _loop_var("j")
+    j = local("j")
     return ts.kernel(name, "embedding", [_index_rows(ts, iv, lambda row, k: [
-        Line(f"if (k < 0 || k >= {int(wv.shape[0])}) {fail(INDEX_OUT_OF_RANGE, 'k')}"),
+        Check(_outside(0, int(wv.shape[0])), INDEX_OUT_OF_RANGE, _K),
         Nest([Loop("j", int(wv.shape[1]))], [
             Store(ts.ptr["out"], row("out") + os * j, _elem(ts.ptr["weight"], w0 * k + w1 * j, wv.dtype), Domain.ELEMENT)])])])
 
@@ -505,10 +511,10 @@ def embedding_backward(name: str, node: fx.Node, ref, buffer, layout, threads: i
     (d0, d1), gs = ts.layouts["dw"][1], ts.layouts["grad"][1][-1]
     rows, cols = int(ov.shape[0]), int(ov.shape[1])
     dw, dt = ts.ptr["dw"], ov.dtype
-    r, j = _loop_var("r"), _loop_var("j")
+    r, j = local("r"), local("j")
     zeros = Nest([Loop("r", rows), Loop("j", cols)], [Store(dw, d0 * r + d1 * j, ir.const(0, dt), Domain.ELEMENT)])
     return ts.kernel(name, "embedding backward", [zeros, _index_rows(ts, indices.meta[VAL], lambda row, k: [
-        Line(f"if (k == {int(padding_idx)} || k < 0 || k >= {rows}) continue;"),
+        Skip(ir.bit_or(ir.compare("eq", _K, ir.Index(sympy.Integer(int(padding_idx)))), _outside(0, rows))),
         Nest([Loop("j", cols)], [Store(dw, d0 * k + d1 * j, ir.add(_elem(dw, d0 * k + d1 * j, dt),
                                                                      _elem(ts.ptr["grad"], row("grad") + gs * j, dt)),
                                        Domain.ELEMENT)])])])
@@ -543,7 +549,7 @@ def arange(name: str, node: fx.Node, ref, buffer, layout, threads: int) -> CEmit
     ts = _Tensors(layout)
     ts.add("out", buffer(node, None), Role.OUT, node, None, ov)
     (st,) = ts.layouts["out"][1]
-    i = _loop_var("i")
+    i = local("i")
     return ts.kernel(name, "arange", [Nest([Loop("i", ov.numel())], [
         Store(ts.ptr["out"], st * i, ir.cast(ir.Index(start + step * i), ov.dtype), Domain.ELEMENT)])])
 

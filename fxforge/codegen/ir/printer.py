@@ -7,15 +7,16 @@ operands are provably non-negative (where C-style and floor semantics agree) and
 correction otherwise: a bare C ``%`` for a ``ModularIndexing`` of unknown sign would index the
 wrong element.
 
-Values: a language's ``ValuePrinter`` renders constants (``const``) and the vocabulary's
-operations (``op``: None where the language lacks one); a composite op it does not render is
-printed as its default expansion, and a primitive it lacks is refused (``Unsupported``, which
-keeps the group out of that language's kernels).
+Values and statements: a language's ``ValuePrinter`` and ``StatementPrinter`` print each kind of
+value or statement by a method named after it (``value_Const``, ``stmt_Load``), the vocabulary's
+operations by a table (``OPS``: op -> ``OpRule``); a composite op without a rule is printed as
+its default expansion, a primitive or a kind of value without one is refused (``Unsupported``,
+which keeps the group out of that language's kernels).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Union
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv
@@ -23,7 +24,7 @@ from torch.utils._sympy.printers import ExprPrinter
 
 from ..pyexpr import ReadableArith, _delimited
 from .stmts import Nest, Stmt
-from .values import COMPOSITES, Block, Const, Elem, Full, Index, Mask, Op, Unsupported, Value, Var, expand
+from .values import COMPOSITES, Call, Const, Elem, Index, Op, Unsupported, Value, Var, expand
 
 
 class IndexPrinter(ReadableArith, ExprPrinter):
@@ -102,51 +103,67 @@ class IndexPrinter(ReadableArith, ExprPrinter):
         raise NotImplementedError
 
 
+# How a language prints one op of the vocabulary: a format of its printed arguments
+# (``"({0} + {1})"``), or a function of the printer, the op and its printed arguments giving the
+# source, or None where the language lacks the op for this dtype.
+OpRule = Union[str, Callable[["ValuePrinter", Op, list[str]], "str | None"]]
+
+
+def rule(printer: "ValuePrinter", x: Op, args: list[str]) -> str | None:
+    """``x`` printed by its rule in ``printer.OPS`` (None: the language has none)."""
+    r = printer.OPS.get(x.op)
+    if r is None:
+        return None
+    return r.format(*args) if isinstance(r, str) else r(printer, x, args)
+
+
 class ValuePrinter:
-    """Kernel values as source in one language (``language`` names it in refusals)."""
+    """Kernel values as source in one language (``language`` names it in refusals).
+
+    One dispatch shape for every language: a value of type ``T`` prints by the printer's
+    ``value_T`` method (a language without one refuses such values: C has no blocks, Triton no
+    arrays), an op by its rule in ``OPS`` (op name -> ``OpRule``); a composite op without a rule
+    prints as its default expansion, a primitive without one is refused."""
 
     language = ""
+    OPS: dict[str, OpRule] = {}
 
     def __init__(self, index: IndexPrinter):
         self.index = index
 
     def __call__(self, x: Value) -> str:
-        if isinstance(x, Var):
-            return x.name
-        if isinstance(x, Const):
-            return self.const(x)
-        if isinstance(x, Index):
-            return self.index(x.expr)
-        if isinstance(x, Elem):
-            return self.elem(x)
-        if isinstance(x, (Mask, Full, Block)):
-            return self.block(x)
-        out = self.op(x, [self(a) for a in x.args])
+        method = getattr(self, "value_" + type(x).__name__, None)
+        if method is None:
+            raise Unsupported(f"{self.language} kernels have no {type(x).__name__} values ({x!r})")
+        return method(x)
+
+    def value_Var(self, x: Var) -> str:
+        return x.name
+
+    def value_Index(self, x: Index) -> str:
+        return self.index(x.expr)
+
+    def value_Call(self, x: Call) -> str:
+        return f"{x.fn}({', '.join(self(a) for a in x.args)})"
+
+    def value_Const(self, c: Const) -> str:
+        raise NotImplementedError
+
+    def value_Op(self, x: Op) -> str:
+        out = rule(self, x, [self(a) for a in x.args])
         if out is not None:
             return out
         if x.op in COMPOSITES:
             return self(expand(x))
         raise Unsupported(f"{x.op} on {x.dtype} has no {self.language} lowering")
 
-    def const(self, c: Const) -> str:
-        raise NotImplementedError
-
-    def elem(self, e: Elem) -> str:
-        """An array element; a language without arrays leaves it refused."""
-        raise Unsupported(f"{self.language} kernels have no arrays ({e.array})")
-
-    def block(self, b: Mask | Full | Block) -> str:
-        """A block language's mask, filled block or broadcast; the others refuse them."""
-        raise Unsupported(f"{self.language} kernels have no blocks ({type(b).__name__})")
-
-    def op(self, x: Op, args: list[str]) -> str | None:
-        """``x`` with its arguments rendered as ``args``, or None where the language lacks it."""
-        raise NotImplementedError
-
 
 class StatementPrinter:
-    """Kernel statements (``stmts.py``) as indented source lines: a language gives ``line`` (one
-    statement) and ``nest`` (a nest's lines, its body through ``lines`` one level in)."""
+    """Kernel statements (``stmts.py``) as indented source lines: a statement of type ``T`` prints
+    by the language's ``stmt_T`` method (one statement, possibly several lines), a nest by its
+    ``nest`` (its lines, its body through ``lines`` one level in)."""
+
+    values: ValuePrinter
 
     def lines(self, stmts: list[Stmt], indent: str = "") -> list[str]:
         out: list[str] = []
@@ -157,10 +174,11 @@ class StatementPrinter:
                 out += [indent + line for line in self.line(s).split("\n")]
         return out
 
-    values: ValuePrinter
-
     def line(self, s: Stmt) -> str:
-        raise NotImplementedError
+        method = getattr(self, "stmt_" + type(s).__name__, None)
+        if method is None:
+            raise TypeError(f"not a {self.values.language} kernel statement: {s!r}")
+        return method(s)
 
     def nest(self, s: Nest, indent: str) -> list[str]:
         raise NotImplementedError

@@ -16,9 +16,12 @@ changes here, on the statements.
 * ``Nest``: perfectly nested loops around a body (none: a block of its own), with what a
   printer may do with them: vectorize the innermost loop (its iterations independent but for the
   named reductions), split the outer ones across threads;
-* ``Array``: a local array (``Scratch`` in C decides where it lives);
-* ``Line``: a statement a language module wrote in its own words (a helper call) where the
-  vocabulary has none.
+* ``Array``: a local array (``Scratch`` in C decides where it lives), ``View``: a local naming
+  one row of it;
+* ``Do``: a helper of the language's prelude called for its effect (``values.Call``: a tile
+  moved between a tensor and a local array);
+* ``Check``: the kernel ends with an error where a condition holds (an index out of range),
+  ``Skip``: the rest of the innermost loop's iteration is skipped where one holds.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ from typing import Union
 import sympy
 import torch
 
-from .values import Domain, Elem, Value
+from .values import Call, Domain, Elem, Value
+
+
+def local(name: str) -> sympy.Symbol:
+    """An index local or loop variable of the kernel (a non-negative integer) in index expressions."""
+    return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
 @dataclass(eq=False)
@@ -88,13 +96,16 @@ class Reduce:
 
 @dataclass(eq=False)
 class Loop:
-    """``for var in range(start, stop, step)``: bounds are index expressions or the language's
-    own words (a block's bounds)."""
+    """``for var in range(start, stop, step)``: bounds are index expressions (over the kernel's
+    sizes and locals, and a block language's block sizes: ``RBLOCK``)."""
 
     var: str
-    stop: sympy.Expr | str
-    start: sympy.Expr | str = 0
-    step: int | str = 1
+    stop: sympy.Expr | int
+    start: sympy.Expr | int = 0
+    step: sympy.Expr | int = 1
+
+    def __post_init__(self):
+        self.stop, self.start, self.step = (sympy.sympify(b) for b in (self.stop, self.start, self.step))
 
 
 @dataclass(eq=False)
@@ -117,11 +128,40 @@ class Array:
 
 
 @dataclass(eq=False)
-class Line:
-    text: str
+class View:
+    """``name``: a row of a local array (``of``: the array indexed by its leading dims), read
+    (and, unless ``readonly``, written) through the name as a one-dim array."""
+
+    name: str
+    of: Elem
+    readonly: bool = False
 
 
-Stmt = Union[Index, Load, Store, Let, Set, Reduce, Nest, Array, Line]
+@dataclass(eq=False)
+class Do:
+    """``call`` made for its effect."""
+
+    call: Call
+
+
+@dataclass(eq=False)
+class Check:
+    """The kernel ends with error ``code`` (a code of the language's calling convention) where
+    ``cond`` holds, leaving ``value`` (an int64 value) for the error's message."""
+
+    cond: Value
+    code: int
+    value: Value
+
+
+@dataclass(eq=False)
+class Skip:
+    """The rest of the innermost loop's iteration is skipped where ``cond`` holds."""
+
+    cond: Value
+
+
+Stmt = Union[Index, Load, Store, Let, Set, Reduce, Nest, Array, View, Do, Check, Skip]
 
 
 def walk(stmts: list[Stmt]):

@@ -1,12 +1,13 @@
 """Kernel values: the expressions a kernel computes per element, before any language.
 
 A value is a small tree: a constant (``Const``), a name the kernel binds (``Var``: a load's
-result, a parameter, an accumulator), an element of an array (``Elem``), an index expression
-(``Index``: a size, a row length) or an operation of the vocabulary below on other values
-(``Op``).  Every value carries the torch dtype it has in the kernel.  The builders (``add``,
-``where``, ``exp``...) fold what is known when the kernel is built (a cast of a constant, a
-``where`` on a constant condition, NaN tests of constants), so printers see only what must be
-computed at run time.
+result, a parameter, an accumulator), an element of an array (``Elem``) or its address
+(``Addr``), an index expression (``Index``: a size, a row length), a block language's blocks
+(``Mask``, ``Full``, ``Block``, ``Lanes``), an operation of the vocabulary below on other values
+(``Op``) or a helper of one language's prelude (``Call``).  Every value carries the torch dtype
+it has in the kernel.  The builders (``add``, ``where``, ``exp``...) fold what is known when the
+kernel is built (a cast of a constant, a ``where`` on a constant condition, NaN tests of
+constants), so printers see only what must be computed at run time.
 
 The vocabulary: ``PRIMITIVES`` name operations a printer renders in its language, or refuses
 (a C kernel has no ``log``: the group is left to ATen); ``COMPOSITES`` are operations with a
@@ -132,6 +133,40 @@ class Block(Value):
 
     def __init__(self, value: Value, dom: "Domain", dtype: torch.dtype | None = None):
         self.value, self.dom, self.dtype = value, dom, value.dtype if dtype is None else dtype
+
+
+class Lanes(Value):
+    """The lane numbers of a block along its rows' elements, ``0 .. RBLOCK - 1`` (a block
+    language's reduction kernels: Triton's ``tl.arange``), int32."""
+
+    __slots__ = ()
+
+    def __init__(self):
+        self.dtype = torch.int32
+
+
+class Call(Value):
+    """A helper of the kernel language's prelude (``fn``: its name there) applied to ``args``:
+    what a language module writes where it has a faster routine than the vocabulary's ops (C's
+    ``fx_expf_neg`` of a non-positive argument), or, as a statement (``stmts.Do``), a routine
+    called for its effect (C's ``fx_tile_in8``: a tile of a tensor moved into a local array)."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn: str, args: tuple, dtype: torch.dtype | None = None):  # (None: a call for its effect)
+        self.fn, self.args, self.dtype = fn, tuple(args), dtype
+
+    def __repr__(self) -> str:
+        return f"Call({self.fn!r}, {self.args!r}, {self.dtype})"
+
+
+class Addr(Value):
+    """The address of an element (``of``: an ``Elem``), a helper's argument; of the element's dtype."""
+
+    __slots__ = ("of",)
+
+    def __init__(self, of: Elem):
+        self.of, self.dtype = of, of.dtype
 
 
 class Index(Value):

@@ -18,6 +18,7 @@ module starts with (``prelude.py``), launch configurations and the launch functi
 
 from __future__ import annotations
 
+import sympy
 import torch
 
 from ...core.graph import VAL
@@ -25,7 +26,7 @@ from ...core.iteration import shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.aten import Reduction
 from ..ir.lowering import INT32_MAX, R, RINDEX, XINDEX, Emitter, Param, Unsupported, node_refusal  # noqa: F401 (the backend's names)
-from ..ir.stmts import Let, Line, Loop, Nest, Reduce, Set, without_dead_indices
+from ..ir.stmts import Let, Loop, Nest, Reduce, Set, without_dead_indices
 from ..ir.values import Const, Domain, Var
 from ..pyexpr import PyExprPrinter
 from . import launch
@@ -33,6 +34,9 @@ from .launch import Emitted
 from .dtypes import SIG_DTYPE
 from .prelude import available_helpers
 from .printer import TritonPrinter, TritonStatements, values
+
+
+RBLOCK = sympy.Symbol("RBLOCK", integer=True, positive=True)  # a looped reduction's block of row elements
 
 
 class TritonEmitter(Emitter):
@@ -48,9 +52,14 @@ class TritonEmitter(Emitter):
     def printer(self) -> TritonStatements:
         return TritonStatements(self.values, self.frame.reduction, self.deps_of)
 
+    def lanes(self, start: ir.Value | None = None) -> list[Let]:
+        """``rindex``, the row elements of a block (from ``start``: a loop's offset), and
+        ``rmask``, those in the rows."""
+        lanes = ir.Lanes() if start is None else ir.add(start, ir.Lanes())
+        return [Let(RINDEX, lanes), Let("rmask", ir.compare("lt", Var(RINDEX, torch.int32), ir.Index(self.frame.rnumel)))]
+
     def open_persistent(self) -> None:
-        self.body.append(Line("rindex = tl.arange(0, RBLOCK)[None, :]"))
-        self.body.append(Line(f"rmask = rindex < {TritonPrinter()(self.frame.rnumel)}"))
+        self.body += self.lanes()
 
     # ---------------------------------------------------------------- kernels
 
@@ -61,9 +70,7 @@ class TritonEmitter(Emitter):
     def loop(self, body, independent: bool = False) -> None:
         """Emit ``body()`` inside ``for roffset in range(0, rnumel, RBLOCK)``, in its own scope
         (each iteration is a block of lanes already, ``independent`` or not)."""
-        rn = self.frame.rnumel
-        nest = Nest([Loop("roffset", rn, 0, "RBLOCK")], [Line("rindex = roffset + tl.arange(0, RBLOCK)[None, :]"),
-                                                         Line(f"rmask = rindex < {TritonPrinter()(rn)}")])
+        nest = Nest([Loop("roffset", self.frame.rnumel, 0, RBLOCK)], self.lanes(Var("roffset", torch.int32)))
         outer, self.body = self.body, nest.body
         self.scopes.append({})
         body()

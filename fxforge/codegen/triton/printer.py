@@ -20,9 +20,9 @@ import math
 import sympy
 import torch
 
-from ..ir.printer import IndexPrinter, StatementPrinter, ValuePrinter
-from ..ir.stmts import Index, Let, Line, Load, Nest, Reduce, Set, Stmt, Store
-from ..ir.values import Block, Const, Domain, Full, Mask, Op, Value
+from ..ir.printer import IndexPrinter, OpRule, StatementPrinter, ValuePrinter
+from ..ir.stmts import Index, Let, Load, Nest, Reduce, Set, Store
+from ..ir.values import Block, Const, Domain, Full, Lanes, Mask, Op, Value
 from .dtypes import COMBINE_FN, TL_DTYPE
 
 
@@ -74,11 +74,37 @@ _LIBDEVICE = ("expm1", "log10", "log1p", "tan", "asin", "acos", "atan", "sinh", 
               "atanh", "erfc", "erfinv", "lgamma", "trunc", "nearbyint")
 
 
+def _call(fn: str) -> OpRule:
+    def print_(p: "TritonValues", x: Op, a: list[str]) -> str | None:
+        return p.call(fn, a)
+    return print_
+
+
+def _cast(p, x: Op, a: list[str]) -> str:
+    if x.dtype == torch.bool:
+        return f"({a[0]} != 0)"
+    if x.dtype == torch.bfloat16 and x.args[0].dtype == torch.float32:
+        return f"_to_bf16({a[0]})"
+    return f"{a[0]}.to({TL_DTYPE[x.dtype]})"
+
+
 class TritonValues(ValuePrinter):
     """Triton values; ``helpers``: the prelude helpers the kernel's module defines (None: all),
     a value calling another is refused (the interpreter's module lacks some libdevice functions)."""
 
     language = "Triton"
+    OPS: dict[str, OpRule] = {
+        **{name: f"({{0}} {sym} {{1}})" for name, sym in _BINARY.items()},
+        **{name: _call(fn) for name, fn in _CALLS.items()},
+        **{name: _call(f"_ld_{name}") for name in _LIBDEVICE},
+        "neg": "(-{0})",
+        "invert": "(~{0})",
+        "not": "({0} == 0)",
+        "truediv": lambda p, x, a: f"tl.div_rn({a[0]}, {a[1]})" if x.dtype == torch.float32 else f"({a[0]} / {a[1]})",
+        "sqrt": lambda p, x, a: f"tl.sqrt_rn({a[0]})" if x.dtype == torch.float32 else p.call("_ld_sqrt", a),
+        "floordiv": lambda p, x, a: f"_div_floor_f({a[0]}, {a[1]})" if x.dtype.is_floating_point else floor_div(a[0], a[1]),
+        "cast": _cast,
+    }
 
     def __init__(self, helpers: frozenset[str] | None = None):
         super().__init__(TritonPrinter())
@@ -91,15 +117,20 @@ class TritonValues(ValuePrinter):
             return None
         return f"{fn}({', '.join(a)})"
 
-    def block(self, b: Mask | Full | Block) -> str:
-        """A reduction kernel's blocks: ``[XBLOCK, 1]`` per row, ``[XBLOCK, RBLOCK]`` per element."""
-        shape = "[XBLOCK, 1]" if b.dom == Domain.ROW else "[XBLOCK, RBLOCK]"
-        if isinstance(b, Mask):
-            return "xmask" if b.dom == Domain.ROW else "rmask & xmask"
-        if isinstance(b, Full):
-            fill = self.literal(b.value) if isinstance(b.value, Const) else self(b.value)
-            return f"tl.full({shape}, {fill}, {TL_DTYPE[b.dtype]})"
-        return f"tl.broadcast_to({self(b.value)}, {shape})"
+    # a reduction kernel's blocks: ``[XBLOCK, 1]`` per row, ``[XBLOCK, RBLOCK]`` per element
+
+    def value_Mask(self, b: Mask) -> str:
+        return "xmask" if b.dom == Domain.ROW else "rmask & xmask"
+
+    def value_Full(self, b: Full) -> str:
+        fill = self.literal(b.value) if isinstance(b.value, Const) else self(b.value)
+        return f"tl.full({_shape(b.dom)}, {fill}, {TL_DTYPE[b.dtype]})"
+
+    def value_Block(self, b: Block) -> str:
+        return f"tl.broadcast_to({self(b.value)}, {_shape(b.dom)})"
+
+    def value_Lanes(self, b: Lanes) -> str:
+        return "tl.arange(0, RBLOCK)[None, :]"
 
     def literal(self, c: Const) -> str:
         """The constant as a Python literal (Triton types it as fp32, int32/int64 or i1)."""
@@ -112,40 +143,15 @@ class TritonValues(ValuePrinter):
             )
         return str(x)
 
-    def const(self, c: Const) -> str:
+    def value_Const(self, c: Const) -> str:
         dt = c.dtype
         if dt in (torch.bool, torch.float32) or (dt in (torch.int32, torch.int64) and -(2**31) <= c.value < 2**31):
             return self.literal(c)
         return f"tl.full([], {self.literal(c)}, {TL_DTYPE[dt]})"
 
-    def op(self, x: Op, a: list[str]) -> str | None:
-        name = x.op
-        if name in _BINARY:
-            return f"({a[0]} {_BINARY[name]} {a[1]})"
-        if name in _CALLS:
-            return self.call(_CALLS[name], a)
-        if name in _LIBDEVICE:
-            return self.call(f"_ld_{name}", a)
-        if name == "neg":
-            return f"(-{a[0]})"
-        if name == "invert":
-            return f"(~{a[0]})"
-        if name == "not":
-            return f"({a[0]} == 0)"
-        if name == "truediv":
-            return f"tl.div_rn({a[0]}, {a[1]})" if x.dtype == torch.float32 else f"({a[0]} / {a[1]})"
-        if name == "sqrt":
-            return f"tl.sqrt_rn({a[0]})" if x.dtype == torch.float32 else self.call("_ld_sqrt", a)
-        if name == "floordiv":
-            return f"_div_floor_f({a[0]}, {a[1]})" if x.dtype.is_floating_point else floor_div(a[0], a[1])
-        if name == "cast":
-            src = x.args[0].dtype
-            if x.dtype == torch.bool:
-                return f"({a[0]} != 0)"
-            if x.dtype == torch.bfloat16 and src == torch.float32:
-                return f"_to_bf16({a[0]})"
-            return f"{a[0]}.to({TL_DTYPE[x.dtype]})"
-        return None
+
+def _shape(dom: Domain) -> str:
+    return "[XBLOCK, 1]" if dom == Domain.ROW else "[XBLOCK, RBLOCK]"
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,7 +172,7 @@ class TritonStatements(StatementPrinter):
         return ("xindex",) if dom == Domain.ROW else ("xindex", "rindex")
 
     def mask(self, dom: Domain) -> str:
-        return "xmask" if dom == Domain.ROW else "rmask & xmask"
+        return self.values(Mask(dom))
 
     def block_shape(self, dom: Domain) -> str:
         if not self.reduction:
@@ -192,30 +198,27 @@ class TritonStatements(StatementPrinter):
     def nest(self, s: Nest, indent: str) -> list[str]:
         """The reduced elements' loop, a block at a time."""
         (loop,) = s.loops
-        head = f"{indent}for {loop.var} in range({loop.start}, {TritonPrinter()(loop.stop)}, {loop.step}):"
+        bounds = ", ".join(TritonPrinter()(b) for b in (loop.start, loop.stop, loop.step))
+        head = f"{indent}for {loop.var} in range({bounds}):"
         return [head] + self.lines(s.body, indent + "    ")
 
-    def line(self, s: Stmt) -> str:
-        if isinstance(s, Index):
-            return f"{s.name} = {TritonPrinter()(s.expr)}"
-        if isinstance(s, Load):
-            return f"{s.name} = tl.load({s.ptr} + ({self.offset(s.offset, s.dom)}), mask={self.mask(s.dom)}, other=0)"
-        if isinstance(s, Store):
-            return (f"tl.store({s.ptr} + ({self.offset(s.offset, s.dom)}), {self.block(s.value, s.dom)}, "
-                    f"mask={self.mask(s.dom)})")
-        if isinstance(s, Let):
-            return f"{s.name} = {self.values(s.value)}"
-        if isinstance(s, Set):
-            value = self.values(s.value)
-            target = self.target(s.target)
-            return f"{target} = {target} {s.op} {value}" if s.op else f"{target} = {value}"
-        if isinstance(s, Reduce):
-            return self.reduce(s)
-        if isinstance(s, Line):
-            return s.text
-        raise TypeError(f"not a Triton kernel statement: {s!r}")
+    def stmt_Index(self, s: Index) -> str:
+        return f"{s.name} = {TritonPrinter()(s.expr)}"
 
-    def reduce(self, s: Reduce) -> str:
+    def stmt_Load(self, s: Load) -> str:
+        return f"{s.name} = tl.load({s.ptr} + ({self.offset(s.offset, s.dom)}), mask={self.mask(s.dom)}, other=0)"
+
+    def stmt_Store(self, s: Store) -> str:
+        return f"tl.store({s.ptr} + ({self.offset(s.offset, s.dom)}), {self.block(s.value, s.dom)}, mask={self.mask(s.dom)})"
+
+    def stmt_Let(self, s: Let) -> str:
+        return f"{s.name} = {self.values(s.value)}"
+
+    def stmt_Set(self, s: Set) -> str:
+        value, target = self.values(s.value), self.target(s.target)
+        return f"{target} = {target} {s.op} {value}" if s.op else f"{target} = {value}"
+
+    def stmt_Reduce(self, s: Reduce) -> str:
         """A fold step: ``acc = fn(acc, x)`` lane by lane, or ``tl.reduce`` across each row's lanes
         (a tuple reduction then keeps each result as a column of the block, a line each)."""
         fn, targets, args = COMBINE_FN[s.combine], ", ".join(s.targets), [self.values(a) for a in s.args]
