@@ -2,7 +2,7 @@
 
 This module imports no backend.  Passes that need to ask a backend something (assignment,
 fusion) import only this module; the registry (``registry.py``) and the wrapper
-(``wrapper.py``) sit above it, the backends beside it.
+(``wrapper/``) sit above it, the backends beside it.
 
 A backend is a ``CodegenBackend``: a registry entry with capability checks, not a class to
 subclass.  ``accepts(node, config)`` says whether it can run a node (None) or why not;

@@ -1,4 +1,4 @@
-"""Objects generated wrappers use at run time (``wrapper.py`` puts them in the source's globals).
+"""Objects generated wrappers use at run time (``wrapper/`` puts them in the source's globals).
 
 * ``bind_ops``: the ops a wrapper calls, by namespace: ``aten.mm.out(a, b, out=c)`` in the source
   is ``torch.ops.aten.mm.out``, bound once at load to the dispatcher entry that
@@ -11,13 +11,13 @@
   overload (``tests/test_overhead.py`` checks it).
 * ``empty_strided_cpu``: a fresh CPU buffer without the keyword parsing of ``torch.empty_strided``
   (torch's own fast path where this torch has it: 0.4 us against 1.1 us).
-* ``as_traced``: a tensor copied to the layout it was traced with (``Wrapper.guard_layout``).
+* ``as_traced``: a tensor copied to the layout it was traced with (``wrapper.steps.Guard``).
 * ``reinterpret``: a tensor over its base's storage at given sizes and strides, ``offset`` elements
   past its base's start (``reinterpret(x, size, stride, offset)``), without a view function or
   argument parsing (torch's own fast path where this torch has it: 0.56 us against 1.4 us for
   ``x.view(shape)`` and 2.3 us for ``aten._unsafe_view``); like ``_unsafe_view``'s result, no
   autograd view of its base.  The wrapper makes the views of values laid out as traced this way
-  (``_Builder.reinterpreted``).
+  (``_Planner.reinterpreted``).
 * ``KeptArenas``: a static graph's arenas and the views of their buffers, made on the first call
   and reused by every later call that finds them free; a call made while another holds them (a
   re-entrant call, another thread) makes its own, as a graph without kept arenas does.
@@ -159,7 +159,7 @@ def as_traced(t: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
     """``t``, or a copy of it laid out at ``stride`` where it is not: the layout a graph was traced
     or compiled with, at which generated kernels index it (a caller's transposed input,
     ``inputs.check_inputs``; a tensor an ATen kernel returned in another layout than its meta
-    function traced, ``Wrapper.guard_layout``)."""
+    function traced, ``wrapper.steps.Guard``)."""
     if same_layout(t, stride):
         return t
     return torch.empty_strided(tuple(t.shape), tuple(stride), dtype=t.dtype, device=t.device).copy_(t)

@@ -85,7 +85,7 @@ def graph_copy_bytes(groups, hint, memory=None, demoted=()) -> int:
     and such nodes whose values leave a fused kernel (inside one, nothing reaches memory).
 
     A group in ``demoted`` (ids of groups whose kernel failed to compile: the wrapper runs their
-    nodes eagerly, ``codegen/wrapper.py``) runs every node on its own, and a value of it that the
+    nodes eagerly, ``codegen/wrapper/``) runs every node on its own, and a value of it that the
     plan (``memory``) put in a region of a cat or pad is copied there after it is computed."""
     demoted = set(demoted)
     total = 0

@@ -20,7 +20,7 @@ from .tune import tune_site
 @dataclass(frozen=True)
 class Dispatch:
     """A call site chosen per range of one size: the generated wrapper's ``if`` chain
-    (``codegen/wrapper.py``) calls ``branches[i]`` where the size is at most ``bounds[i]`` (the
+    (``codegen/wrapper/``) calls ``branches[i]`` where the size is at most ``bounds[i]`` (the
     last bound None: every larger size)."""
 
     op: torch._ops.OpOverload

@@ -1,69 +1,26 @@
-"""The generated wrapper: readable Python source that runs one planned graph.
-
-Shape of the source::
-
-    def kernel3(mm, arg2_1, add):            # one function per kernel group (any backend)
-        aten.add.out(mm, arg2_1, out=add)     # torch.ops.aten.add.out, bound once at load
-
-    def call(args):
-        arg0_1, arg1_1, arg2_1 = args
-        args.clear()                          # inputs are freed after their last use
-        s0 = arg0_1.size(0)                   # size symbols read off the inputs
-        ...
-        arena0 = empty_strided_cpu((...,), (1,), torch.uint8)     # arena0: live 4..9
-        arena0_f32 = arena0.view(torch.float32)
-        add = arena0_f32.as_strided((s0, 16), (16, 1), 0)           # planned buffer = arena view
-        kernel3(mm, arg2_1, add)
-        ...
-        del add, arena0, arena0_f32           # the arena's last buffer is dead: arena freed
-        ...
-        return (out,)
-
-Graph outputs (and everything they view) are allocated fresh per call, never in the arena, so
-values an earlier call returned are never overwritten by a later one.  A large one on the CPU
-(``Buffer.recycled``) is allocated over the bytes it had on one of the last two calls where the
-caller holds nothing of that result any more (``_recycled.empty(...)``: ``runtime.Recycled``),
-which spares the allocator's fresh pages and their faults.  Intermediates are released (``del``)
-after their last use, so eager fallbacks do not hold memory longer than eager.
-An arena (there may be several per device, each over a window of the schedule) is allocated just
-before the first kernel writing one of its buffers, and its name and typed views are deleted
-together with the last of its buffers, so its storage is freed as soon as no buffer in it is
-live (a later view of a buffer keeps it alive as long as needed).
-A kernel whose backend fails to compile it falls back to eager calls for its nodes.
-
-A second function, ``call_profiled``, is ``call`` with each kernel call inside a profiler range
-named after the kernel (``kernel_range``); it is compiled and used only for calls made while a
-profiler records (``Compiled.call_boxed``).
-
-Kept arenas (``plan.memory.kept_bytes``: static sizes, ``Config.keep_arenas``): the arenas sit
-at their own offsets in one block, and every view of a buffer in them is made once, by
-``_arenas()``; ``call`` takes them (``runtime.KeptArenas``) and unpacks them at its start, and
-lends them back when it returns: no allocation, no view and no ``del`` for them per call.  Ops
-are called as ``aten.cumsum.out(...)``: namespaces of the graph's ops bound once to their dispatcher
-entries (``runtime.bind_ops``), matmuls through torch's bindings (``runtime.PUBLIC_OUT``); views of
-wrapper values through the Tensor methods.  A tensor an ATen call allocated that a generated
-kernel reads at its traced strides has its layout checked first (``guard_layout``).
-"""
+"""The wrapper plan of one planned graph (``steps.WrapperPlan``), computed from its schedule and
+memory plan: where each node runs (``positions``), the names of its values and sizes, when each
+arena is allocated and released, the kept arenas' views, the layout guards, each group's kernel
+(compiled by its backend, or demoted to eager calls where that fails).  ``source.py`` prints it."""
 
 from __future__ import annotations
 
 import itertools
 import keyword
-import linecache
 import logging
 import math
 import operator
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
 import torch
 import torch.fx as fx
 
-from ..core.collectives import symmetric_arg_nodes
-from ..core.config import Config
-from ..core.graph import (
+from ...core.collectives import symmetric_arg_nodes
+from ...core.config import Config
+from ...core.graph import (
     CUSTOM_OP_DISPATCH,
     FALLBACK_BACKEND,
     VAL,
@@ -78,12 +35,14 @@ from ..core.graph import (
     storage_root,
     tensors,
 )
-from ..core.plan import Buffer, Group, Plan
-from ..core.regions import PAD, container_inputs, pad_border, regions
-from . import runtime, symmetric_runtime as symmetric
-from .api import Kernel, KernelContext
-from .pyexpr import PyExprPrinter, format_arg, format_call, literal
-from .registry import Registry
+from ...core.plan import Buffer, Group, Plan
+from ...core.regions import PAD, container_inputs, pad_border, regions
+from .. import runtime, symmetric_runtime as symmetric
+from ..api import Kernel, KernelContext
+from ..pyexpr import PyExprPrinter, format_arg, format_call, literal
+from ..registry import Registry
+from .source import KERNEL_RANGE
+from .steps import Assign, Choose, Guard, KeptArenas, Launch, Note, Release, Return, Run, Step, WrapperPlan
 
 log = logging.getLogger("fxforge")
 
@@ -92,45 +51,6 @@ _DTYPE_SHORT = {
     torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
     torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128",
 }
-
-
-@dataclass
-class Wrapper:
-    source: str
-    globals: dict[str, Any]
-    kernels: list[Kernel]
-    # Groups whose kernel failed to compile and ran as fallbacks instead: (group id, reason).
-    demoted: list[tuple[int, str]] = field(default_factory=list)
-    # ``call_profiled(args)``: ``call`` with each kernel call inside a profiler range named after
-    # the kernel (``KERNEL_RANGE``), compiled the first time a call runs under a profiler.
-    profiled_source: str = ""
-    # The ops the source calls through namespaces bound at load (``runtime.bind_ops``): (namespace,
-    # name, overload) -> op.  Their namespaces are among ``globals``.
-    ops: dict = field(default_factory=dict)
-    # What each backend's ``link`` was given (``KernelContext.units``), by backend name: the C
-    # kernels' translation units (a package builds them again for other CPUs).
-    units: dict = field(default_factory=dict)
-
-    def load(self, filename: str):
-        """Compile the source; returns ``call(args)``, which runs the graph, and a function
-        returning ``call_profiled`` (compiled on its first use, into the same namespace)."""
-        ns = dict(self.globals)
-        exec(_compiled(self.source, filename), ns)
-        profiled: list = []
-
-        def load_profiled():
-            if not profiled:
-                exec(_compiled(self.profiled_source, filename + "-profiled"), ns)
-                profiled.append(ns["call_profiled"])
-            return profiled[0]
-
-        return ns["call"], load_profiled
-
-
-def _compiled(source: str, filename: str):
-    """``source`` compiled, its lines kept where tracebacks and debuggers look for them."""
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    return compile(source, filename, "exec")
 
 
 @dataclass
@@ -172,7 +92,11 @@ def positions(plan: Plan, returned: set[fx.Node]) -> Positions:
     return Positions(emit_at, late, dead_at, order)
 
 
-class _Builder:
+class _Planner:
+    """Walks the schedule once (``build``), appending each node's steps and keeping what the walk
+    needs to know at each point: the names bound, the arenas allocated and the buffers still to be
+    written in each, the values laid out as traced, the kept arenas' views."""
+
     def __init__(self, gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph"):
         self.gm, self.plan, self.registry, self.config = gm, plan, registry, config
         self.graph = graph
@@ -181,10 +105,8 @@ class _Builder:
         self.const_names: dict[int, str] = {}
         self.sym: dict[sympy.Symbol, str] = {}
         self.pexpr = PyExprPrinter(self.sym)
-        self.lines: list[str] = []
+        self.steps: list[Step] = []  # call()'s body (``steps.py``)
         self.kernels: list[Kernel] = []
-        self.kernel_sources: list[str] = []
-        self.kernel_lines: dict[int, str] = {}  # index in ``lines`` of a kernel call -> its profiler range
         self.demoted: list[tuple[int, str]] = []
         self.demoted_nodes: set[fx.Node] = set()
         self.node_names = {n.name for n in gm.graph.nodes}
@@ -209,7 +131,7 @@ class _Builder:
         # are made once, by ``setup`` (a function of its own); ``call`` takes them at its start.
         self.kept = plan.memory.kept_bytes > 0
         self.arenas = {a.name: a for a in plan.memory.arenas}
-        self.setup: list[str] = []
+        self.setup: list[Step] = []
         self.kept_names: dict[str, None] = {}  # made by _arenas(), in order
         self.ops: dict[tuple[str, str, str], torch._ops.OpOverload] = {}  # bound once: runtime.bind_ops
         self.units: dict[str, Any] = {}  # KernelContext.units: what each backend links at the end
@@ -286,7 +208,7 @@ class _Builder:
             if isinstance(e, sympy.Symbol) and e not in self.sym:
                 name = self.fresh(str(e) if str(e) not in self.taken else f"_{e}")
                 self.sym[e] = name
-                self.lines.append(f"{name} = {read}")
+                self.steps.append(Assign(name, read))
 
     # ------------------------------------------------------------------ emission
 
@@ -411,7 +333,7 @@ class _Builder:
         name = f"{arena}_{_DTYPE_SHORT.get(dtype, str(dtype).replace('torch.', ''))}"
         if (arena, dtype) not in self._typed:
             self._typed[(arena, dtype)] = name
-            (self.setup if held else self.lines).append(f"{name} = {arena}.view({literal(dtype)})")
+            (self.setup if held else self.steps).append(Assign(name, f"{arena}.view({literal(dtype)})"))
         return name
 
     def view_of_kept(self, n: fx.Node) -> bool:
@@ -436,18 +358,19 @@ class _Builder:
                 a.name, a.device, a.symmetric, a.alloc_id, a.start_barrier,
                 sorted((b.name, self.plan.memory.hint(b.offset), self.plan.memory.hint(b.nbytes))
                        for b in self.plan.memory.buffers.values() if b.arena == a.name))
-            self.lines.append(f"{a.name}_h = _{a.name}.acquire({self.size(a.nbytes)})  # {a.name}: symmetric memory "
-                              f"of group {a.symmetric!r}, alloc id {a.alloc_id:#x}, kept across calls")
-            self.lines.append(f"{a.name} = {a.name}_h.local")
+            self.steps += [Assign(f"{a.name}_h", f"_{a.name}.acquire({self.size(a.nbytes)})",
+                                  f"{a.name}: symmetric memory of group {a.symmetric!r}, alloc id {a.alloc_id:#x}, "
+                                  "kept across calls"),
+                           Assign(a.name, f"{a.name}_h.local")]
         elif self.kept:
             end = a.block_offset + int(a.nbytes)
-            self.setup.append(f"# {a.name}: bytes {a.block_offset}..{end} of the block, live {a.start}..{a.end}")
+            self.setup.append(Note(f"{a.name}: bytes {a.block_offset}..{end} of the block, live {a.start}..{a.end}"))
             return  # the block is poisoned once per call
         else:
-            self.lines.append(f"{a.name} = {self.empty(f'({self.size(a.nbytes)},)', '(1,)', torch.uint8, a.device)}"
-                              f"  # {a.name}: live {a.start}..{a.end}")
+            self.steps.append(Assign(a.name, self.empty(f"({self.size(a.nbytes)},)", "(1,)", torch.uint8, a.device),
+                                     f"{a.name}: live {a.start}..{a.end}"))
         if self.config.poison_arena:
-            self.lines.append(f"{a.name}.fill_(255)  # poison: NaN for floats")
+            self.steps.append(Run(f"{a.name}.fill_(255)", "poison: NaN for floats"))
 
     def released(self, dead: list[str]) -> list[str]:
         """``dead`` plus every arena (and its typed views) whose last bound buffer is in ``dead``
@@ -475,7 +398,7 @@ class _Builder:
                 self.bind_buffer(self.plan.memory.buffers[b.base])
             base = self.plan.memory.buffers.get(b.base)
             rhs = self.region(base.name, base, b.region, b.shape) if b.kind == "slice" else self.alloc(b)
-            self.setup.append(f"{b.name} = {rhs}")
+            self.setup.append(Assign(b.name, rhs))
             self.kept_names[b.name] = None
             return
         if b.kind == "slice":
@@ -503,15 +426,15 @@ class _Builder:
         (n,) = [m for m in g.nodes if node_kind(m) == "compute"]
         b = self.plan.memory.of(n, None)
         self.bind_buffer(b)
-        self.lines.append(f"# {n.name}: {op_display(n.target)} in place "
-                          f"({sum(ZERO_COPY.of(n))} of {len(ZERO_COPY.of(n))} inputs written into it)")
+        self.steps.append(Note(f"{n.name}: {op_display(n.target)} in place "
+                               f"({sum(ZERO_COPY.of(n))} of {len(ZERO_COPY.of(n))} inputs written into it)"))
         for a, start, taken in zip(container_inputs(n), regions(n), ZERO_COPY.of(n)):
             if not taken:
-                self.lines.append(f"{self.region(b.name, b, start, _shape(a))}.copy_({format_arg(a, self.ref, self.const)})")
+                self.steps.append(Run(f"{self.region(b.name, b, start, _shape(a))}.copy_({format_arg(a, self.ref, self.const)})"))
         if n.target is PAD:
             value = n.args[2] if len(n.args) > 2 else n.kwargs.get("value", 0)
             for start, shape in pad_border(n):
-                self.lines.append(f"{self.region(b.name, b, start, shape)}.fill_({format_arg(value, self.ref, self.const)})")
+                self.steps.append(Run(f"{self.region(b.name, b, start, shape)}.fill_({format_arg(value, self.ref, self.const)})"))
 
     def planned(self, g: Group) -> list[Buffer]:
         """The planned buffers the group's kernel writes."""
@@ -564,7 +487,7 @@ class _Builder:
                                  f"{cost} disagrees with its kernel {k.name} ({k.num_args} launch arguments, "
                                  f"{k.unique_io_buffers} io buffers)")
 
-    def build(self) -> Wrapper:
+    def build(self) -> WrapperPlan:
         plan = self.plan
         self._typed: dict[tuple[str, torch.dtype], str] = {}
         for b in plan.memory.buffers.values():
@@ -586,7 +509,8 @@ class _Builder:
             i = at.emit_at[n]
             self.emit_node(n)
             for arena in barriers.get(n.name, ()):
-                self.lines.append(f"{arena}_h.barrier()  # every rank is done reading {arena}: its bytes may be written again")
+                self.steps.append(Run(f"{arena}_h.barrier()",
+                                      f"every rank is done reading {arena}: its bytes may be written again"))
             if i == at.emit_at.get(next_node.get(n), -1):
                 continue  # more nodes run at this position: release after the last of them
             dead = [d.name for d in at.dead_at.get(i, ()) if d.name in self.bound]
@@ -594,10 +518,10 @@ class _Builder:
             self.unheld = []
             if dead:
                 self.bound.difference_update(dead)
-                self.lines.append("del " + ", ".join(self.released(dead)))
+                self.steps.append(Release(tuple(self.released(dead))))
         out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
-        self.lines.append(f"return {format_arg(out.args[0], self.ref, self.const)}")
-        return self.wrapper(placeholders)
+        self.steps.append(Return(format_arg(out.args[0], self.ref, self.const)))
+        return self.wrapper_plan(placeholders)
 
     def emit_node(self, n: fx.Node) -> None:
         """The lines of node ``n`` at its position: its group's kernel (at the group's last node),
@@ -618,7 +542,7 @@ class _Builder:
         elif kind == "getitem" and self.written_by_kernel(n.args[0], n.args[1]):
             pass  # the producer's kernel wrote this planned buffer
         elif kind == "view" and g is None and self.view_of_kept(n):
-            self.setup.append(f"{n.name} = {self.call_source(n)}")  # a view of kept bytes: made once too
+            self.setup.append(Assign(n.name, self.call_source(n)))  # a view of kept bytes: made once too
             self.kept_names[n.name] = None
             self.traced_view(n)
         else:
@@ -628,7 +552,7 @@ class _Builder:
                 self.emit_dispatch(n, dispatch)
             else:
                 if g is not None:
-                    self.lines.append(f"# {n.name}: eager fallback ({g.reason})")
+                    self.steps.append(Note(f"{n.name}: eager fallback ({g.reason})"))
                 self.assign(n.name, self.call_source(n))
             if kind == "view" and g is None:
                 self.traced_view(n)
@@ -637,86 +561,39 @@ class _Builder:
             if kind in ("compute", "getitem"):
                 self.guard_layout(n)
 
-    def wrapper(self, placeholders: list[fx.Node]) -> Wrapper:
-        """The module source around the body's lines: the kernels, the kept arenas' setup, and
-        ``call`` and ``call_profiled`` (the same lines, each kernel inside a profiler range)."""
-        head = []
-        if placeholders:
-            names = ", ".join(n.name for n in placeholders)
-            head.append(f"{names}{',' if len(placeholders) == 1 else ''} = args")
-        # The caller's list must not keep inputs alive: each is freed after its last use here.
-        head.append("args.clear()")
-        src = [
-            f"# fxforge wrapper: {len(self.kernels)} kernels, {len(self.plan.memory.arenas)} arenas",
-            "import math, operator",
-            "import torch",
-            "",
-        ]
+    def wrapper_plan(self, placeholders: list[fx.Node]) -> WrapperPlan:
+        """The plan of the module: the steps, the kept arenas, the kernels linked by their
+        backends (``CodegenBackend.link``: each backend's kernels built together) and the ops
+        bound once at load."""
         if self.ops:
             self.globals.update(runtime.bind_ops(self.ops))
-            spaces = sorted({ns for ns, _, _ in self.ops})
-            src += [f"# {', '.join(spaces)}: the ops of torch.ops.{{{','.join(spaces)}}} this graph calls, each bound "
-                    "once to its dispatcher entry", ""]
-        for name, unit in self.units.items():  # each backend's kernels built together (CodegenBackend.link)
+        for name, unit in self.units.items():
             link = self.registry.get(name).link
             if link is not None:
                 self.globals.update(link(unit))
-        for ks in self.kernel_sources:
-            src += [ks.rstrip("\n"), "", ""]
+        kept = None
         if self.kept:
-            src += self.setup_source()
-        if "Recycled" in self.globals:
-            src += ["_recycled = Recycled()  # fresh buffers handed out again once the caller drops them", "", ""]
-
-        def function(name: str, body: list[str]) -> list[str]:
-            if self.kept:
-                names = ", ".join(["_block", *self.kept_names])
-                take = ["_views = _kept.take()", "try:"]
-                inner = [f"{names}, = _views"] + (["_block.fill_(255)  # poison: NaN for floats"]
-                                                  if self.config.poison_arena else [])
-                body = take + ["    " + l for l in inner + body] + ["finally:", "    _kept.give(_views)"]
-            return [f"def {name}(args):"] + ["    " + l for l in head + body]
-
-        profiled = []
-        for i, line in enumerate(self.lines):
-            if i in self.kernel_lines:
-                profiled += [f"with {KERNEL_RANGE}({self.kernel_lines[i]!r}):", "    " + line]
-            else:
-                profiled.append(line)
+            device = next(a.device for a in self.plan.memory.arenas if a.symmetric is None)
+            block = self.empty(f"({self.plan.memory.kept_bytes},)", "(1,)", torch.uint8, device)
+            kept = KeptArenas(self.plan.memory.kept_bytes, block, self.setup, list(self.kept_names))
+            self.globals["KeptArenas"] = runtime.KeptArenas
         self.globals[KERNEL_RANGE] = torch.profiler.record_function
-        src += function("call", self.lines)
-        return Wrapper("\n".join(src) + "\n", self.globals, self.kernels, self.demoted,
-                       "\n".join(function("call_profiled", profiled)) + "\n", self.ops, self.units)
-
-    def setup_source(self) -> list[str]:
-        """``_arenas()``: the block holding every arena, and the buffer views in them, made once
-        (``runtime.KeptArenas``: a call finding them in use makes its own)."""
-        device = next(a.device for a in self.plan.memory.arenas if a.symmetric is None)
-        lines = [f"_block = {self.empty(f'({self.plan.memory.kept_bytes},)', '(1,)', torch.uint8, device)}"]
-        lines += self.setup + [f"return {', '.join(['_block', *self.kept_names])},"]
-        self.globals["KeptArenas"] = runtime.KeptArenas
-        return ["def _arenas():  # kept across calls: made on the first call, reused by the next ones"] + \
-               ["    " + l for l in lines] + ["", "", "_kept = KeptArenas(_arenas)", "", ""]
+        return WrapperPlan([n.name for n in placeholders], self.steps, kept, self.kernels, self.globals,
+                           len(self.plan.memory.arenas), sorted({ns for ns, _, _ in self.ops}), self.config.poison_arena,
+                           "Recycled" in self.globals, self.demoted, self.ops, self.units)
 
     def emit_dispatch(self, n: fx.Node, d) -> None:
         """A tuned custom op chosen per range of one size (``custom_ops.Dispatch``): an ``if``
         chain on the size, each branch calling its range's winner."""
         size = f"{format_arg(d.size_arg(n), self.ref, self.const)}.size({d.dim})"
-        self.lines.append(f"# {n.name}: {n.target.name()} chosen per range of {d.tensor}.size({d.dim}) "
-                          "(custom-op tuning)")
-        lo = 1
-        for i, (bound, branch) in enumerate(zip(d.bounds, d.branches)):
-            fn = self.op(branch) if isinstance(branch, torch._ops.OpOverload) else self.const(branch)
-            call = f"    {n.name} = {format_call(fn, n.args, n.kwargs, self.ref, self.const)}"
-            if bound is None:  # the last range (a Dispatch has two at least)
-                self.lines += ["else:", call + f"  # {lo}.."]
-            else:
-                self.lines += [f"{'elif' if i else 'if'} {size} <= {bound}:", call + f"  # {lo}..{bound}"]
-                lo = bound + 1
+        self.steps.append(Note(f"{n.name}: {n.target.name()} chosen per range of {d.tensor}.size({d.dim}) (custom-op tuning)"))
+        cases = [(bound, format_call(self.op(branch) if isinstance(branch, torch._ops.OpOverload) else self.const(branch),
+                                     n.args, n.kwargs, self.ref, self.const)) for bound, branch in zip(d.bounds, d.branches)]
+        self.steps.append(Choose(n.name, size, tuple(cases)))
         self.bound.add(n.name)
 
     def assign(self, name: str, rhs: str) -> None:
-        self.lines.append(f"{name} = {rhs}")
+        self.steps.append(Assign(name, rhs))
         self.bound.add(name)
 
     def read_at_traced_layout(self, node: fx.Node) -> bool:
@@ -746,10 +623,7 @@ class _Builder:
             stride = _tuple(self.size(s) for s in val.stride())
         except KeyError:  # a size the wrapper has no name for: the kernel's own checks apply
             return
-        # the plain comparison first: as_traced (which ignores the strides of size-1 dims) runs
-        # only where it differs
-        self.lines.append(f"if {node.name}.stride() != {stride}:")
-        self.lines.append(f"    {node.name} = as_traced({node.name}, {stride})")
+        self.steps.append(Guard(node.name, stride))
         self.globals["as_traced"] = runtime.as_traced
         self.traced.add(node.name)
 
@@ -762,34 +636,26 @@ class _Builder:
             self.demoted_nodes.update(g.nodes)
             self.forget_buffers(g)
             for n in g.nodes:
-                self.lines.append(f"# {n.name}: eager fallback (kernel failed to compile)")
+                self.steps.append(Note(f"{n.name}: eager fallback (kernel failed to compile)"))
                 self.assign(n.name, self.call_source(n))
                 b = self.plan.memory.of(n, None) if node_kind(n) == "compute" else None
                 if b is not None and b.kind == "slice":  # its cat/pad expects it in place
                     base = self.plan.memory.buffers[b.base]
                     self.bind_buffer(base)
-                    self.lines.append(f"{self.region(base.name, base, b.region, b.shape)}.copy_({n.name})")
+                    self.steps.append(Run(f"{self.region(base.name, base, b.region, b.shape)}.copy_({n.name})"))
             return
         for b in self.planned(g):
             self.bind_buffer(b)
             if b.name not in self.node_names and b.name not in self.kept_names:
                 self.unheld.append(b.name)
         self.kernels.append(k)
-        self.kernel_sources.append(k.source)
-        call = f"{k.name}({', '.join(k.args)})"
-        self.kernel_lines[len(self.lines)] = kernel_range(self.graph, k, g)
-        if k.returns:
-            self.lines.append(f"{', '.join(k.returns)}{',' if len(k.returns) == 1 else ''} = {call}")
-            self.bound.update(k.returns)
-            for n in g.nodes:
-                if n.name in k.returns:
-                    self.guard_layout(n)
-        else:
-            self.lines.append(call)
+        self.steps.append(Launch(k.name, tuple(k.args), tuple(k.returns), kernel_range(self.graph, k, g)))
+        self.bound.update(k.returns)
+        for n in g.nodes:
+            if n.name in k.returns:
+                self.guard_layout(n)
 
 
-# The profiler range each kernel call of ``call_profiled`` runs in.
-KERNEL_RANGE = "_kernel_range"
 # Ops named in a kernel's range, at most (then "...").
 RANGE_OPS = 6
 
@@ -818,13 +684,13 @@ def _tuple(items) -> str:
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
-def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph") -> Wrapper:
-    """The wrapper of ``gm`` (``graph``: its name in profiler ranges, ``forward-0``...)."""
-    return _Builder(gm, plan, registry, config, graph).build()
+def plan_wrapper(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph") -> WrapperPlan:
+    """The wrapper plan of ``gm`` (``graph``: its name in profiler ranges)."""
+    return _Planner(gm, plan, registry, config, graph).build()
 
 
 # Views that are only a layout (sizes, strides, offset) of their base's elements: the wrapper
-# may make them with ``runtime.reinterpret`` (``_Builder.reinterpreted``).  Not ``conj`` or
+# may make them with ``runtime.reinterpret`` (``_Planner.reinterpreted``).  Not ``conj`` or
 # ``_neg_view`` (a bit on the tensor), not dtype views, not ``reshape`` (a copy where no view fits).
 LAYOUT_VIEWS = {
     torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
