@@ -8,7 +8,7 @@ import itertools
 import logging
 import os
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
@@ -18,7 +18,8 @@ from .codegen import wrapper
 from .codegen.registry import DEFAULT_REGISTRY, Registry
 from .artifact.compiled import Compiled, KernelInfo
 from .core.config import Config
-from .core.graph import BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, VAL, count_compute_nodes, output_nodes
+from .core.graph import (BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, GUARD_INPUTS, REGION, VAL, count_compute_nodes,
+                         output_nodes, region_body)
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.conv_layout import ConvLayout
 from .lowering.crops import LowerCrops
@@ -37,7 +38,7 @@ from .passes.symmetric import LowerAllReduceToSymmetric, PlaceSymmetric
 from .infra.pass_manager import PassError, PassManager, pass_name
 from .artifact.stats import CompileStats
 from .infra.progress import Progress
-from .core.plan import Group, Plan, group_outputs
+from .core.plan import Group, Plan, Region, group_outputs
 from .report.hooks import on_compiled
 from .report.record import PassRecorder
 
@@ -126,18 +127,67 @@ def compile_graph(
     kind: str = "graph",
     registry: Registry | None = None,
     passes: Sequence | None = None,
+    region: str = "",
 ) -> Compiled:
-    """Compile an ATen-level GraphModule whose nodes carry ``meta["val"]``."""
-    progress = Progress(kind, count_compute_nodes(gm), enabled=config.progress)
+    """Compile an ATen-level GraphModule whose nodes carry ``meta["val"]`` (``region``: the name
+    of the ``invoke_subgraph`` body it is, called from a graph of this ``kind``)."""
+    progress = Progress(f"{kind} region {region}" if region else kind, count_compute_nodes(gm), enabled=config.progress)
     try:
         with _older_objects_frozen():
-            return _compile_graph(gm, config, kind, registry or DEFAULT_REGISTRY, passes, progress)
+            return _compile_graph(gm, config, kind, registry or DEFAULT_REGISTRY, passes, progress, region)
     finally:
         progress.close()
 
 
+def compile_regions(gm: fx.GraphModule, config: Config, kind: str, registry: Registry) -> list[Region]:
+    """Each distinct ``invoke_subgraph`` body of ``gm`` (``torch.compiler.nested_compile_region``,
+    and the forward and backward bodies AOTAutograd partitions it into) compiled once, by this
+    same pipeline; every node invoking it gets the compiled body (``REGION``), which its kernel
+    calls.  Bodies that are the same program (the same code over inputs of the same sizes,
+    strides and dtypes) share one compile.  A body whose compile fails is left to its nodes,
+    which run it eagerly (logged; raised in debug mode)."""
+    found: dict[Any, Region | None] = {}
+    keys: dict[int, Any] = {}  # body -> its key, read before its compile transforms it
+    for n in gm.graph.nodes:
+        body = region_body(n)
+        if body is None:
+            continue
+        key = keys.setdefault(id(body), _body_key(body))
+        if key not in found:
+            name = n.args[1] if len(n.args) > 1 and isinstance(n.args[1], str) else n.args[0].target
+            GUARD_INPUTS.set(body, True)  # (the caller passes its values as it has laid them out)
+            try:
+                c = compile_graph(body, config, kind=kind, registry=registry, region=name)
+                found[key] = Region(name, c.generated, c)
+            except Exception as e:
+                if config.debug:
+                    raise
+                log.warning("fxforge: could not compile the region %s (%s: %s); its calls run it eagerly",
+                            name, type(e).__name__, e)
+                found[key] = None
+        region = found[key]
+        if region is not None:
+            region.sites.append(n.name)
+            REGION.set(n, region)
+    return [r for r in found.values() if r is not None]
+
+
+def _body_key(body: fx.GraphModule) -> Any:
+    """What makes two region bodies the same program: their code and their inputs' layouts (a
+    body holding attributes of its own, constants, is only itself)."""
+    if any(n.op == "get_attr" for n in body.graph.nodes):
+        return id(body)
+    inputs = []
+    for n in body.graph.nodes:
+        if n.op == "placeholder":
+            v = n.meta.get(VAL)
+            inputs.append((str(v.shape), str(v.stride()), v.dtype, str(v.device)) if isinstance(v, torch.Tensor)
+                          else (type(v).__name__, str(v)))
+    return body.code, tuple(inputs)
+
+
 # The stage that follows each of ``_compile_graph``'s stages (the progress line names it).
-_NEXT_STAGE = {"passes": "schedule", "schedule": "memory plan", "memory_plan": "kernels and wrapper",
+_NEXT_STAGE = {"regions": "passes", "passes": "schedule", "schedule": "memory plan", "memory_plan": "kernels and wrapper",
                "codegen": "loading"}
 
 
@@ -204,23 +254,28 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
 
 
 def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
-                   progress: Progress) -> Compiled:
+                   progress: Progress, region: str = "") -> Compiled:
     t0 = time.perf_counter()
     nodes_in = progress.nodes
     eager_peak = peak_bytes(gm, program_order(gm))
     stages = _Stages(progress)
+    regions = compile_regions(gm, config, kind, registry)
+    if regions:
+        stages.done("regions")
     graph_id = next(_graph_ids)
+    label = f"{kind}-region-{graph_id}" if region else f"{kind}-{graph_id}"
     recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
     gm, records = _run_passes(gm, config, kind, registry, passes, progress, recorder)
     stages.done("passes")
     plan, sched_stats = _plan(gm, config, kind, registry, stages)
-    w = wrapper.generate(gm, plan, registry, config, graph=f"{kind}-{graph_id}")
+    w = wrapper.generate(gm, plan, registry, config, graph=label)
     stages.done("codegen")
-    fn, profiled = w.load(f"<fxforge-{kind}-{graph_id}>")
+    fn, profiled = w.load(f"<fxforge-{label}>")
     stages.done("load")
 
     record = CompileStats.collect(kind, gm, plan.groups, plan.memory, w, records, sched_stats, nodes_in=nodes_in,
-                                  eager_peak=eager_peak, stages=stages.seconds, seconds=time.perf_counter() - t0)
+                                  eager_peak=eager_peak, stages=stages.seconds, seconds=time.perf_counter() - t0,
+                                  region=region, regions=regions)
     compiled = Compiled(
         fn,
         profiled=profiled,
@@ -236,22 +291,24 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
     )
     compiled.report_data = recorder.finish(w.kernels)
     compiled.artifact = w
-    _announce(compiled, config, kind, graph_id, record)
+    compiled.regions = regions
+    _announce(compiled, config, label, f"{kind} region {region} graph {graph_id}" if region else f"{kind} graph {graph_id}",
+              record)
     return compiled
 
 
-def _announce(compiled: Compiled, config: Config, kind: str, graph_id: int, record: CompileStats) -> None:
-    """The compiled graph's logs (TORCH_LOGS plan and code, the debug line), its watchers, and
-    its report where ``config.report_dir`` asks for one."""
+def _announce(compiled: Compiled, config: Config, label: str, title: str, record: CompileStats) -> None:
+    """The compiled graph's logs (TORCH_LOGS plan and code, the debug line, naming it ``title``),
+    its watchers, and its report where ``config.report_dir`` asks for one (``label``.html)."""
     if logs.PLAN.isEnabledFor(logging.INFO):
-        logs.PLAN.info("fxforge: memory plan of the %s graph %d\n%s", kind, graph_id, compiled.plan.memory.dump())
+        logs.PLAN.info("fxforge: memory plan of the %s\n%s", title, compiled.plan.memory.dump())
     if logs.CODE.isEnabledFor(logging.INFO):
-        logs.CODE.info("fxforge: generated code of the %s graph %d\n%s", kind, graph_id, compiled.source)
-    log.debug("fxforge: compiled %s graph %d: %d nodes, %d kernels, %d fallbacks, %.3f s", kind, graph_id,
+        logs.CODE.info("fxforge: generated code of the %s\n%s", title, compiled.source)
+    log.debug("fxforge: compiled %s: %d nodes, %d kernels, %d fallbacks, %.3f s", title,
               record.nodes_in, record.kernels, record.fallback_nodes, record.compile_seconds)
     on_compiled(compiled)  # compile watchers; tlparse artifacts when TORCH_TRACE is set
     if config.report_dir:
-        path = os.path.join(config.report_dir, f"{kind}-{graph_id}.html")
+        path = os.path.join(config.report_dir, f"{label}.html")
         try:
             os.makedirs(config.report_dir, exist_ok=True)
             compiled.write_report(path)

@@ -47,6 +47,8 @@ class Compiled:
     # The generated wrapper the source came from, with its globals and each backend's units (set
     # by compile_graph; what ``fxforge.package`` writes): None for a loaded package.
     artifact = None
+    # The compiled regions (``plan.Region``: ``invoke_subgraph`` bodies compiled once) this graph calls.
+    regions: list = []
 
     def __init__(
         self,
@@ -84,6 +86,12 @@ class Compiled:
         self.failures: list[str] = []  # why calls of the generated code failed (each ran eagerly)
         self.failed: str | None = None  # why the graph switched to eager for good, if it did
         self._proven = False  # a call has succeeded
+
+    @property
+    def generated(self) -> Callable[[list], Any]:
+        """The generated ``call(args)`` itself: no input check, no eager re-run on failure, no
+        grad mode set (a compiled region's caller calls it from its own generated code)."""
+        return self._fn
 
     def call_boxed(self, args: list) -> Any:
         """AOTAutograd's calling convention: one list of inputs, emptied by the call.

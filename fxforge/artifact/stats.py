@@ -15,7 +15,7 @@ from ..core.collectives import collective_stats
 from ..core.copies import graph_copy_bytes
 from ..core.graph import FALLBACK_BACKEND, peak_live_bytes
 from ..passes.memory import arena_intervals, arena_peak_bytes, symmetric_arena_bytes
-from ..core.plan import Group, MemoryPlan
+from ..core.plan import Group, MemoryPlan, Region
 
 # The keys every compile's ``stats`` holds (with a zero or empty value where nothing was seen).
 STAT_KEYS = (
@@ -68,6 +68,8 @@ class CompileStats:
     fallbacks: dict  # node name -> why it runs eagerly
     compile_seconds: float
     custom_ops: list = field(default_factory=list)  # the entry points fill it in (fxforge/custom_ops)
+    region: str = ""  # the invoke_subgraph body this graph is ("" for a graph that is none)
+    regions: list = field(default_factory=list)  # the compiled regions it calls (``region_stats``)
 
     @property
     def collective_bytes(self) -> int:
@@ -85,13 +87,17 @@ class CompileStats:
 
     @classmethod
     def collect(cls, kind: str, gm: fx.GraphModule, groups: list[Group], memory: MemoryPlan, emitted, records: Sequence,
-                schedule: dict, *, nodes_in: int, eager_peak: int, stages: dict, seconds: float) -> "CompileStats":
+                schedule: dict, *, nodes_in: int, eager_peak: int, stages: dict, seconds: float, region: str = "",
+                regions: Sequence[Region] = ()) -> "CompileStats":
         """The record of a compile: ``emitted``, the generated wrapper (``codegen.wrapper``);
-        ``records``, the passes' (``PassRecord``); ``schedule``, the scheduler's figures."""
+        ``records``, the passes' (``PassRecord``); ``schedule``, the scheduler's figures;
+        ``regions``, the compiled bodies the graph calls (their fallbacks and copies count as its
+        own: they run inside its calls)."""
         demoted = dict(emitted.demoted)
         # every node that runs eagerly, and why: refused by the backend, or its kernel failed to compile
         fallbacks = {n.name: g.reason for g in groups if g.backend == FALLBACK_BACKEND for n in g.nodes}
         fallbacks.update({n.name: demoted[g.id] for g in groups if g.id in demoted for n in g.nodes})
+        fallbacks.update({f"{r.name}/{name}": why for r in regions for name, why in r.compiled.stats["fallbacks"].items()})
         arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas if a.symmetric is None
                       for iv in arena_intervals(memory, a.name)]
         return cls(
@@ -104,7 +110,8 @@ class CompileStats:
             arenas=len(memory.arenas),
             lower_bound_bytes=peak_live_bytes(arena_live),
             eager_live_peak_bytes=eager_peak,
-            copy_bytes=graph_copy_bytes(groups, memory.hint, memory, demoted),
+            copy_bytes=graph_copy_bytes(groups, memory.hint, memory, demoted)
+            + sum(len(r.sites) * r.compiled.stats["copy_bytes"] for r in regions),
             symmetric_arena_bytes=symmetric_arena_bytes(memory),
             kept_arena_bytes=memory.kept_bytes,
             recycled_bytes=memory.recycled_bytes,
@@ -119,4 +126,15 @@ class CompileStats:
             passes=[r.as_dict() for r in records],
             fallbacks=fallbacks,
             compile_seconds=seconds,
+            region=region,
+            regions=[region_stats(r) for r in regions],
         )
+
+
+def region_stats(r: Region) -> dict[str, Any]:
+    """A compiled region as its caller's ``stats["regions"]`` lists it: where it is called, and
+    its body's own figures (compiled once for all its call sites)."""
+    s = r.compiled.stats
+    return {"name": r.name, "sites": list(r.sites), **{k: s[k] for k in (
+        "nodes_in", "kernels", "fused_nodes", "fallback_nodes", "arena_bytes", "kept_arena_bytes", "copy_bytes",
+        "compile_seconds")}}

@@ -2,8 +2,9 @@
 
 Each node calls the op's out variant (``lowering/out_variant.py``) with the planned buffers as
 outputs, custom operators included; an ATen op without a usable one runs functionally and keeps
-its result (``allocates``), a custom operator without one runs as an eager fallback.  CPU
-reference backend, and the default on CPU.
+its result (``allocates``), a custom operator without one runs as an eager fallback.  An
+``invoke_subgraph`` node whose body the spine compiled (``REGION``) calls that compiled body and
+keeps what it returns.  CPU reference backend, and the default on CPU.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx as fx
 
-from ..core.graph import ALLOCATES, VAL, free_symbols, is_mutating, node_kind, op_display, op_path, storage_root, tensor_val
+from ..core.graph import (ALLOCATES, REGION, VAL, free_symbols, is_mutating, node_kind, op_display, op_path, storage_root,
+                          tensor_val)
 from ..core.plan import Group
 from ..core.iteration import reduction_of
 from ..lowering.out_variant import out_variant, usable_on
@@ -30,6 +32,8 @@ aten = torch.ops.aten
 
 def accepts(node: fx.Node, config: Config) -> str | None:
     op = node.target
+    if REGION.on(node):
+        return None  # a compiled region: its kernel calls the body's generated code
     if not isinstance(op, torch._ops.OpOverload):
         return f"not an ATen operator ({op_display(op)})"
     if is_mutating(node):
@@ -70,6 +74,8 @@ def allocates(node: fx.Node, config: Config) -> bool:
     Out= overloads registered only as composites (``native_layer_norm.out``, ``embedding.out``...)
     run the functional op and copy its result: a planned buffer would cost a full extra write.
     """
+    if REGION.on(node):
+        return True
     if writes_by_copy(node):
         return False
     found = out_variant(node.target)
@@ -125,12 +131,13 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
         if kind != "compute":
             body.append(f"{node.name} = {call(op_source(op) if isinstance(op, torch._ops.OpOverload) else ctx.const(op), node)}")
             continue
-        body.append(f"# {node.name}: {op_display(op)}")
-        found = out_variant(op)
-        if ALLOCATES.get(node):
-            body.append(f"{node.name} = {call(op_source(op), node)}")
+        if ALLOCATES.get(node):  # the kernel keeps what the op (or a compiled region's body) returns
+            body += _region_call(node, ref, ctx) if REGION.on(node) else \
+                [f"# {node.name}: {op_display(op)}", f"{node.name} = {call(op_source(op), node)}"]
             returns.append(node.name)
             continue
+        body.append(f"# {node.name}: {op_display(op)}")
+        found = out_variant(op)
         if writes_by_copy(node):
             src = format_arg(node.args[0], ref, ctx.const)
             body.append(f"{param(ctx.buffer(node, None))}.copy_({src})")
@@ -161,6 +168,14 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     )
 
 
+def _region_call(node: fx.Node, ref, ctx: KernelContext) -> list[str]:
+    """The lines calling a compiled region's body (``REGION``) with the node's operands."""
+    region = REGION.of(node)
+    operands = ", ".join(format_arg(a, ref, ctx.const) for a in node.args[2:])
+    return [f"# {node.name}: region {region.name}, compiled once, called at {len(region.sites)} sites",
+            f"{node.name} = {ctx.const(region.call)}([{operands}])"]
+
+
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost:
     """What ``compile_group`` would give the group: one parameter per value read from outside
     and per planned output buffer; storages: those read plus those written."""
@@ -169,7 +184,8 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
     storages: set = set()
     for n in nodes:
         for a in n.all_input_nodes:
-            if a in members or (a.target is operator.getitem and a.args[0] in members):
+            if a in members or (a.target is operator.getitem and a.args[0] in members) or \
+                    (REGION.on(n) and a is n.args[0]):  # (a region's body is no argument of its call)
                 continue
             params.add(a)
             if tensor_val(a) is not None:

@@ -104,8 +104,22 @@ CUSTOM_OP_DISPATCH: MetaKey[Any] = MetaKey(
     "fxforge_custom_op_dispatch", "custom_ops.Dispatches, (op, shape key) -> Dispatch: calls of a tuned custom op "
     "chosen per range of a size, which the wrapper emits as an if chain (fxforge/custom_ops)", graph=True)
 
-_KEYS = (GROUP, BACKEND, FALLBACK, BUFFER, ALLOCATES, SLICE_OF, ZERO_COPY, SYMMETRIC, PROBES, INPUT_STRIDES,
-         FREE_OUTPUTS, CUSTOM_OP_DISPATCH)
+REGION: MetaKey[Any] = MetaKey(
+    "fxforge_region", "plan.Region: on an invoke_subgraph node, its body compiled once (spine.compile_regions), "
+    "which the node's kernel calls instead of running the body eagerly")
+BODY_RETURNS: MetaKey[dict] = MetaKey(
+    "fxforge_body_returns", "dict[int | None, int | None]: a higher-order op's body's output index -> the input "
+    "whose storage it shares, or None (graph.body_returns: read once per body)", graph=True)
+OUTPUT_ALIASES: MetaKey[tuple] = MetaKey(
+    "fxforge_output_aliases", "(args, val, dict): a higher-order op's outputs' aliases as graph._body_output_aliases "
+    "read them for these arguments and value")
+GUARD_INPUTS: MetaKey[bool] = MetaKey(
+    "fxforge_guard_inputs", "bool: callers may pass the graph's inputs laid out otherwise than traced (a compiled "
+    "region's call sites): the wrapper copies an input its kernels index at traced strides to them where it "
+    "differs", graph=True)
+
+_KEYS = (GROUP, BACKEND, FALLBACK, BUFFER, ALLOCATES, SLICE_OF, ZERO_COPY, SYMMETRIC, REGION, OUTPUT_ALIASES, PROBES,
+         INPUT_STRIDES, FREE_OUTPUTS, CUSTOM_OP_DISPATCH, BODY_RETURNS, GUARD_INPUTS)
 META_KEYS = {VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
              **{k: k.doc for k in _KEYS if not k.graph}}
 GRAPH_META_KEYS = {k: k.doc for k in _KEYS if k.graph}  # the keys fxforge writes in a GraphModule's own meta
@@ -374,8 +388,19 @@ def is_higher_order(node: fx.Node) -> bool:
 def _body_output_aliases(hop: fx.Node) -> dict[int | None, Any]:
     """Output index of ``hop`` (None: its only output) -> the operand whose storage that output
     shares, None (new storage), or ``_OPAQUE`` (unknown: the bodies disagree, or one cannot be
-    read or does not return what the node's value holds).  Each body is read once."""
+    read or does not return what the node's value holds).  Each body is read once
+    (``body_returns``), each node's answer kept for the arguments it was read with
+    (``OUTPUT_ALIASES``: every getitem of a many-output node asks)."""
     val = hop.meta.get(VAL)
+    kept = OUTPUT_ALIASES.get(hop)
+    if kept is not None and kept[0] is hop.args and kept[1] is val:
+        return kept[2]
+    found = _read_output_aliases(hop, val)
+    OUTPUT_ALIASES.set(hop, (hop.args, val, found))
+    return found
+
+
+def _read_output_aliases(hop: fx.Node, val: Any) -> dict[int | None, Any]:
     keys: list[int | None] = list(range(len(val))) if isinstance(val, (tuple, list)) else [None]
     name = hop.target.name()
     where = _BODIES.get(name)
@@ -388,18 +413,41 @@ def _body_output_aliases(hop: fx.Node) -> dict[int | None, Any]:
             body = fetch_attr(hop.graph.owning_module, b.target) if isinstance(b, fx.Node) and b.op == "get_attr" else None
             if not isinstance(body, fx.GraphModule):
                 return dict.fromkeys(keys, _OPAQUE)
-            slot = {p: k for k, p in enumerate(n for n in body.graph.nodes if n.op == "placeholder")}
-            out = next(n for n in reversed(body.graph.nodes) if n.op == "output").args[0]
+            returns = body_returns(body)
             if VAL not in hop.meta and not any(found.values()):  # no value to say what it returns: the body says
-                keys = list(range(len(out))) if isinstance(out, (tuple, list)) else [None]
+                keys = list(returns)
                 found = {k: set() for k in keys}
             for i in keys:
-                v = out if i is None else out[i]
-                k = slot.get(storage_root(v)) if isinstance(v, fx.Node) else None
+                k = returns[i]
                 found[i].add(None if k is None or not isinstance(operands[k], fx.Node) else operands[k])
-    except (IndexError, TypeError, AttributeError, StopIteration):
+    except (IndexError, TypeError, AttributeError, StopIteration, KeyError):
         return dict.fromkeys(keys, _OPAQUE)
     return {i: f.pop() if len(f) == 1 else _OPAQUE for i, f in found.items()}
+
+
+def body_returns(body: fx.GraphModule) -> dict[int | None, int | None]:
+    """Output index of a higher-order op's body (None: its only output) -> the index of the input
+    whose storage that output shares, or None.  Read once per body (``BODY_RETURNS``): a body is
+    called from many nodes (a compiled region's call sites), and compiling it keeps what it returns."""
+    returns = BODY_RETURNS.get(body)
+    if returns is None:
+        slot = {p: k for k, p in enumerate(n for n in body.graph.nodes if n.op == "placeholder")}
+        out = next(n for n in reversed(body.graph.nodes) if n.op == "output").args[0]
+        keys = list(range(len(out))) if isinstance(out, (tuple, list)) else [None]
+        returns = {i: slot.get(storage_root(v)) if isinstance(v, fx.Node) else None
+                   for i, v in ((i, out if i is None else out[i]) for i in keys)}
+        BODY_RETURNS.set(body, returns)
+    return returns
+
+
+def region_body(node: fx.Node) -> fx.GraphModule | None:
+    """The body graph an ``invoke_subgraph`` node calls (None for any other node, or a body that
+    is not a graph module of the node's own)."""
+    if not is_higher_order(node) or node.target.name() != "invoke_subgraph" or not node.args:
+        return None
+    b = node.args[0]
+    body = fetch_attr(node.graph.owning_module, b.target) if isinstance(b, fx.Node) and b.op == "get_attr" else None
+    return body if isinstance(body, fx.GraphModule) else None
 
 
 def fetch_attr(gm: Any, target: str) -> Any:

@@ -5,6 +5,7 @@
   allocation when it escapes to the caller), its dtype, shape, stride and live range.
 * ``MemoryPlan``: every buffer plus the arenas (per device, one per window of the schedule).
 * ``Plan``: schedule + groups + memory plan.
+* ``Region``: an ``invoke_subgraph`` body compiled once, called from each node invoking it.
 
 Sizes, strides and offsets are sympy expressions over the graph's size symbols; ``hint``
 evaluates them at the sizes of the traced example inputs.
@@ -13,6 +14,7 @@ evaluates them at the sizes of the traced example inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import sympy
 import torch
@@ -37,6 +39,18 @@ class Group:
     fused: bool = False
     # A fused kernel of one output may write it over an input it reads (``CodegenBackend.overwrites_inputs``).
     overwrites_inputs: bool = False
+
+
+@dataclass
+class Region:
+    """An ``invoke_subgraph`` body compiled once by the spine (``spine.compile_regions``): ``call``,
+    its generated ``call(args)``, which the kernel of every node invoking it calls; ``compiled``,
+    its ``Compiled`` (stats, kernels, source); ``sites``, the caller's nodes calling it."""
+
+    name: str
+    call: Callable[[list], Any]
+    compiled: Any
+    sites: list[str] = field(default_factory=list)
 
 
 def group_outputs(nodes: list[fx.Node], graph_outputs: set[fx.Node]) -> list[fx.Node]:

@@ -37,6 +37,8 @@ class GPTConfig:
     layers: int = 2
     # "matmul": q @ k^T, causal mask, softmax, @ v (one node each); "sdpa": F.scaled_dot_product_attention.
     attention: str = "matmul"
+    # Each block a ``torch.compiler.nested_compile_region``: traced and compiled once for all layers.
+    regions: bool = False
 
 
 class CausalSelfAttention(nn.Module):
@@ -73,12 +75,20 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class RegionBlock(Block):
+    """A block that dynamo traces once for every layer, and fxforge compiles once."""
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab, cfg.d)
         self.pos = nn.Embedding(cfg.seq, cfg.d)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList((RegionBlock if cfg.regions else Block)(cfg) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.d)
         self.head = nn.Linear(cfg.d, cfg.vocab, bias=False)
 

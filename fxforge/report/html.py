@@ -57,6 +57,8 @@ def _stat_value(key: str, v: Any) -> tuple[str, str]:
         return f"{len(v)} nodes", "see Graph: fallbacks"
     if key == "custom_ops":
         return f"{len(v)} sites", "see Custom ops" if v else ""
+    if key == "regions":
+        return f"{len(v)} regions", "see Regions" if v else ""
     if isinstance(v, float):
         return f"{v:.6g}", (f"{v * 100:.1f}%" if key == "fragmentation" else "")
     if isinstance(v, int) and not isinstance(v, bool) and key.endswith(BYTES_KEYS):
@@ -221,6 +223,37 @@ def _custom_ops_section(c, uid: str) -> str:
             f'chain); rejected candidates disagreed with the op and were never timed.</p>{"".join(parts)}</section>')
 
 
+def _regions_section(c, uid: str) -> str:
+    """The compiled regions the graph calls: each body once (its own tab), with its call sites."""
+    regions = c.stats.get("regions") or []
+    if not regions:
+        return ""
+    rows = [[r["name"], len(r["sites"]), Raw("<br>".join(f"<code>{esc(x)}</code>" for x in r["sites"])), r["nodes_in"],
+             r["kernels"], r["fallback_nodes"], fmt_bytes(r["arena_bytes"]), f"{r['compile_seconds']:.2f} s"]
+            for r in regions]
+    table = _table(["region", "calls", "call sites", "nodes", "kernels", "fallback nodes", "arena", "compiled in"], rows,
+                   "regions")
+    return (f'<section id="{uid}-regions"><h2>Regions</h2><p class="note">Each <code>invoke_subgraph</code> body '
+            f'(<code>torch.compiler.nested_compile_region</code>) is compiled once and called from every site; its '
+            f'kernels, memory plan and source are in its own tab.</p>{table}</section>')
+
+
+def _tab_name(c) -> str:
+    s = c.stats
+    return f"{s.get('graph', 'graph')} region {s['region']}" if s.get("region") else str(s.get("graph", "graph"))
+
+
+def _with_regions(graphs: list) -> list:
+    """The graphs, each followed by the compiled regions it calls that no graph before listed."""
+    out, seen = [], set()
+    for c in graphs:
+        for g in [c, *(r.compiled for r in getattr(c, "regions", []))]:
+            if id(g) not in seen:
+                seen.add(id(g))
+                out.append(g)
+    return out
+
+
 def _stats_section(c, uid: str) -> str:
     rows = [[k, *_stat_value(k, v)] for k, v in c.stats.items()]
     return f'<section id="{uid}-stats"><h2>Stats</h2>{_table(["stat", "value", ""], rows, "stats")}</section>'
@@ -239,7 +272,7 @@ def _graph_html(c, i: int, hidden: bool) -> str:
         body, d = make(c, uid)
         parts.append(body)
         data.update(d)
-    parts += [_custom_ops_section(c, uid), _stats_section(c, uid), _source_section(c, uid)]
+    parts += [_regions_section(c, uid), _custom_ops_section(c, uid), _stats_section(c, uid), _source_section(c, uid)]
     toc = " ".join(f'<a href="#{uid}-{s}">{t}</a>' for s, t in
                    (("memory", "Memory"), ("graph", "Graph"), ("passes", "Passes"), ("kernels", "Kernels"),
                     ("stats", "Stats"), ("source", "Source")))
@@ -249,8 +282,8 @@ def _graph_html(c, i: int, hidden: bool) -> str:
 
 def render(compiled: Any, *, title: str | None = None, notes: Sequence[str] = ()) -> str:
     """The report page of one ``Compiled`` or of several (one tab each)."""
-    graphs = list(compiled) if isinstance(compiled, (list, tuple)) else [compiled]
-    kinds = [str(c.stats.get("graph", "graph")) for c in graphs]
+    graphs = _with_regions(list(compiled) if isinstance(compiled, (list, tuple)) else [compiled])
+    kinds = [_tab_name(c) for c in graphs]
     title = title or "fxforge report: " + ", ".join(kinds) + (" graph" if len(kinds) == 1 else " graphs")
     tabs = ""
     if len(graphs) > 1:

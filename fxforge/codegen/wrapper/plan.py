@@ -23,6 +23,7 @@ from ...core.config import Config
 from ...core.graph import (
     CUSTOM_OP_DISPATCH,
     FALLBACK_BACKEND,
+    GUARD_INPUTS,
     VAL,
     ZERO_COPY,
     aliased_input,
@@ -502,8 +503,10 @@ class _Planner:
         placeholders = [n for n in plan.schedule if n.op == "placeholder"]
         for n in placeholders:
             self.bound.add(n.name)
-            self.traced.add(n.name)
             self.bind_symbols_from(n.name, n.meta.get(VAL))
+            if GUARD_INPUTS.get(self.gm):  # (a compiled region's caller passes its values as it has them)
+                self.guard_layout(n)
+            self.traced.add(n.name)
         next_node = dict(zip(at.order, at.order[1:]))
         for n in at.order:
             i = at.emit_at[n]
