@@ -6,11 +6,18 @@ previous node and an earlier one (a tree/DAG edge that keeps a value alive for a
 skip connection), drawn with a fixed seed.  ``meta["val"]`` comes from ``FakeTensorProp`` under a
 ``FakeTensorMode``, as AOTAutograd would leave it.  Tensors are small (``shape``): only the
 compiler's time is of interest here, not the kernels'.
+
+``make_mixed_graph`` mixes what real graphs hold instead (pointwise DAGs, row and column
+reductions broadcast back, transposes and reshapes, bias broadcasts, ``var_mean``
+normalizations, softmax, cat of slices, matmuls):
+``python bench/synthetic.py 10000 100000 --graph mixed [--seed S]`` (another seed: a graph the
+pipeline was not tuned on).
 """
 
 from __future__ import annotations
 
 import gc
+import operator
 import os
 import random
 import tempfile
@@ -50,6 +57,79 @@ def make_graph(n: int, *, inputs: int = 4, shape=(64,), seed: int = 0, skip_p: f
     return gm, example
 
 
+MIXED_UNARY = (aten.relu.default, aten.neg.default, aten.sin.default, aten.tanh.default, aten.sigmoid.default,
+               aten.abs.default)
+MIXED_BINARY = (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.maximum.default)
+ROW_FOLDS = (aten.sum.dim_IntList, aten.amax.default, aten.mean.dim)
+
+
+def make_mixed_graph(n: int, *, rows: int = 16, cols: int = 64, seed: int = 0, reach: int = 48):
+    """An ``fx.GraphModule`` of about ``n`` compute nodes of what real graphs mix, on
+    ``rows x cols`` activations: pointwise chains and DAG edges, row and column reductions
+    broadcast back, transposes and reshapes around pointwise work, a bias broadcast, multi-output
+    nodes (``var_mean`` normalizations, softmax), slices cat'ed together and a few matmuls;
+    ``meta["val"]`` on every node, and the real example inputs (the graph runs)."""
+    rng = random.Random(seed)
+    g = fx.Graph()
+    x0, x1 = g.placeholder("x0"), g.placeholder("x1")
+    bias, weight = g.placeholder("bias"), g.placeholder("weight")
+    values = [x0, x1]
+    count = [0]
+
+    def op(target, *args, **kwargs):
+        count[0] += 1
+        return g.call_function(target, args, kwargs)
+
+    def earlier():
+        return values[max(0, len(values) - 1 - rng.randint(1, reach))]
+
+    def step(x):
+        r = rng.random()
+        if r < 0.30:
+            return op(rng.choice(MIXED_UNARY), x)
+        if r < 0.48:
+            return op(rng.choice(MIXED_BINARY), x, earlier())
+        if r < 0.56:
+            fold = rng.choice(ROW_FOLDS)
+            red = op(fold, x, [1], True) if fold is not aten.amax.default else op(fold, x, [1], True)
+            return op(aten.sub.Tensor, x, red)
+        if r < 0.60:
+            return op(aten.mul.Tensor, x, op(aten.sum.dim_IntList, x, [0], True))
+        if r < 0.68:
+            t = op(aten.permute.default, x, [1, 0])
+            return op(aten.permute.default, op(rng.choice(MIXED_UNARY), t), [1, 0])
+        if r < 0.72:
+            v = op(aten.view.default, x, [4, rows // 4, cols])
+            return op(aten.view.default, op(rng.choice(MIXED_UNARY), v), [rows, cols])
+        if r < 0.77:
+            return op(aten.add.Tensor, x, bias)
+        if r < 0.85:
+            vm = op(aten.var_mean.correction, x, [1], correction=0, keepdim=True)
+            var, mean = op(operator.getitem, vm, 0), op(operator.getitem, vm, 1)
+            return op(aten.mul.Tensor, op(aten.sub.Tensor, x, mean), op(aten.rsqrt.default, op(aten.add.Tensor, var, 1e-5)))
+        if r < 0.91:
+            e = op(aten.exp.default, op(aten.sub.Tensor, x, op(aten.amax.default, x, [1], True)))
+            return op(aten.div.Tensor, e, op(aten.sum.dim_IntList, e, [1], True))
+        if r < 0.97:
+            a = op(aten.slice.Tensor, x, 1, 0, cols // 2)
+            b = op(aten.slice.Tensor, earlier(), 1, cols // 2, cols)
+            return op(aten.cat.default, [a, b], 1)
+        return op(aten.mm.default, x, weight)
+
+    while count[0] < n:
+        values.append(step(values[-1]))
+    outs = [values[-1]] + [values[(k * len(values)) // 5] for k in range(1, 5)]
+    g.output(tuple(dict.fromkeys(outs)))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    example = [torch.randn(rows, cols), torch.randn(rows, cols), torch.randn(cols), torch.randn(cols, cols) / cols]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    FakeTensorProp(gm, mode).propagate(*[mode.from_tensor(t) for t in example])
+    return gm, example
+
+
+GRAPHS = {"pointwise": make_graph, "mixed": make_mixed_graph}
+
+
 def _timed_stages(fn, stages: dict):
     """Run ``fn`` with fxforge.spine's stage functions wrapped in timers (schedule, groups,
     memory plan, wrapper generation), restored afterwards.  Read-only instrumentation: fxforge's
@@ -82,8 +162,8 @@ def _timed_stages(fn, stages: dict):
             setattr(mod, attr, orig)
 
 
-def pipeline_times(n: int, *, seed: int = 0) -> dict:
-    """Build a graph of ``n`` nodes and compile it with the default Config, its kernels built
+def pipeline_times(n: int, *, seed: int = 0, graph: str = "pointwise") -> dict:
+    """Build a graph of ``n`` nodes (``graph``: ``GRAPHS``' kind) and compile it with the default Config, its kernels built
     anew: in a fresh, temporary kernel cache, set up first by compiling a small graph there
     (``setup_s``: the machine's one-time costs, such as building the C launcher and probing the
     compiler, and the process's first compile).
@@ -99,7 +179,7 @@ def pipeline_times(n: int, *, seed: int = 0) -> dict:
         saved = os.environ.get("FXFORGE_CACHE_DIR")
         os.environ["FXFORGE_CACHE_DIR"] = cache
         try:
-            return _pipeline_times(n, seed)
+            return _pipeline_times(n, seed, GRAPHS[graph])
         finally:
             if saved is None:
                 del os.environ["FXFORGE_CACHE_DIR"]
@@ -107,21 +187,21 @@ def pipeline_times(n: int, *, seed: int = 0) -> dict:
                 os.environ["FXFORGE_CACHE_DIR"] = saved
 
 
-def _pipeline_times(n: int, seed: int) -> dict:
+def _pipeline_times(n: int, seed: int, make=make_graph) -> dict:
     import fxforge
     from fxforge.spine import compile_graph
 
-    small, _ = make_graph(8, seed=seed + 1)
+    small, _ = make(8, seed=seed + 1)
     t0 = time.perf_counter()
-    compile_graph(small, fxforge.Config(debug=False), kind="synthetic")
+    compile_graph(small, fxforge.Config(debug=False), kind="synthetic", cache=False)
     setup_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    gm, example = make_graph(n, seed=seed)
+    gm, example = make(n, seed=seed)
     build_s = time.perf_counter() - t0
     stages: dict[str, float] = {}
     gc.collect()  # a collection of the bench's own garbage must not land inside the timed compile
     cpu0 = time.process_time()
-    c = _timed_stages(lambda: compile_graph(gm, fxforge.Config(debug=False), kind="synthetic"), stages)
+    c = _timed_stages(lambda: compile_graph(gm, fxforge.Config(debug=False), kind="synthetic", cache=False), stages)
     compile_cpu_s = time.process_time() - cpu0
     s = c.stats
     passes = [{k: p[k] for k in ("name", "seconds", "nodes_before", "nodes_after")} for p in s["passes"]]
@@ -132,6 +212,7 @@ def _pipeline_times(n: int, seed: int) -> dict:
         got = c(*example)
         ok = all(torch.allclose(a, b, equal_nan=True) for a, b in zip(want, got))
     return {
+        "graph": getattr(make, "__name__", "graph"),
         "nodes": n,
         "nodes_in": s["nodes_in"],
         "build_s": build_s,
@@ -164,13 +245,17 @@ def add_scaling(rows: list[dict]) -> dict:
     return {"rows": rows, "per_node_from": key}
 
 
-def scaling(sizes) -> dict:
-    return add_scaling([pipeline_times(n) for n in sizes])
+def scaling(sizes, graph: str = "pointwise") -> dict:
+    return add_scaling([pipeline_times(n, graph=graph) for n in sizes])
 
 
 if __name__ == "__main__":
+    import argparse
     import json
-    import sys
 
-    sizes = [int(a) for a in sys.argv[1:]] or [1000, 10_000]
-    print(json.dumps(scaling(sizes), indent=1))
+    ap = argparse.ArgumentParser(description="compile time of synthetic graphs (module docstring)")
+    ap.add_argument("sizes", type=int, nargs="*", default=[1000, 10_000])
+    ap.add_argument("--graph", choices=sorted(GRAPHS), default="pointwise")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    print(json.dumps(add_scaling([pipeline_times(n, graph=a.graph, seed=a.seed) for n in a.sizes]), indent=1))

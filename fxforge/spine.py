@@ -16,6 +16,7 @@ import torch.fx as fx
 from .infra import logs
 from .codegen import wrapper
 from .codegen.registry import DEFAULT_REGISTRY, Registry
+from .artifact import graph_cache
 from .artifact.compiled import Compiled, KernelInfo
 from .core.config import Config
 from .core.graph import (BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, GUARD_INPUTS, REGION, VAL, count_compute_nodes,
@@ -128,13 +129,42 @@ def compile_graph(
     registry: Registry | None = None,
     passes: Sequence | None = None,
     region: str = "",
+    cache: bool = True,
 ) -> Compiled:
     """Compile an ATen-level GraphModule whose nodes carry ``meta["val"]`` (``region``: the name
-    of the ``invoke_subgraph`` body it is, called from a graph of this ``kind``)."""
-    progress = Progress(f"{kind} region {region}" if region else kind, count_compute_nodes(gm), enabled=config.progress)
+    of the ``invoke_subgraph`` body it is, called from a graph of this ``kind``), or load it from
+    the compiled-graph cache (``artifact/graph_cache.py``; ``cache=False``: compile it here)."""
+    registry = registry or DEFAULT_REGISTRY
+    key, why = None, graph_cache.off() if cache else "off for this compile"
+    if why is None and passes is not None:
+        why = "not cached: explicit passes"
+    if why is None:
+        try:
+            key = graph_cache.key(gm, config, kind, region, registry)
+        except graph_cache.Uncacheable as e:
+            why = f"not cached: {e}"
+    if key is not None:
+        # what only a compile makes, for a graph loaded from the cache: compiled again, silently
+        found = graph_cache.load(key, registry, eager=_boxed(gm), debug=config.debug,
+                                 materialize=lambda: _compile(gm, config, kind, registry, None, region, announce=False))
+        if found is not None:
+            _announce_loaded(found, kind, key)
+            return found
+    compiled = _compile(gm, config, kind, registry, passes, region)
+    if key is not None:
+        graph_cache.store(key, compiled, registry)
+    else:
+        compiled.stats["graph_cache"] = why
+    return compiled
+
+
+def _compile(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None, region: str,
+             announce: bool = True) -> Compiled:
+    progress = Progress(f"{kind} region {region}" if region else kind, count_compute_nodes(gm),
+                        enabled=config.progress and announce)
     try:
         with _older_objects_frozen():
-            return _compile_graph(gm, config, kind, registry or DEFAULT_REGISTRY, passes, progress, region)
+            return _compile_graph(gm, config, kind, registry, passes, progress, region, announce)
     finally:
         progress.close()
 
@@ -254,7 +284,7 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
 
 
 def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
-                   progress: Progress, region: str = "") -> Compiled:
+                   progress: Progress, region: str = "", announce: bool = True) -> Compiled:
     t0 = time.perf_counter()
     nodes_in = progress.nodes
     eager_peak = peak_bytes(gm, program_order(gm))
@@ -292,8 +322,9 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
     compiled.report_data = recorder.finish(w.kernels)
     compiled.artifact = w
     compiled.regions = regions
-    _announce(compiled, config, label, f"{kind} region {region} graph {graph_id}" if region else f"{kind} graph {graph_id}",
-              record)
+    if announce:
+        title = f"{kind} region {region} graph {graph_id}" if region else f"{kind} graph {graph_id}"
+        _announce(compiled, config, label, title, record)
     return compiled
 
 
@@ -317,6 +348,16 @@ def _announce(compiled: Compiled, config: Config, label: str, title: str, record
                 raise
             log.warning("fxforge: could not write the report %s (%s: %s); the compiled graph is kept",
                         path, type(e).__name__, e)
+
+
+def _announce_loaded(c: Compiled, kind: str, key: str) -> None:
+    """A graph loaded from the graph cache says what its compile said: each node it runs eagerly
+    (INFO) and its line (DEBUG), and goes to the compile watchers."""
+    for name, why in c.stats["fallbacks"].items():
+        log.info("fxforge: %s runs as eager fallback: %s", name, why)
+    log.debug("fxforge: compiled %s graph from the graph cache (%s): %d kernels, %d fallbacks, %.3f s", kind, key[:12],
+              len(c.kernels), c.stats["fallback_nodes"], c.stats["compile_seconds"])
+    on_compiled(c)
 
 
 def _boxed(gm: fx.GraphModule):

@@ -9,6 +9,11 @@ import pytest
 # anything imports triton (it decorates its own library functions at import time).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Every test compiles afresh: nothing a test checks depends on what an earlier run left in the
+# compiled-graph cache (tests/test_graph_cache.py turns it on where it tests it).
+# PYTEST_GRAPH_CACHE=1 runs the suite with the cache on instead.
+if os.environ.get("PYTEST_GRAPH_CACHE") != "1":
+    os.environ["FXFORGE_GRAPH_CACHE"] = "0"
 
 
 @pytest.fixture

@@ -43,12 +43,14 @@ class Compiled:
     ``report_data``: what ``write_report`` needs beyond these (``fxforge.report.record``).
     """
 
-    report_data = None  # set by compile_graph
-    # The generated wrapper the source came from, with its globals and each backend's units (set
-    # by compile_graph; what ``fxforge.package`` writes): None for a loaded package.
-    artifact = None
     # The compiled regions (``plan.Region``: ``invoke_subgraph`` bodies compiled once) this graph calls.
     regions: list = []
+    # Its key in the compiled-graph cache (``graph_cache.py``), where it was stored or loaded from.
+    cache_key: str | None = None
+    # A graph loaded from that cache was not compiled here: what only a compile makes (the graph
+    # after the passes, the plan, the report's records, the wrapper object) comes from compiling it
+    # again, once, when first asked for (None: nothing to make).
+    _materialize: Callable[[], "Compiled"] | None = None
 
     def __init__(
         self,
@@ -72,20 +74,60 @@ class Compiled:
         self.source = source
         self.stats = stats
         self.kernels = kernels
-        self.graph = graph
-        self.plan = plan
+        self._graph = graph
+        self._plan = plan
+        self._report_data = None  # set by compile_graph
+        # The generated wrapper the source came from, with its globals and each backend's units
+        # (set by compile_graph; what ``fxforge.package`` writes): None for a loaded package.
+        self._artifact = None
         self._eager = eager
         self._debug = debug
         # the caller holds the inputs during a call anyway (not so for a backward graph, whose
         # saved activations the call frees as it goes): a failed call can be re-run eagerly
-        self._holds_inputs = holds_inputs
+        self.holds_inputs = holds_inputs
         # a graph with collectives is never re-run eagerly: the other ranks would not re-run theirs
-        self._communicates = communicates
+        self.communicates = communicates
         # (``graph``: None for a loaded package, which says how many inputs it takes)
-        self._n_inputs = sum(1 for n in graph.graph.nodes if n.op == "placeholder") if graph is not None else n_inputs
+        self.n_inputs = sum(1 for n in graph.graph.nodes if n.op == "placeholder") if graph is not None else n_inputs
+        # The strides of the graph's outputs where static (None where symbolic), in order.
+        self.output_strides: list = _output_strides(graph) if graph is not None else []
         self.failures: list[str] = []  # why calls of the generated code failed (each ran eagerly)
         self.failed: str | None = None  # why the graph switched to eager for good, if it did
         self._proven = False  # a call has succeeded
+
+    def _made(self, name: str) -> Any:
+        """Attribute ``name``, made by compiling again where this graph came from the cache."""
+        if getattr(self, name) is None and self._materialize is not None:
+            full, self._materialize = self._materialize(), None
+            for a in ("_graph", "_plan", "_report_data", "_artifact"):
+                setattr(self, a, getattr(full, a))
+        return getattr(self, name)
+
+    @property
+    def graph(self) -> fx.GraphModule | None:
+        """The graph after the passes (the one the wrapper runs)."""
+        return self._made("_graph")
+
+    @property
+    def plan(self) -> Any:
+        """The schedule, groups and memory plan the source was generated from."""
+        return self._made("_plan")
+
+    @property
+    def report_data(self) -> Any:
+        return self._made("_report_data")
+
+    @report_data.setter
+    def report_data(self, v: Any) -> None:
+        self._report_data = v
+
+    @property
+    def artifact(self) -> Any:
+        return self._made("_artifact")
+
+    @artifact.setter
+    def artifact(self, v: Any) -> None:
+        self._artifact = v
 
     @property
     def generated(self) -> Callable[[list], Any]:
@@ -112,13 +154,13 @@ class Compiled:
 
         With ``Config(debug=True)`` every failure raises.
         """
-        if len(args) != self._n_inputs:
-            raise InputError(f"the compiled graph takes {self._n_inputs} inputs, got {len(args)}")
+        if len(args) != self.n_inputs:
+            raise InputError(f"the compiled graph takes {self.n_inputs} inputs, got {len(args)}")
         if self.failed is not None:
             out = self._eager(args)
             args.clear()
             return out
-        kept = list(args) if (self._holds_inputs or not self._proven) and self._eager is not None else None
+        kept = list(args) if (self.holds_inputs or not self._proven) and self._eager is not None else None
         # under torch.profiler (or torch.autograd.profiler), each kernel in a range of its own
         fn = self._fn if self._load_profiled is None or not _profiling() else self._load_profiled()
         try:
@@ -133,7 +175,7 @@ class Compiled:
         except Exception as e:
             if self._debug:
                 raise
-            if self._communicates:
+            if self.communicates:
                 raise GeneratedCodeError(
                     f"the generated code of this {self.stats.get('graph', 'graph')} graph failed "
                     f"({type(e).__name__}: {e}); it communicates with other ranks, so it is not re-run "
@@ -187,3 +229,15 @@ class Compiled:
             f"<fxforge.Compiled {s.get('graph', 'graph')}: {s.get('nodes_in')} nodes, "
             f"{s.get('kernels')} kernels, {s.get('fallback_nodes')} fallbacks, arena {s.get('arena_bytes')} B>"
         )
+
+
+def _output_strides(gm: fx.GraphModule) -> list:
+    """The strides of ``gm``'s outputs where static, else None (what AOTAutograd is told of a
+    training forward's saved values)."""
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    strides = []
+    for a in out.args[0] if isinstance(out.args[0], (tuple, list)) else [out.args[0]]:
+        v = a.meta.get("val") if isinstance(a, fx.Node) else None
+        static = isinstance(v, torch.Tensor) and all(type(s) is int for s in v.stride())
+        strides.append(tuple(v.stride()) if static else None)
+    return strides

@@ -70,6 +70,8 @@ class CompileStats:
     custom_ops: list = field(default_factory=list)  # the entry points fill it in (fxforge/custom_ops)
     region: str = ""  # the invoke_subgraph body this graph is ("" for a graph that is none)
     regions: list = field(default_factory=list)  # the compiled regions it calls (``region_stats``)
+    # "stored", "hit" (loaded, not compiled: compile_seconds is the load's), or why it is not cached
+    graph_cache: str = ""
 
     @property
     def collective_bytes(self) -> int:

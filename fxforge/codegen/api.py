@@ -147,6 +147,11 @@ class CodegenBackend:
     # backend's ``compile`` left in ``KernelContext.units[name]``; returns wrapper globals the
     # kernels' sources use (e.g. compiled functions: built together per wrapper, not per group).
     link: Callable[[Any], dict[str, Any]] | None = None
+    # ``save_unit(unit)``: what ``link`` was given, as JSON-able data; ``load_unit(data)``: the unit
+    # back, for ``link`` in another process (the compiled-graph cache stores a wrapper this way).
+    # None: wrappers with units of this backend are compiled in every process.
+    save_unit: Callable[[Any], Any] | None = None
+    load_unit: Callable[[Any], Any] | None = None
     # The most launch arguments one of its kernels can take (None: no bound of its own): the
     # limit fusion and ``accepts`` use is the lower of this and ``Config.max_kernel_args``
     # (``kernel_args_limit``); a Config naming the backend with a higher limit is refused.

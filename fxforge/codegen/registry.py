@@ -158,6 +158,8 @@ def _default_registry() -> Registry:
         reads_planned=True,
         extern="torch",
         link=deferred("fxforge.codegen.c.launcher", "link"),
+        save_unit=deferred("fxforge.codegen.c.build", "save_unit"),
+        load_unit=deferred("fxforge.codegen.c.build", "load_unit"),
         max_kernel_args=C_MAX_KERNEL_ARGS,
         description="fused C kernels for CPU (pointwise chains, row reductions), built with the system C compiler",
     ))

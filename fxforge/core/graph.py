@@ -220,6 +220,14 @@ def fake_mode_of(gm: fx.GraphModule):
     return None
 
 
+def size_hints(shape_env) -> dict:
+    """The traced value of each backed size symbol of ``shape_env``."""
+    hints = getattr(shape_env, "backed_var_to_val", None)
+    if hints is None:  # torch < 2.13
+        hints = getattr(shape_env, "var_to_val", None)
+    return hints or {}
+
+
 def hint(e: sympy.Expr | int, shape_env=None) -> int:
     """An expression evaluated at the sizes the graph was traced with."""
     if isinstance(e, int):
@@ -231,10 +239,8 @@ def hint(e: sympy.Expr | int, shape_env=None) -> int:
         return int(e)
     if shape_env is None:
         raise ValueError(f"symbolic size {e} needs a ShapeEnv to evaluate")
-    hints = getattr(shape_env, "backed_var_to_val", None)
-    if hints is None:  # torch < 2.13
-        hints = getattr(shape_env, "var_to_val", None)
-    if hints is not None:
+    hints = size_hints(shape_env)
+    if hints:
         v = e.xreplace(hints)
         if not v.free_symbols:
             return int(v)

@@ -58,7 +58,7 @@ class Backend:
             else:
                 c.stats["custom_ops"] = custom_ops
             if kind == "forward" and FREE_OUTPUTS.on(gm):
-                report_output_strides(c.graph)
+                report_output_strides(c)
             self.compiled.append(c)
             return c.call_boxed
 
@@ -133,19 +133,16 @@ def caller_layouts(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str)
             INPUT_STRIDES.set(gm, given)
 
 
-def report_output_strides(gm: fx.GraphModule) -> None:
+def report_output_strides(c: Compiled) -> None:
     """A compiled training forward's output strides, to AOTAutograd (which lays the backward's
-    example inputs out in them): its outputs are what the compiled graph's values say."""
+    example inputs out in them): its outputs are what the compiled graph's values say
+    (``Compiled.output_strides``, kept by the graph cache too)."""
     from torch._guards import TracingContext
 
     tc = TracingContext.try_get()
     if tc is None or tc.output_strides is None:
         return
-    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
-    for a in out.args[0] if isinstance(out.args[0], (tuple, list)) else [out.args[0]]:
-        v = a.meta.get(VAL) if isinstance(a, fx.Node) else None
-        static = isinstance(v, torch.Tensor) and all(type(s) is int for s in v.stride())
-        tc.output_strides.append(tuple(v.stride()) if static else None)
+    tc.output_strides.extend(c.output_strides)
 
 
 def _traced_strides(gm: fx.GraphModule) -> dict[int, tuple]:

@@ -25,7 +25,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ..core.graph import PROBES, VAL, count_compute_nodes, fake_mode_of, has_val
+from ..core.graph import PROBES, VAL, count_compute_nodes, fake_mode_of, has_val, size_hints
 
 
 class PassResult(NamedTuple):
@@ -234,10 +234,11 @@ def _dims_equal(a, b) -> bool:
     # The same, where recomputation specialised some symbols to their hints (a meta kernel that
     # guards on a size, its guard suppressed): a symbol on one side only takes its hint on both.
     env = a.node.shape_env
-    one_sided = (ea.free_symbols ^ eb.free_symbols) & set(env.var_to_val)
+    hints = size_hints(env)
+    one_sided = (ea.free_symbols ^ eb.free_symbols) & set(hints)
     if not one_sided:
         return False
-    hints = {s: env.var_to_val[s] for s in one_sided}
+    hints = {s: hints[s] for s in one_sided}
     return sympy.simplify(ea.xreplace(hints) - eb.xreplace(hints)) == 0
 
 

@@ -68,6 +68,10 @@ class OutVariantRegistry:
     def unregister(self, functional_op) -> None:
         self._pairs.pop(functional_op, None)
 
+    def registered(self) -> list[tuple[str, str]]:
+        """The explicit pairings, by op name (what a cache of compiled graphs keys on)."""
+        return sorted((str(f), str(v.op)) for f, v in self._pairs.items())
+
     def find(self, op) -> OutVariant | None:
         """The out variant of ``op``: registered, else from its packet (None: it has none)."""
         if not isinstance(op, torch._ops.OpOverload):

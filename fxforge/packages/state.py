@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ..artifact import named
 from .format import PackageError
 
 
@@ -15,84 +16,37 @@ from .format import PackageError
 
 
 def _describe(name: str, v: Any) -> dict:
-    """How ``load_package`` finds a wrapper global again: by import path, op name or value; a
-    tensor goes to ``tensors/``.  Anything else cannot be packaged."""
-    import types
-
-    if isinstance(v, types.ModuleType):
-        return {"module": v.__name__}
-    if isinstance(v, torch.Tensor):
-        return {"tensor": name}
-    if isinstance(v, torch._ops.OpOverload):
-        ns, rest = v.name().split("::", 1)
-        name, _, overload = rest.partition(".")
-        return {"op": [ns, name, overload or "default"]}
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return {"value": v}
-    if isinstance(v, torch.dtype):
-        return {"dtype": _dtype_name(v)}
-    if isinstance(v, torch.device):
-        return {"device": str(v)}
-    module, qualname = getattr(v, "__module__", None), getattr(v, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str):
-        try:
-            if _import_attr(module, qualname) is v:
-                return {"attr": [module, qualname]}
-        except (ImportError, AttributeError):
-            pass
-    raise PackageError(f"fxforge.package: the generated wrapper uses {name} = {type(v).__name__} {str(v)[:80]!r}, "
-                       "which a package cannot hold (it is neither importable by name nor a tensor); compile the "
-                       "program with fxforge.compile_exported instead, or report the op that introduced it")
-
-
-def _import_attr(module: str, qualname: str) -> Any:
-    import importlib
-
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+    """How ``load_package`` finds a wrapper global again (``artifact.named``); a PackageError for
+    one a package cannot hold."""
+    try:
+        return named.describe(name, v)
+    except named.Unnamed as e:
+        raise PackageError(f"fxforge.package: the generated wrapper uses {e}, which a package cannot hold; compile "
+                           "the program with fxforge.compile_exported instead, or report the op that introduced it") from e
 
 
 def _op(ns: str, name: str, overload: str) -> Any:
     """The OpOverload ``torch.ops.<ns>.<name>.<overload>`` of this process (its library loaded)."""
     try:
-        return getattr(getattr(getattr(torch.ops, ns), name), overload)
-    except (AttributeError, RuntimeError) as e:
+        return named.op(ns, name, overload)
+    except named.Unnamed as e:
         raise PackageError(f"the package calls the op {ns}::{name}.{overload}, which this process does not have: "
                            "import the library that registers it before load_package") from e
 
 
 def _resolve(name: str, d: dict, tensors: Mapping[str, torch.Tensor]) -> Any:
-    import importlib
-
-    if "module" in d:
-        return importlib.import_module(d["module"])
-    if "tensor" in d:
-        return tensors[d["tensor"]]
     if "op" in d:
         return _op(*d["op"])
-    if "value" in d:
-        return d["value"]
-    if "dtype" in d:
-        return getattr(torch, d["dtype"])
-    if "device" in d:
-        return torch.device(d["device"])
-    if "attr" in d:
-        try:
-            return _import_attr(*d["attr"])
-        except (ImportError, AttributeError) as e:
-            raise PackageError(f"the package's wrapper uses {'.'.join(d['attr'])} (as {name}), which this process "
-                               f"cannot import: {e}") from e
-    raise PackageError(f"the package's manifest describes the global {name} as {d!r}, which this fxforge does not know")
+    try:
+        return named.resolve(name, d, tensors)
+    except named.Unnamed as e:
+        raise PackageError(f"the package's wrapper uses {e}") from e
 
 
 # --------------------------------------------------------------------------- specs as JSON
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``float32`` (``getattr(torch, name)`` gives it back)."""
-    return str(dtype).removeprefix("torch.")
+_dtype_name = named.dtype_name
 
 
 def _dim_json(d: Any) -> Any:

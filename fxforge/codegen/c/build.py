@@ -44,10 +44,13 @@ import shutil
 import subprocess
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
+import sympy
+import torch
 
 from ..diskcache import atomic_write, cache_dir
+from ..ir.lowering import Param
 from .abi import CEmitted
 from .prelude import PRELUDE
 
@@ -333,3 +336,30 @@ def shared_object(source: str, include: str | None = None, cc: str | None = None
             except OSError:
                 pass
     return path
+
+
+def save_unit(unit: CUnit) -> dict:
+    """The unit as JSON-able data (``load_unit`` gives it back): each kernel's fields, the layouts
+    its debug check compares as ints (None where symbolic)."""
+    def ints(dims: tuple) -> list:
+        return [int(e) if e.is_Integer else None for e in map(sympy.sympify, dims)]
+
+    def kernel(k: CEmitted) -> dict:
+        d = {f.name: getattr(k, f.name) for f in fields(k)}
+        d["params"] = [[p.name, p.sig, p.launch] for p in k.params]
+        d["specs"] = {p: [str(dtype).removeprefix("torch."), ints(shape), ints(stride)]
+                      for p, (dtype, shape, stride) in k.specs.items()}
+        return d
+    return {"debug": unit.debug, "kernels": [kernel(k) for k in unit.kernels]}
+
+
+def load_unit(data: dict) -> CUnit:
+    """A unit saved by ``save_unit``: its shared objects are found in the cache (or built again)
+    when ``launcher.link`` binds it."""
+    kernels = []
+    for d in data["kernels"]:
+        d = dict(d)
+        d["params"] = [Param(*p) for p in d["params"]]
+        d["specs"] = {p: (getattr(torch, dtype), tuple(shape), tuple(stride)) for p, (dtype, shape, stride) in d["specs"].items()}
+        kernels.append(CEmitted(**d))
+    return CUnit(kernels=kernels, debug=data["debug"])

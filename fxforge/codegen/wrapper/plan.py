@@ -24,6 +24,7 @@ from ...core.graph import (
     CUSTOM_OP_DISPATCH,
     FALLBACK_BACKEND,
     GUARD_INPUTS,
+    REGION,
     VAL,
     ZERO_COPY,
     aliased_input,
@@ -534,8 +535,8 @@ class _Planner:
         if kind == "placeholder":
             pass
         elif kind == "get_attr":
-            self.globals[n.name] = fetch_attr(self.gm, n.target)
-            self.traced.add(n.name)
+            if not (n.users and all(REGION.on(u) for u in n.users)):  # (a compiled region's body: never read)
+                self.bind_attr(n)
         elif g is not None and any(ZERO_COPY.on(m) for m in g.nodes):
             if n is g.nodes[-1]:
                 self.emit_zero_copy(g)
@@ -599,6 +600,11 @@ class _Planner:
         self.steps.append(Assign(name, rhs))
         self.bound.add(name)
 
+    def bind_attr(self, n: fx.Node) -> None:
+        """The value of get_attr node ``n``, a global of the wrapper."""
+        self.globals[n.name] = fetch_attr(self.gm, n.target)
+        self.traced.add(n.name)
+
     def read_at_traced_layout(self, node: fx.Node) -> bool:
         """A generated kernel reads ``node``'s value, or a view of it, indexing with the strides
         traced (a fusing backend that does not read its inputs' own strides)."""
@@ -640,6 +646,9 @@ class _Planner:
             self.forget_buffers(g)
             for n in g.nodes:
                 self.steps.append(Note(f"{n.name}: eager fallback (kernel failed to compile)"))
+                for a in n.all_input_nodes:
+                    if a.op == "get_attr":
+                        self.bind_attr(a)
                 self.assign(n.name, self.call_source(n))
                 b = self.plan.memory.of(n, None) if node_kind(n) == "compute" else None
                 if b is not None and b.kind == "slice":  # its cat/pad expects it in place
