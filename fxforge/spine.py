@@ -134,7 +134,12 @@ def compile_graph(
     """Compile an ATen-level GraphModule whose nodes carry ``meta["val"]`` (``region``: the name
     of the ``invoke_subgraph`` body it is, called from a graph of this ``kind``), or load it from
     the compiled-graph cache (``artifact/graph_cache.py``; ``cache=False``: compile it here)."""
-    registry = registry or DEFAULT_REGISTRY
+    with _older_objects_frozen():  # (the key, the load and the compile each make many objects)
+        return _compile_or_load(gm, config, kind, registry or DEFAULT_REGISTRY, passes, region, cache)
+
+
+def _compile_or_load(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
+                     region: str, cache: bool) -> Compiled:
     key, why = None, graph_cache.off() if cache else "off for this compile"
     if why is None and passes is not None:
         why = "not cached: explicit passes"
@@ -163,7 +168,7 @@ def _compile(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, 
     progress = Progress(f"{kind} region {region}" if region else kind, count_compute_nodes(gm),
                         enabled=config.progress and announce)
     try:
-        with _older_objects_frozen():
+        with _older_objects_frozen():  # (also where a loaded graph's plan is made on demand)
             return _compile_graph(gm, config, kind, registry, passes, progress, region, announce)
     finally:
         progress.close()
