@@ -208,9 +208,7 @@ def _pipeline_times(n: int, seed: int, make=make_graph) -> dict:
     passes_s = sum(p["seconds"] for p in passes)
     ok = None
     if n <= 10_000:  # a correctness spot check where it is cheap
-        want = gm(*example)
-        got = c(*example)
-        ok = all(torch.allclose(a, b, equal_nan=True) for a, b in zip(want, got))
+        ok = _as_close_as_eager(gm, example, c(*example))
     return {
         "graph": getattr(make, "__name__", "graph"),
         "nodes": n,
@@ -228,6 +226,24 @@ def _pipeline_times(n: int, seed: int, make=make_graph) -> dict:
         "lower_bound_bytes": s["lower_bound_bytes"],
         "matches_eager": ok,
     }
+
+
+def _as_close_as_eager(gm, example, got) -> bool:
+    """``got`` is as close to the float64 result as eager's float32 one is (within 2x, or 1e-5):
+    random graphs of normalizations, exponentials and matmuls amplify rounding, so a plain
+    ``allclose`` against eager would judge the graph, not the compiler."""
+    want = gm(*example)
+    ref = gm(*[t.double() for t in example])
+    def worst(x: torch.Tensor) -> float:
+        return x.abs().max().item() if x.numel() else 0.0
+
+    for a, b, r in zip(want, got, ref):
+        fin = r.isfinite() & a.isfinite()
+        if not torch.equal(b.isfinite(), a.isfinite()):
+            return False
+        if worst((b.double() - r)[fin]) > max(2 * worst((a.double() - r)[fin]), 1e-5):
+            return False
+    return True
 
 
 def add_scaling(rows: list[dict]) -> dict:

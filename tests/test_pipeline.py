@@ -128,3 +128,44 @@ def test_sizes_compare_equal_where_recomputation_specialised_a_symbol():
     assert not _dims_equal(s0 * s1, s0 * 4)
     assert not _dims_equal(s0 * s1, s0 * s0)
     assert not _dims_equal(s0 + 1, s0)
+
+
+def test_recompiles_are_deferred_past_fxforges_passes_but_not_past_yours():
+    """fxforge's passes never read a module's code: the manager regenerates it before a pass of
+    yours (which may run the module), and once at the end; ``recompile`` is the module's own again."""
+    from fxforge.lowering.cleanup import EliminateDeadCode
+
+    gm = traced()
+    real = type(gm).recompile
+    calls = []
+
+    def counting(self):
+        calls.append(1)
+        return real(self)
+
+    type(gm).recompile = counting
+    try:
+        def add_neg(g):  # a pass of yours that changes the graph (recompiled after it: deferred too)
+            out = g.graph.output_node()
+            with g.graph.inserting_before(out):
+                first = out.args[0][0]
+                neg = g.graph.call_function(torch.ops.aten.neg.default, (first,))
+                neg.meta[VAL] = first.meta[VAL].neg()
+            out.args = ((neg, *out.args[0][1:]),)
+            return PassResult(g, True)
+
+        seen = []
+
+        def reads_code(g):  # sees the graph as the passes before it left it
+            seen.append("neg" in g.code)
+            return PassResult(g, False)
+
+        ours = EliminateDeadCode()
+        gm2, _ = PassManager([add_neg, ours, ours, reads_code, ours])(gm)
+    finally:
+        type(gm).recompile = real
+    assert seen == [True] and "neg" in gm2.code
+    assert "recompile" not in gm2.__dict__
+    assert len(calls) == 1  # one regeneration, before reads_code; none after it (nothing changed)
+    x, y = torch.randn(4, 8), torch.randn(8, 3)
+    torch.testing.assert_close(gm2(x, y)[0], -(torch.relu(x @ y) + 1).sum(-1))

@@ -8,6 +8,11 @@ A pass is any callable taking a GraphModule and returning one of
 * a GraphModule (modified),
 * a bool (modified, graph changed in place) or None (in place, assumed modified).
 
+Regenerating a module's Python code (``GraphModule.recompile``) costs about as much as a pass on
+a large graph, and fxforge's own passes never read it: while the manager runs, recompiles are
+deferred (``_DeferredRecompile``), made before a pass from outside fxforge (yours may run the
+module) and once at the end.
+
 In debug mode (``Config(debug=True)``, ``FXFORGE_DEBUG=1``) every pass is followed by
 ``verify_graph``: ``graph.lint()``, ``meta["val"]`` on every node, and fake values re-propagated
 through the graph agree with the stored ones.  A failure names the pass that broke the graph.
@@ -113,28 +118,66 @@ class PassManager:
             _verify_or_raise("<input>", gm)
         if self.observer is not None:
             self.observer("<input>", gm)
-        for p in self.passes:
-            name = pass_name(p)
-            before = count_compute_nodes(gm)
-            t0 = time.perf_counter()
-            try:
-                r = run_one(p, gm)
-            except PassError:
-                raise
-            except Exception as e:
-                raise PassError(name, f"{type(e).__name__}: {e}") from e
-            gm = r.graph_module
-            if r.modified if r.recompile is None else r.recompile:
-                gm.recompile()
-            records.append(
-                PassRecord(name, time.perf_counter() - t0, before, count_compute_nodes(gm), r.modified, dict(r.stats or {}))
-            )
-            if self.debug:
-                _verify_or_raise(name, gm)
-            if self.observer is not None:
-                self.observer(name, gm)
+        deferred = _DeferredRecompile(gm)
+        try:
+            for p in self.passes:
+                if not _fxforges(p):
+                    deferred.flush()  # (a pass of yours may run the module: its code is current)
+                name = pass_name(p)
+                before = count_compute_nodes(gm)
+                t0 = time.perf_counter()
+                try:
+                    r = run_one(p, gm)
+                except PassError:
+                    raise
+                except Exception as e:
+                    raise PassError(name, f"{type(e).__name__}: {e}") from e
+                if r.graph_module is not gm:  # (a new module: its code is its own)
+                    deferred.flush()
+                    gm = r.graph_module
+                    deferred = _DeferredRecompile(gm)
+                if r.modified if r.recompile is None else r.recompile:
+                    gm.recompile()
+                records.append(PassRecord(name, time.perf_counter() - t0, before, count_compute_nodes(gm), r.modified,
+                                          dict(r.stats or {})))
+                if self.debug:
+                    _verify_or_raise(name, gm)
+                if self.observer is not None:
+                    self.observer(name, gm)
+        finally:
+            deferred.close()
         PROBES.clear(gm)
         return gm, records
+
+
+def _fxforges(p: Callable) -> bool:
+    """``p`` is one of fxforge's own passes (which never read a module's Python code)."""
+    module = getattr(p, "__module__", None) or type(p).__module__
+    return module.startswith("fxforge.")
+
+
+class _DeferredRecompile:
+    """While it is open, ``gm.recompile()`` only notes that the module's code is stale (an
+    instance attribute shadowing the method); ``flush`` regenerates it if so, ``close`` flushes
+    and gives the method back."""
+
+    def __init__(self, gm: fx.GraphModule):
+        self.gm, self.stale = gm, False
+        self.real = gm.recompile
+        gm.recompile = self.mark
+
+    def mark(self) -> None:
+        self.stale = True
+
+    def flush(self) -> None:
+        if self.stale:
+            self.stale = False
+            self.real()
+
+    def close(self) -> None:
+        if self.gm.__dict__.get("recompile") == self.mark:
+            del self.gm.recompile
+        self.flush()
 
 
 def _verify_or_raise(name: str, gm: fx.GraphModule) -> None:

@@ -7,8 +7,9 @@ formatting anything during the compile:
   FX args are immutable, so the tuples stay as they were when passes later rewrite the graph;
   ``rebuild`` makes a throw-away ``fx.Graph`` of them when the report is written (the eager-order
   live-bytes curve is computed on it with the same helpers as ``eager_live_peak_bytes``);
-* the graph's code before the first pass and after every pass (``gm.code`` is the string FX made
-  when the pass's graph was recompiled: nothing is generated here);
+* the graph's nodes before the first pass and after every pass (one tuple per node, the same
+  list object where a pass changed no node): its code is generated from them when the report
+  is written (``ReportData.codes``), not while the graph compiles;
 * per snapshot a count of kernel groups, of nodes per backend and of fallback nodes, since
   backend assignment and fusion change metadata, not code.
 
@@ -17,6 +18,7 @@ formatting anything during the compile:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -36,9 +38,31 @@ class MetaSummary:
 @dataclass
 class ReportData:
     sketch: list[tuple] = field(default_factory=list)  # the input graph (see ``rebuild``)
-    codes: list[str] = field(default_factory=list)  # input code, then the code after each pass
-    meta: list[MetaSummary] = field(default_factory=list)  # same positions as ``codes``
+    # the graph's nodes before the first pass, then after each: (node, op, target, args, kwargs)
+    snapshots: list[list[tuple]] = field(default_factory=list)
+    meta: list[MetaSummary] = field(default_factory=list)  # same positions as ``snapshots``
     kernels: list[Any] = field(default_factory=list)  # the wrapper's ``codegen.api.Kernel`` objects
+
+    @functools.cached_property
+    def codes(self) -> list[str]:
+        """The graph's code at each snapshot (the input's, then after each pass), made once."""
+        made: dict[int, str] = {}
+        for snap in self.snapshots:
+            if id(snap) not in made:
+                made[id(snap)] = _code(snap)
+        return [made[id(snap)] for snap in self.snapshots]
+
+
+def _code(snapshot: list[tuple]) -> str:
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node, op, target, args, kwargs in snapshot:
+        env[node] = g.create_node(op, target, fx.node.map_arg(args, env.__getitem__),
+                                  fx.node.map_arg(kwargs, env.__getitem__), name=node.name)
+    try:
+        return g.python_code(root_module="self").src
+    except Exception:  # (a graph FX cannot print: the report shows no code for it)
+        return ""
 
 
 def _summary(gm: fx.GraphModule) -> MetaSummary:
@@ -66,17 +90,23 @@ class PassRecorder:
 
     def __call__(self, name: str, gm: fx.GraphModule) -> None:
         d = self.data
-        if not d.codes:
+        if not d.snapshots:
             d.sketch = [(n, n.op, n.target, n.args, n.kwargs, n.meta.get(VAL)) for n in gm.graph.nodes]
-        try:
-            d.codes.append(gm.code)
-        except Exception:  # a graph that was never recompiled has no code
-            d.codes.append("")
+        snap = [(n, n.op, n.target, n.args, n.kwargs) for n in gm.graph.nodes]
+        if d.snapshots and _same(d.snapshots[-1], snap):
+            snap = d.snapshots[-1]  # (no node changed: the same list, its code made once)
+        d.snapshots.append(snap)
         d.meta.append(_summary(gm))
 
     def finish(self, kernels: list) -> ReportData:
         self.data.kernels = list(kernels)
         return self.data
+
+
+def _same(a: list[tuple], b: list[tuple]) -> bool:
+    """The same nodes with the same ops, targets and arguments (by identity where they are nodes)."""
+    return len(a) == len(b) and all(x[0] is y[0] and x[2] is y[2] and x[3] == y[3] and x[4] == y[4]
+                                    for x, y in zip(a, b))
 
 
 def rebuild(sketch: list[tuple]) -> SimpleNamespace:
