@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import itertools
 import logging
@@ -208,17 +209,13 @@ def compile_regions(gm: fx.GraphModule, config: Config, kind: str, registry: Reg
 
 
 def _body_key(body: fx.GraphModule) -> Any:
-    """What makes two region bodies the same program: their code and their inputs' layouts (a
-    body holding attributes of its own, constants, is only itself)."""
-    if any(n.op == "get_attr" for n in body.graph.nodes):
+    """What makes two region bodies the same program: their nodes, the values they compute and
+    the constants they hold (``graph_cache.graph_digest``); a body holding what cannot be named
+    is only itself."""
+    try:
+        return graph_cache.graph_digest(body)
+    except graph_cache.Uncacheable:
         return id(body)
-    inputs = []
-    for n in body.graph.nodes:
-        if n.op == "placeholder":
-            v = n.meta.get(VAL)
-            inputs.append((str(v.shape), str(v.stride()), v.dtype, str(v.device)) if isinstance(v, torch.Tensor)
-                          else (type(v).__name__, str(v)))
-    return body.code, tuple(inputs)
 
 
 # The stage that follows each of ``_compile_graph``'s stages (the progress line names it).
@@ -231,15 +228,22 @@ def _older_objects_frozen():
     """Python's cyclic garbage collector leaves the objects that existed before the compile alone
     while it runs (``gc.freeze``), and takes them back after.  A compile makes many objects that
     live until it ends; as they age, the collector's full passes would walk the whole heap
-    (torch's own objects included) again and again.  A freeze the caller made is left as it is."""
-    if gc.get_freeze_count():
+    (torch's own objects included) again and again.  A freeze the caller made is left as it is,
+    and so is ours inside a compile (a region's body): counting the frozen objects walks them."""
+    if _FROZEN.get() or gc.get_freeze_count():
         yield
         return
     gc.freeze()
+    token = _FROZEN.set(True)
     try:
         yield
     finally:
+        _FROZEN.reset(token)
         gc.unfreeze()
+
+
+# Set while a compile of this context froze the older objects (``_older_objects_frozen``).
+_FROZEN: contextvars.ContextVar[bool] = contextvars.ContextVar("fxforge_gc_frozen", default=False)
 
 
 class _Stages:

@@ -150,6 +150,15 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
+def graph_digest(gm: fx.GraphModule) -> str:
+    """A SHA-256 of the graph alone (nodes, values, constants, bodies: what the key holds of it);
+    ``Uncacheable`` where it holds a value that cannot be named."""
+    h = hashlib.sha256()
+    with _real():
+        _digest_graph(gm, h)
+    return h.hexdigest()
+
+
 def _digest_graph(gm: fx.GraphModule, h) -> None:
     index: dict[fx.Node, int] = {}
 
