@@ -9,7 +9,8 @@ import itertools
 import logging
 import os
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -136,11 +137,15 @@ def compile_graph(
     of the ``invoke_subgraph`` body it is, called from a graph of this ``kind``), or load it from
     the compiled-graph cache (``artifact/graph_cache.py``; ``cache=False``: compile it here)."""
     with _older_objects_frozen():  # (the key, the load and the compile each make many objects)
-        return _compile_or_load(gm, config, kind, registry or DEFAULT_REGISTRY, passes, region, cache)
+        return _start(gm, config, kind, registry or DEFAULT_REGISTRY, passes, region, cache)()
 
 
-def _compile_or_load(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
-                     region: str, cache: bool) -> Compiled:
+def _start(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None, region: str,
+           cache: bool) -> Callable[[], Compiled]:
+    """A graph's compile in two steps: this call loads it from the cache, or runs its passes and
+    emits its kernels (their builds start); the function it returns links and loads it, and
+    stores it in the cache (a graph calling regions finishes them once its own kernels are
+    emitted: their builds run side by side)."""
     key, why = None, graph_cache.off() if cache else "off for this compile"
     if why is None and passes is not None:
         why = "not cached: explicit passes"
@@ -155,24 +160,44 @@ def _compile_or_load(gm: fx.GraphModule, config: Config, kind: str, registry: Re
                                  materialize=lambda: _compile(gm, config, kind, registry, None, region, announce=False))
         if found is not None:
             _announce_loaded(found, kind, key)
-            return found
-    compiled = _compile(gm, config, kind, registry, passes, region)
-    if key is not None:
-        graph_cache.store(key, compiled, registry)
-    else:
-        compiled.stats["graph_cache"] = why
-    return compiled
+            return lambda: found
+    finish = _compile_steps(gm, config, kind, registry, passes, region)
+
+    def finish_and_store() -> Compiled:
+        compiled = finish()
+        if key is not None:
+            graph_cache.store(key, compiled, registry)
+        else:
+            compiled.stats["graph_cache"] = why
+        return compiled
+
+    return finish_and_store
 
 
 def _compile(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None, region: str,
              announce: bool = True) -> Compiled:
+    with _older_objects_frozen():  # (also where a loaded graph's plan is made on demand)
+        return _compile_steps(gm, config, kind, registry, passes, region, announce)()
+
+
+def _compile_steps(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
+                   region: str, announce: bool = True) -> Callable[[], Compiled]:
+    """``_emit`` now, and the function finishing the compile (``_finish``)."""
     progress = Progress(f"{kind} region {region}" if region else kind, count_compute_nodes(gm),
                         enabled=config.progress and announce)
     try:
-        with _older_objects_frozen():  # (also where a loaded graph's plan is made on demand)
-            return _compile_graph(gm, config, kind, registry, passes, progress, region, announce)
-    finally:
+        emitted = _emit(gm, config, kind, registry, passes, progress, region)
+    except BaseException:
         progress.close()
+        raise
+
+    def finish() -> Compiled:
+        try:
+            return _finish(emitted, announce)
+        finally:
+            progress.close()
+
+    return finish
 
 
 def compile_regions(gm: fx.GraphModule, config: Config, kind: str, registry: Registry) -> list[Region]:
@@ -181,7 +206,8 @@ def compile_regions(gm: fx.GraphModule, config: Config, kind: str, registry: Reg
     same pipeline; every node invoking it gets the compiled body (``REGION``), which its kernel
     calls.  Bodies that are the same program (the same code over inputs of the same sizes,
     strides and dtypes) share one compile.  A body whose compile fails is left to its nodes,
-    which run it eagerly (logged; raised in debug mode)."""
+    which run it eagerly (logged; raised in debug mode).  Each body is emitted here and finished
+    (``Region.finish``: linked and loaded) when the caller's own kernels are (``_finish``)."""
     found: dict[Any, Region | None] = {}
     keys: dict[int, Any] = {}  # body -> its key, read before its compile transforms it
     for n in gm.graph.nodes:
@@ -193,8 +219,7 @@ def compile_regions(gm: fx.GraphModule, config: Config, kind: str, registry: Reg
             name = n.args[1] if len(n.args) > 1 and isinstance(n.args[1], str) else n.args[0].target
             GUARD_INPUTS.set(body, True)  # (the caller passes its values as it has laid them out)
             try:
-                c = compile_graph(body, config, kind=kind, registry=registry, region=name)
-                found[key] = Region(name, c.generated, c)
+                found[key] = Region(name, finish=_start(body, config, kind, registry, None, name, True), body=body)
             except Exception as e:
                 if config.debug:
                     raise
@@ -220,7 +245,7 @@ def _body_key(body: fx.GraphModule) -> Any:
 
 # The stage that follows each of ``_compile_graph``'s stages (the progress line names it).
 _NEXT_STAGE = {"regions": "passes", "passes": "schedule", "schedule": "memory plan", "memory_plan": "kernels and wrapper",
-               "codegen": "loading"}
+               "codegen": "linking the kernels", "link": "loading"}
 
 
 @contextlib.contextmanager
@@ -292,8 +317,31 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
     return Plan(sched, groups, memory), sched_stats
 
 
-def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
-                   progress: Progress, region: str = "", announce: bool = True) -> Compiled:
+@dataclass
+class _Emitted:
+    """A graph compiled up to its emitted kernels (``_emit``), what ``_finish`` needs."""
+
+    gm: fx.GraphModule
+    config: Config
+    kind: str
+    registry: Registry
+    region: str
+    t0: float
+    nodes_in: int
+    eager_peak: int
+    stages: _Stages
+    regions: list[Region]
+    graph_id: int
+    label: str
+    recorder: PassRecorder
+    records: list
+    plan: Plan
+    sched_stats: dict
+    wrapper: Any
+
+
+def _emit(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None,
+          progress: Progress, region: str = "") -> _Emitted:
     t0 = time.perf_counter()
     nodes_in = progress.nodes
     eager_peak = peak_bytes(gm, program_order(gm))
@@ -309,12 +357,24 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
     plan, sched_stats = _plan(gm, config, kind, registry, stages)
     w = wrapper.generate(gm, plan, registry, config, graph=label)
     stages.done("codegen")
-    fn, profiled = w.load(f"<fxforge-{label}>")
-    stages.done("load")
+    return _Emitted(gm, config, kind, registry, region, t0, nodes_in, eager_peak, stages, regions, graph_id, label,
+                    recorder, records, plan, sched_stats, w)
 
-    record = CompileStats.collect(kind, gm, plan.groups, plan.memory, w, records, sched_stats, nodes_in=nodes_in,
-                                  eager_peak=eager_peak, stages=stages.seconds, seconds=time.perf_counter() - t0,
-                                  region=region, regions=regions)
+
+def _finish(e: _Emitted, announce: bool = True) -> Compiled:
+    """The graph's regions finished, then its own kernels linked and its wrapper loaded."""
+    for r in e.regions:
+        _finish_region(r, e.config)
+    regions = e.regions
+    wrapper.link(e.wrapper, e.registry)
+    e.stages.done("link")
+    w, gm, plan, kind = e.wrapper, e.gm, e.plan, e.kind
+    fn, profiled = w.load(f"<fxforge-{e.label}>")
+    e.stages.done("load")
+
+    record = CompileStats.collect(kind, gm, plan.groups, plan.memory, w, e.records, e.sched_stats, nodes_in=e.nodes_in,
+                                  eager_peak=e.eager_peak, stages=e.stages.seconds, seconds=time.perf_counter() - e.t0,
+                                  region=e.region, regions=regions)
     compiled = Compiled(
         fn,
         profiled=profiled,
@@ -324,17 +384,39 @@ def _compile_graph(gm: fx.GraphModule, config: Config, kind: str, registry: Regi
         graph=gm,
         plan=plan,
         eager=_boxed(gm),
-        debug=config.debug,
+        debug=e.config.debug,
         holds_inputs=kind != "backward",  # a backward's inputs (saved activations) are freed as it runs
         communicates=bool(record.collectives),
     )
-    compiled.report_data = recorder.finish(w.kernels)
+    compiled.report_data = e.recorder.finish(w.kernels)
     compiled.artifact = w
     compiled.regions = regions
     if announce:
-        title = f"{kind} region {region} graph {graph_id}" if region else f"{kind} graph {graph_id}"
-        _announce(compiled, config, label, title, record)
+        title = f"{kind} region {e.region} graph {e.graph_id}" if e.region else f"{kind} graph {e.graph_id}"
+        _announce(compiled, e.config, e.label, title, record)
     return compiled
+
+
+def _finish_region(r: Region, config: Config) -> None:
+    """Link and load a region's body (``Region.finish``); one that fails runs as its graph module,
+    eagerly, at every call site (logged, and said in its caller's fallbacks; raised in debug
+    mode)."""
+    try:
+        c = r.finish()
+    except Exception as e:
+        if config.debug:
+            raise
+        log.warning("fxforge: could not compile the region %s (%s: %s); its calls run it eagerly", r.name,
+                    type(e).__name__, e)
+        body = r.body
+        r.call, r.failed = (lambda args: _as_tuple(body(*args))), f"its region failed to compile: {type(e).__name__}: {e}"
+        return
+    r.compiled, r.call = c, c.generated
+    r.finish = None
+
+
+def _as_tuple(v: Any) -> tuple:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
 
 def _announce(compiled: Compiled, config: Config, label: str, title: str, record: CompileStats) -> None:

@@ -44,14 +44,14 @@ class Model(nn.Module):
 @pytest.fixture
 def region_compiles(monkeypatch):
     """The region bodies the spine compiles, by name, in order."""
-    compiled, real = [], spine.compile_graph
+    compiled, real = [], spine._start
 
-    def counting(gm, config, **kw):
-        if kw.get("region"):
-            compiled.append(kw["region"])
-        return real(gm, config, **kw)
+    def counting(gm, config, kind, registry, passes, region, cache):
+        if region:
+            compiled.append(region)
+        return real(gm, config, kind, registry, passes, region, cache)
 
-    monkeypatch.setattr(spine, "compile_graph", counting)
+    monkeypatch.setattr(spine, "_start", counting)
     return compiled
 
 
@@ -168,15 +168,20 @@ def test_dynamic_sizes_compile_the_region_once_for_every_size(region_compiles):
     assert be.compiled[0].stats["fallback_nodes"] == 0
 
 
-def test_a_region_that_fails_to_compile_runs_eagerly(monkeypatch, caplog):
-    real = spine.compile_graph
+@pytest.mark.parametrize("stage", ["emit", "finish"])
+def test_a_region_that_fails_to_compile_runs_eagerly(monkeypatch, caplog, stage):
+    """A body that fails in its passes is left to its nodes (eager ``invoke_subgraph``); one that
+    fails when linked (its kernels built) runs as its graph module at every call site.  Either
+    way the caller's fallbacks name the sites and the values are eager's."""
+    real = getattr(spine, f"_{stage}")
 
-    def failing(gm, config, **kw):
-        if kw.get("region"):
+    def failing(*args, **kwargs):
+        emitted_region = args[-1] if stage == "emit" else args[0].region
+        if emitted_region:
             raise RuntimeError("planted failure")
-        return real(gm, config, **kw)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(spine, "compile_graph", failing)
+    monkeypatch.setattr(spine, f"_{stage}", failing)
     torch.manual_seed(0)
     model = Model(n=3)
     ref = copy.deepcopy(model)

@@ -244,9 +244,9 @@ def store(k: str, compiled: Compiled, registry: Registry) -> None:
 
 def _entry(c: Compiled, registry: Registry) -> dict:
     w = c.artifact
-    regions = {id(r.call): r for r in c.regions}
+    regions = {id(r): r for r in c.regions}
     for r in c.regions:
-        if r.compiled.cache_key is None:
+        if r.compiled is None or r.compiled.cache_key is None:
             raise Uncacheable(f"its region {r.name} is not cached")
     kernels = {f"{k.name}_c" for k in w.kernels} | {ns for ns, _, _ in w.ops}
     named_in_source = set(re.findall(r"[A-Za-z_]\w*", w.source + w.profiled_source))  # (globals no code reads: left out)
@@ -329,7 +329,7 @@ def _compiled(e: dict, k: str, registry: Registry, eager: Callable | None, debug
         if body is None:
             raise ValueError(f"its region {r['name']} has no usable entry")
         regions.append(Region(r["name"], body.generated, body, list(r["sites"])))
-    calls = {r.compiled.cache_key: r.call for r in regions}
+    calls = {r.compiled.cache_key: r for r in regions}
     for name, d in e["globals"].items():
         globals_[name] = calls[d["region"]] if "region" in d else named.resolve(name, d, tensors)
     if e["ops"]:

@@ -99,7 +99,9 @@ class CompileStats:
         # every node that runs eagerly, and why: refused by the backend, or its kernel failed to compile
         fallbacks = {n.name: g.reason for g in groups if g.backend == FALLBACK_BACKEND for n in g.nodes}
         fallbacks.update({n.name: demoted[g.id] for g in groups if g.id in demoted for n in g.nodes})
-        fallbacks.update({f"{r.name}/{name}": why for r in regions for name, why in r.compiled.stats["fallbacks"].items()})
+        fallbacks.update({f"{r.name}/{name}": why for r in regions if r.compiled is not None
+                          for name, why in r.compiled.stats["fallbacks"].items()})
+        fallbacks.update({site: r.failed for r in regions if r.compiled is None for site in r.sites})
         arena_live = [(iv.start, iv.end, iv.size) for a in memory.arenas if a.symmetric is None
                       for iv in arena_intervals(memory, a.name)]
         return cls(
@@ -113,7 +115,7 @@ class CompileStats:
             lower_bound_bytes=peak_live_bytes(arena_live),
             eager_live_peak_bytes=eager_peak,
             copy_bytes=graph_copy_bytes(groups, memory.hint, memory, demoted)
-            + sum(len(r.sites) * r.compiled.stats["copy_bytes"] for r in regions),
+            + sum(len(r.sites) * r.compiled.stats["copy_bytes"] for r in regions if r.compiled is not None),
             symmetric_arena_bytes=symmetric_arena_bytes(memory),
             kept_arena_bytes=memory.kept_bytes,
             recycled_bytes=memory.recycled_bytes,
@@ -129,7 +131,7 @@ class CompileStats:
             fallbacks=fallbacks,
             compile_seconds=seconds,
             region=region,
-            regions=[region_stats(r) for r in regions],
+            regions=[region_stats(r) for r in regions if r.compiled is not None],
         )
 
 

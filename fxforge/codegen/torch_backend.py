@@ -173,7 +173,7 @@ def _region_call(node: fx.Node, ref, ctx: KernelContext) -> list[str]:
     region = REGION.of(node)
     operands = ", ".join(format_arg(a, ref, ctx.const) for a in node.args[2:])
     return [f"# {node.name}: region {region.name}, compiled once, called at {len(region.sites)} sites",
-            f"{node.name} = {ctx.const(region.call)}([{operands}])"]
+            f"{node.name} = {ctx.const(region)}([{operands}])"]
 
 
 def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) -> GroupCost:

@@ -41,16 +41,28 @@ class Group:
     overwrites_inputs: bool = False
 
 
-@dataclass
+@dataclass(eq=False)
 class Region:
-    """An ``invoke_subgraph`` body compiled once by the spine (``spine.compile_regions``): ``call``,
-    its generated ``call(args)``, which the kernel of every node invoking it calls; ``compiled``,
-    its ``Compiled`` (stats, kernels, source); ``sites``, the caller's nodes calling it."""
+    """An ``invoke_subgraph`` body compiled once by the spine (``spine.compile_regions``), called
+    by the kernel of every node invoking it (``sites``): the region itself is what the generated
+    code calls, ``region(args)``, which runs ``call``, the body's generated ``call(args)``, once
+    the spine has finished the body (``finish``: links and loads it, giving its ``Compiled``).
+    A body that failed to finish runs eagerly (``call``: its graph module) and says why
+    (``failed``)."""
 
     name: str
-    call: Callable[[list], Any]
-    compiled: Any
+    call: Callable[[list], Any] | None = None
+    compiled: Any = None
     sites: list[str] = field(default_factory=list)
+    finish: Callable[[], Any] | None = None
+    body: Any = None  # the body's graph module
+    failed: str = ""
+
+    def __post_init__(self) -> None:
+        self.__name__ = f"region_{self.name}"  # (its name as a global of the generated code)
+
+    def __call__(self, args: list) -> Any:
+        return self.call(args)
 
 
 def group_outputs(nodes: list[fx.Node], graph_outputs: set[fx.Node]) -> list[fx.Node]:

@@ -60,12 +60,23 @@ from .source import KERNEL_RANGE, Wrapper, module
 from .steps import WrapperPlan
 
 __all__ = ["KERNEL_RANGE", "LAYOUT_VIEWS", "RANGE_OPS", "VIEW_METHODS", "Positions", "Wrapper", "WrapperPlan", "generate",
-           "kernel_range", "plan_wrapper", "positions"]
+           "kernel_range", "link", "plan_wrapper", "positions"]
 
 
 def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph") -> Wrapper:
     """The wrapper of ``gm`` (``graph``: its name in profiler ranges, ``forward-0``...): its plan,
-    printed."""
+    printed.  Its kernels are emitted (their builds may be running): ``link`` it before loading."""
     wp = plan_wrapper(gm, plan, registry, config, graph)
     source, profiled = module(wp)
     return Wrapper(source, wp.globals, wp.kernels, wp.demoted, profiled, wp.ops, wp.units)
+
+
+def link(w: Wrapper, registry: Registry) -> None:
+    """Each backend's kernels of ``w`` linked into its globals (``CodegenBackend.link``: the C
+    kernels' builds waited for and bound), once: a wrapper is linked as late as its caller can,
+    so the builds run while the caller does other work (the spine links a graph's regions after
+    emitting the graph's own kernels)."""
+    for name, unit in w.units.items():
+        link_unit = registry.get(name).link
+        if link_unit is not None:
+            w.globals.update(link_unit(unit))

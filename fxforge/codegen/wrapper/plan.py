@@ -566,15 +566,10 @@ class _Planner:
                 self.guard_layout(n)
 
     def wrapper_plan(self, placeholders: list[fx.Node]) -> WrapperPlan:
-        """The plan of the module: the steps, the kept arenas, the kernels linked by their
-        backends (``CodegenBackend.link``: each backend's kernels built together) and the ops
-        bound once at load."""
+        """The plan of the module: the steps, the kept arenas, the kernels (each backend's
+        ``units``, linked later: ``wrapper.link``) and the ops bound once at load."""
         if self.ops:
             self.globals.update(runtime.bind_ops(self.ops))
-        for name, unit in self.units.items():
-            link = self.registry.get(name).link
-            if link is not None:
-                self.globals.update(link(unit))
         kept = None
         if self.kept:
             device = next(a.device for a in self.plan.memory.arenas if a.symmetric is None)
