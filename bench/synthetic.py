@@ -132,13 +132,13 @@ GRAPHS = {"pointwise": make_graph, "mixed": make_mixed_graph}
 
 def _timed_stages(fn, stages: dict):
     """Run ``fn`` with fxforge.spine's stage functions wrapped in timers (schedule, groups,
-    memory plan, wrapper generation), restored afterwards.  Read-only instrumentation: fxforge's
+    memory plan, wrapper generation, linking the kernels: the C builds waited for), restored afterwards.  Read-only instrumentation: fxforge's
     stats time the passes only; the rest of ``compile_seconds`` is split here."""
     from fxforge import spine as compiler
     from fxforge.codegen import wrapper
 
     targets = [(compiler, "make_schedule", "schedule"), (compiler, "build_groups", "groups"),
-               (compiler, "plan_memory", "memory_plan"), (wrapper, "generate", "codegen"),
+               (compiler, "plan_memory", "memory_plan"), (wrapper, "generate", "codegen"), (wrapper, "link", "link"),
                (getattr(wrapper, "Wrapper", None), "load", "load")]
     saved = []
     for mod, attr, label in targets:
