@@ -132,8 +132,9 @@ GRAPHS = {"pointwise": make_graph, "mixed": make_mixed_graph}
 
 def _timed_stages(fn, stages: dict):
     """Run ``fn`` with fxforge.spine's stage functions wrapped in timers (schedule, groups,
-    memory plan, wrapper generation, linking the kernels: the C builds waited for), restored afterwards.  Read-only instrumentation: fxforge's
-    stats time the passes only; the rest of ``compile_seconds`` is split here."""
+    memory plan, wrapper generation, linking the kernels: the C builds waited for), restored
+    afterwards.  Read-only instrumentation: fxforge's stats time the passes only; the rest of
+    ``compile_seconds`` is split here."""
     from fxforge import spine as compiler
     from fxforge.codegen import wrapper
 
