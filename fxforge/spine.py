@@ -21,6 +21,7 @@ from .codegen.registry import DEFAULT_REGISTRY, Registry
 from .artifact import graph_cache
 from .artifact.compiled import Compiled, KernelInfo
 from .core.config import Config
+from .core.costs import comm_model, compute_model
 from .core.graph import (BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, GUARD_INPUTS, REGION, VAL, count_compute_nodes,
                          output_nodes, region_body)
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
@@ -36,6 +37,7 @@ from .passes.assign import AssignBackends
 from .passes.fusion import FuseGroups, verify_groups
 from .passes.memory import plan_memory, verify_memory_plan
 from .passes.padcat import ZeroCopyCatPad
+from .passes.overlap import comm_figures, overlap
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .passes.symmetric import LowerAllReduceToSymmetric, PlaceSymmetric
 from .infra.pass_manager import PassError, PassManager, pass_name
@@ -308,6 +310,10 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
     fused = {GROUP.of(n) for n in gm.graph.nodes
              if GROUP.get(n) is not None and _fuses(BACKEND.get(n, FALLBACK_BACKEND), registry)}
     sched, sched_stats = make_schedule(gm, fused)
+    if config.comm_overlap:
+        sched, moved = overlap(gm, sched, fused, config)
+        if moved:
+            sched_stats["overlap"] = moved
     stages.done("schedule")
     groups = build_groups(gm, sched, registry)
     memory = plan_memory(gm, sched, groups, config, kind=kind)
@@ -374,7 +380,8 @@ def _finish(e: _Emitted, announce: bool = True) -> Compiled:
 
     record = CompileStats.collect(kind, gm, plan.groups, plan.memory, w, e.records, e.sched_stats, nodes_in=e.nodes_in,
                                   eager_peak=e.eager_peak, stages=e.stages.seconds, seconds=time.perf_counter() - e.t0,
-                                  region=e.region, regions=regions)
+                                  region=e.region, regions=regions,
+                                  comm={**_comm(gm, plan, e.config), **e.sched_stats.get("overlap", {})})
     compiled = Compiled(
         fn,
         profiled=profiled,
@@ -395,6 +402,17 @@ def _finish(e: _Emitted, announce: bool = True) -> Compiled:
         title = f"{kind} region {e.region} graph {e.graph_id}" if e.region else f"{kind} graph {e.graph_id}"
         _announce(compiled, e.config, e.label, title, record)
     return compiled
+
+
+def _comm(gm: fx.GraphModule, plan: Plan, config: Config) -> dict:
+    """``stats["comm"]``: the schedule's collectives replayed under the cost models (passes/overlap.py)."""
+    fused = {g.id for g in plan.groups if g.fused}
+    backend = None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        backend = torch.distributed.get_backend()
+    device = "cuda" if "cuda" in device_types(gm) else "cpu"
+    return comm_figures(gm, plan.schedule, fused, comm_model(config.comm_model, backend),
+                        compute_model(device, config.threads))
 
 
 def _finish_region(r: Region, config: Config) -> None:

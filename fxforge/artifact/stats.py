@@ -72,6 +72,8 @@ class CompileStats:
     regions: list = field(default_factory=list)  # the compiled regions it calls (``region_stats``)
     # "stored", "hit" (loaded, not compiled: compile_seconds is the load's), or why it is not cached
     graph_cache: str = ""
+    # the collectives of the schedule under the cost models (passes/overlap.py, ``comm_figures``)
+    comm: dict = field(default_factory=dict)
 
     @property
     def collective_bytes(self) -> int:
@@ -90,7 +92,7 @@ class CompileStats:
     @classmethod
     def collect(cls, kind: str, gm: fx.GraphModule, groups: list[Group], memory: MemoryPlan, emitted, records: Sequence,
                 schedule: dict, *, nodes_in: int, eager_peak: int, stages: dict, seconds: float, region: str = "",
-                regions: Sequence[Region] = ()) -> "CompileStats":
+                regions: Sequence[Region] = (), comm: dict | None = None) -> "CompileStats":
         """The record of a compile: ``emitted``, the generated wrapper (``codegen.wrapper``);
         ``records``, the passes' (``PassRecord``); ``schedule``, the scheduler's figures;
         ``regions``, the compiled bodies the graph calls (their fallbacks and copies count as its
@@ -132,6 +134,7 @@ class CompileStats:
             compile_seconds=seconds,
             region=region,
             regions=[region_stats(r) for r in regions if r.compiled is not None],
+            comm=comm or {},
         )
 
 

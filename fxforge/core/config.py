@@ -105,6 +105,16 @@ class Config:
     # symmetric memory, their inputs written into a rank-identical arena (passes/symmetric.py);
     # 0: never.
     symmetric_all_reduce_bytes: int = 0
+    # Reorder a graph's collectives so compute hides them: each issued as soon as its inputs are
+    # ready, each waited for just before its result is read, their order kept (passes/overlap.py).
+    comm_overlap: bool = True
+    # How far issuing collectives early may raise a schedule's peak of live bytes (their outputs,
+    # an all-gather's prefetched tensor), as a fraction of the peak without overlap.
+    prefetch_peak_growth: float = 0.1
+    # The link stats["comm"] estimates collectives on (core/costs.py): "auto" (nvlink for NCCL,
+    # gloo-loopback otherwise), a preset's name (costs.COMM_PRESETS), a costs.CommModel, or
+    # {"alpha_s": seconds per step, "bandwidth": bytes per second}.
+    comm_model: Any = "auto"
     # Custom ops registered with fxforge.register_custom_op_autotuning: "on" (check each
     # candidate against the op, time the ones that agree, inline the fastest; fxforge/custom_ops),
     # "off" (the op itself, called opaquely).
@@ -137,6 +147,10 @@ class Config:
         for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args"):
             self._set(knob, _limit(knob, getattr(self, knob)))
         self._set("max_fusion_peak_growth", _fraction("max_fusion_peak_growth", self.max_fusion_peak_growth))
+        self._set("prefetch_peak_growth", _fraction("prefetch_peak_growth", self.prefetch_peak_growth))
+        from .costs import comm_model
+
+        comm_model(self.comm_model)  # (a wrong name fails here, with the names it knows)
         for knob in ("symmetric_all_reduce_bytes", "keep_training_arenas_max_bytes", "recycle_min_bytes"):
             s = getattr(self, knob)
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
@@ -147,7 +161,8 @@ class Config:
         a = self.alignment
         if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a & (a - 1):
             raise ValueError(f"Config.alignment={a!r}: expected a power of two (an int such as 16 or 64)")
-        for knob in ("autotune", "inplace", "arena_windows", "zero_copy", "poison_arena", "debug", "progress"):
+        for knob in ("autotune", "inplace", "arena_windows", "zero_copy", "poison_arena", "debug", "progress",
+                     "comm_overlap"):
             v = getattr(self, knob)
             if not isinstance(v, bool):
                 raise ValueError(f"Config.{knob}={v!r}: expected True or False (a bool, not {type(v).__name__})")

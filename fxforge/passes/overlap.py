@@ -1,0 +1,252 @@
+"""Compute-communication overlap, and the communication figures of a schedule.
+
+A traced graph waits for each collective right after issuing it (``all_gather_into_tensor`` then
+``wait_tensor``): every byte of communication is exposed.  ``overlap`` reorders a schedule so
+that
+
+* each ``wait_tensor`` runs just before the first node reading what it waited for, and
+* each collective is issued as soon as its inputs are ready,
+
+so the compute between them runs while the collective is in flight (a collective runs on its
+process group's own stream or threads: NCCL's stream, gloo's workers).  What it keeps:
+
+* **the order of the collectives**: issued in the order the graph has them, on every rank the
+  same (``order_digest`` in ``stats["comm"]``: a hash of the issue order, equal on every rank
+  compiling the same graph); a collective is never moved before the one issued before it;
+* **dependencies**: a node after every node it reads; a fused kernel moves as one;
+* **mutations**: no collective is issued before, and no wait moved past, a node that writes
+  into a tensor in place (it might be one the collective reads or fills);
+* **memory**: issuing a collective early allocates its output early (an all-gather's: the whole
+  gathered tensor: a prefetch), and waiting late keeps an asynchronous collective's input
+  alive longer.  Each move goes only as far as keeps the schedule's peak of live bytes within
+  ``(1 + Config.prefetch_peak_growth)`` times the peak before overlap; the final order is
+  checked exactly, and moved back halfway, then not at all, if it is over.
+
+``comm_figures`` replays a schedule under the cost models (``core/costs.py``): the compute
+kernels one after another at their roofline time, the collectives one after another on their
+own stream from when they are issued; a wait stalls the compute until its collective is done.
+``exposed_s`` is the time the compute stalls; ``estimated_s`` the collectives' own time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from typing import Collection
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from ..core.collectives import COLLECTIVE_OPS, async_input_ops, collective_bytes, group_name_of, process_group, wait_op
+from ..core.config import Config
+from ..core.costs import CommModel, ComputeModel, node_bytes, node_flops
+from ..core.graph import GROUP, is_mutating, liveness, node_kind, output_nodes, storage_root
+from .schedule import fused_layout, peak_bytes, storage_sizes
+
+
+def is_collective(n: fx.Node) -> bool:
+    return n.op == "call_function" and n.target in COLLECTIVE_OPS
+
+
+def is_wait(n: fx.Node) -> bool:
+    return n.op == "call_function" and n.target is wait_op()
+
+
+def waited_collective(w: fx.Node) -> fx.Node | None:
+    """The collective a ``wait_tensor`` waits for (through a getitem of a coalesced one)."""
+    a = w.args[0] if w.args else None
+    if isinstance(a, fx.Node) and a.target is operator.getitem:
+        a = a.args[0]
+    return a if isinstance(a, fx.Node) and is_collective(a) else None
+
+
+# --------------------------------------------------------------------------- units
+
+
+def units(order: list[fx.Node], fused: Collection[int]) -> list[list[fx.Node]]:
+    """``order`` cut into what moves as one: a fused kernel's nodes (consecutive in a schedule)
+    with the getitems after them, and every other node alone."""
+    out: list[list[fx.Node]] = []
+    last_group = None
+    for n in order:
+        g = GROUP.get(n)
+        joins = out and ((g is not None and g in fused and g == last_group)
+                         or (n.target is operator.getitem and n.args[0] in out[-1]))
+        if joins:
+            out[-1].append(n)
+        else:
+            out.append([n])
+            last_group = g if g is not None and g in fused else None
+    return out
+
+
+def overlap(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int], config: Config) -> tuple[list[fx.Node], dict]:
+    """The schedule ``order`` with its collectives overlapped (module docstring), and what the
+    pass did: ``moved_waits``, ``moved_issues``, ``peak_before``, ``peak_after``."""
+    if not any(is_collective(n) for n in order):
+        return order, {}
+    sizes = storage_sizes(gm, order)
+    before = peak_bytes(gm, order, sizes, fused)
+    bound = before * (1.0 + config.prefetch_peak_growth)
+    for reach in (1.0, 0.5, 0.0):
+        seq = units(order, fused)
+        waits = _sink_waits(gm, seq, sizes, fused, bound, reach)
+        issues = _hoist_issues(gm, seq, sizes, fused, bound, reach)
+        new = [n for u in seq for n in u]
+        after = peak_bytes(gm, new, sizes, fused)
+        if after <= bound or reach == 0.0:
+            break
+    return new, {"moved_waits": waits, "moved_issues": issues, "peak_before": before, "peak_after": after}
+
+
+def _profile(gm: fx.GraphModule, seq: list[list[fx.Node]], sizes: dict, fused: Collection[int]) -> np.ndarray:
+    """Live bytes at each unit of ``seq``."""
+    order = [n for u in seq for n in u]
+    _, internal = fused_layout(gm, order, fused)
+    upos = {n: i for i, u in enumerate(seq) for n in u}
+    diff = np.zeros(len(seq) + 1, dtype=np.int64)
+    for r, live in liveness(order, output_nodes(gm), upos).items():
+        if r in sizes and r not in internal:
+            diff[live.start] += sizes[r]
+            diff[live.end + 1] -= sizes[r]
+    return np.cumsum(diff[:-1])
+
+
+def _barrier(u: list[fx.Node]) -> bool:
+    """A unit nothing crosses: it writes into a tensor in place."""
+    return any(is_mutating(n) and not is_collective(n) and not is_wait(n) for n in u)
+
+
+def _sink_waits(gm, seq, sizes, fused, bound: float, reach: float) -> int:
+    """Each wait moved to just before the first unit reading what it waited for (or before a
+    barrier), as far as the bound allows the collective's input to stay alive; the last wait
+    first, each once; how many moved."""
+    prof = _profile(gm, seq, sizes, fused)
+    moved = 0
+    for w in reversed([u[0] for u in seq if len(u) == 1 and is_wait(u[0])]):
+        i = next(k for k, u in enumerate(seq) if u[0] is w)
+        readers = set(w.users)
+        j = i + 1
+        while j < len(seq) and not _barrier(seq[j]) and not readers.intersection(seq[j]):
+            j += 1
+        target = i + int((j - i - 1) * reach)  # the unit it goes after
+        extra = _kept_input_bytes(w, sizes)
+        while target > i and extra and prof[i + 1:target + 1].max(initial=0) + extra > bound:
+            target -= 1
+        if target > i:
+            seq.insert(target, seq.pop(i))  # (the units between move up one)
+            prof[i:target] = prof[i + 1:target + 1] + extra
+            moved += 1
+    return moved
+
+
+def _kept_input_bytes(w: fx.Node, sizes: dict) -> int:
+    """Bytes a wait moved later keeps alive: an asynchronous collective's input, read until then."""
+    c = waited_collective(w)
+    if c is None or c.target not in async_input_ops():
+        return 0
+    inputs = c.args[0] if isinstance(c.args[0], (list, tuple)) else [c.args[0]]
+    return sum(sizes.get(storage_root(a), 0) for a in inputs if isinstance(a, fx.Node))
+
+
+def _hoist_issues(gm, seq, sizes, fused, bound: float, reach: float) -> int:
+    """Each collective moved to just after the last unit it reads, the collective issued before
+    it, or a barrier, as far as the bound allows its output to be allocated early; in issue
+    order, each once; how many moved."""
+    prof = _profile(gm, seq, sizes, fused)
+    moved = 0
+    last_issue = -1
+    for c in [u[0] for u in seq if len(u) == 1 and is_collective(u[0])]:
+        i = next(k for k, u in enumerate(seq) if u[0] is c)
+        deps = set(c.all_input_nodes)
+        j = i - 1
+        while j > last_issue and not _barrier(seq[j]) and not deps.intersection(seq[j]):
+            j -= 1
+        target = i - int((i - j - 1) * reach)  # the index it goes to
+        out = sizes.get(c, 0)
+        while target < i and out and prof[target:i].max(initial=0) + out > bound:
+            target += 1
+        if target < i:
+            seq.insert(target, seq.pop(i))
+            prof[target + 1:i + 1] = prof[target:i] + out
+            moved += 1
+        last_issue = target
+    return moved
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def comm_figures(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int], comm: CommModel,
+                 compute: ComputeModel) -> dict:
+    """``stats["comm"]`` of a schedule: ``count``, ``bytes`` (this rank sends), ``estimated_s``
+    (the collectives' time under ``comm``), ``exposed_s`` (the compute's stalls), ``overlapped``
+    (1 - exposed / estimated), ``model``, ``order_digest`` and per collective its node, kind,
+    ranks, bytes, time and stall."""
+    seq = units(order, fused)
+    clock = stream = 0.0
+    done: dict[fx.Node, float] = {}
+    rows: dict[fx.Node, dict] = {}
+    digest = hashlib.sha256()
+    exposed = 0.0
+    for u in seq:
+        head = u[0]
+        if len(u) == 1 and is_collective(head):
+            kind, sent = collective_bytes(head)
+            ranks = _ranks(head)
+            t = comm.time(kind, sent, ranks)
+            start = max(clock, stream)
+            stream = done[head] = start + t
+            rows[head] = {"node": head.name, "collective": kind, "ranks": ranks, "bytes": sent, "estimated_s": t,
+                          "exposed_s": 0.0}
+            digest.update(f"{kind}|{group_name_of(head)}|{ranks}|{sent};".encode())
+        elif len(u) == 1 and is_wait(head):
+            c = waited_collective(head)
+            if c in done and done[c] > clock:
+                stall = done[c] - clock
+                exposed += stall
+                rows[c]["exposed_s"] += stall
+                clock = done[c]
+        else:
+            clock += _unit_time(u, fused, compute)
+    total = sum(r["estimated_s"] for r in rows.values())
+    return {"count": len(rows), "bytes": sum(r["bytes"] for r in rows.values()), "estimated_s": total,
+            "exposed_s": exposed, "overlapped": 1.0 - exposed / total if total else 1.0, "model": comm.name,
+            "compute_model": compute.name, "order_digest": digest.hexdigest()[:16], "collectives": list(rows.values())}
+
+
+def _ranks(c: fx.Node) -> int:
+    """The ranks of a collective's process group (its ``group_size`` argument where it has one)."""
+    for i, a in enumerate(c.target._schema.arguments):
+        if a.name == "group_size":
+            size = c.kwargs.get("group_size", c.args[i] if i < len(c.args) else None)
+            if isinstance(size, int):
+                return size
+    name = group_name_of(c)
+    try:
+        return process_group(name).size() if name is not None else 1
+    except Exception:  # (no such process group in this process)
+        return 1
+
+
+def _unit_time(u: list[fx.Node], fused: Collection[int], compute: ComputeModel) -> float:
+    """A unit's estimated time: a fused kernel's members' work at once and only the bytes it reads
+    from and writes to memory; other nodes each their own."""
+    members = set(u)
+    flops = sum(node_flops(n) for n in u)
+    if len(u) > 1 and GROUP.get(u[0]) in fused:
+        nbytes = 0.0
+        for n in u:
+            if node_kind(n) == "compute" and any(x not in members for x in n.users):
+                nbytes += _val_bytes(n)
+            nbytes += sum(_val_bytes(a) for a in n.all_input_nodes if a not in members and node_kind(a) != "view")
+    else:
+        nbytes = sum(node_bytes(n) for n in u)
+    return compute.time(flops, nbytes) if (flops or nbytes) else 0.0
+
+
+def _val_bytes(n: fx.Node) -> float:
+    v = n.meta.get("val")
+    return float(v.numel() * v.element_size()) if isinstance(v, torch.Tensor) and all(
+        isinstance(s, int) for s in v.shape) else 0.0

@@ -1,0 +1,51 @@
+"""What each rank runs in tests/test_overlap.py (module-level: spawned processes import it)."""
+
+from __future__ import annotations
+
+import torch
+
+import fxforge
+from fxforge.core.dtensor import local_shard
+
+
+def fsdp_training(rank: int, world: int) -> dict:
+    """An FSDP-style training step (every parameter ``Shard(0)``, the batch too) of the MLP block
+    through ``fxforge.partition``, with the collectives overlapped and without: both give eager's
+    loss and gradients; returns what each schedule's ``stats["comm"]`` says."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.export.experimental import _export_forward_backward
+
+    from partition_cases import MLPLoss, close
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(1)
+    model = MLPLoss(d=32, f=64)
+    x, target = torch.randn(4, 8, 32), torch.randn(4, 8, 32)
+    ref = model(x, target)
+    ref.backward()
+    params = dict(model.named_parameters())
+    placements = {**{n: [Shard(0)] for n in params}, "x": [Shard(0)], "target": [Shard(0)]}
+    out = {}
+    for overlap in (True, False):
+        joint = _export_forward_backward(torch.export.export(model, (x, target)))
+        p = fxforge.partition(joint, mesh, placements, config=fxforge.Config(comm_overlap=overlap, debug=True))
+        loss, grads = p(local_shard(x, mesh, [Shard(0)]), local_shard(target, mesh, [Shard(0)]))
+        close(loss, ref.detach(), f"loss (overlap {overlap})")
+        for fqn, g in grads.items():
+            close(g, local_shard(params[fqn].grad, mesh, [Shard(0)]), f"gradient of {fqn} (overlap {overlap})")
+        comm = p.stats["comm"]
+        order = [n.name for n in p.compiled.plan.schedule]
+        out[overlap] = {"digest": comm["order_digest"], "count": comm["count"], "exposed_s": comm["exposed_s"],
+                        "estimated_s": comm["estimated_s"], "moved": (comm.get("moved_waits"), comm.get("moved_issues")),
+                        "gaps": _gaps(p.compiled.plan.schedule), "order": order}
+    return out
+
+
+def _gaps(schedule) -> list[int]:
+    """Per collective, how many nodes run between it and its wait."""
+    from fxforge.passes.overlap import is_collective, is_wait, waited_collective
+
+    at = {n: i for i, n in enumerate(schedule)}
+    return [at[w] - at[waited_collective(w)] for w in schedule if is_wait(w) and waited_collective(w) in at
+            if is_collective(waited_collective(w))]

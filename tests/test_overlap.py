@@ -1,0 +1,163 @@
+"""Compute-communication overlap (``passes/overlap.py``) and the communication figures of a
+schedule (``stats["comm"]``): on graphs traced against a fake process group (one process), and
+end to end on two gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fxforge
+from fxforge.core.costs import COMM_PRESETS, CommModel, ComputeModel, comm_model
+from fxforge.passes.overlap import comm_figures, is_collective, is_wait, overlap, waited_collective
+from fxforge.passes.schedule import peak_bytes, program_order
+
+
+@pytest.fixture
+def fake_group():
+    """Four ranks of torch's fake process group (no communication): graphs with collectives
+    trace and compile in this one process."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        yield dist.group.WORLD.group_name
+    finally:
+        dist.destroy_process_group()
+
+
+def _funcol():
+    return torch.ops._c10d_functional
+
+
+def fsdp_like(group: str):
+    """Two layers whose weights are gathered before use, and a gradient reduce-scattered at the
+    end: each collective waited for at once, as tracing leaves it."""
+    f = _funcol()
+
+    def step(x, w1, w2):
+        a = f.wait_tensor(f.all_gather_into_tensor(w1, 4, group))
+        h = torch.relu(x @ a.t())
+        b = f.wait_tensor(f.all_gather_into_tensor(w2, 4, group))
+        y = torch.tanh(h @ b)
+        g = f.wait_tensor(f.reduce_scatter_tensor(y.sum(0), "sum", 4, group))
+        return y, g
+
+    return make_fx(step, tracing_mode="fake")(torch.randn(64, 128), torch.randn(64, 128), torch.randn(64, 128))
+
+
+def _check_order(order: list) -> None:
+    """Every node after what it reads."""
+    at = {n: i for i, n in enumerate(order)}
+    for n in order:
+        for a in n.all_input_nodes:
+            assert at[a] < at[n], f"{n.name} runs before its input {a.name}"
+
+
+def test_waits_sink_to_their_readers_and_collectives_issue_when_their_inputs_are_ready(fake_group):
+    gm = fsdp_like(fake_group)
+    order = program_order(gm)
+    new, moved = overlap(gm, order, (), fxforge.Config(prefetch_peak_growth=float("inf")))
+    _check_order(new)
+    at = {n: i for i, n in enumerate(new)}
+    issues = [n for n in new if is_collective(n)]
+    assert [n.name for n in issues] == [n.name for n in order if is_collective(n)]  # the issue order kept
+    for c in issues:  # right after the last of its inputs or the collective before it
+        floor = max([at[a] for a in c.all_input_nodes] + [at[x] for x in issues if at[x] < at[c]] + [-1])
+        assert at[c] == floor + 1, (c.name, at[c], floor)
+    for w in (n for n in new if is_wait(n)):  # just before its first reader (a returned one: at the end)
+        readers = [at[u] for u in w.users if u in at]
+        assert at[w] + 1 == (min(readers) if readers else len(new)), w.name
+    gather2 = issues[1]
+    assert at[gather2] < at[next(n for n in new if n.target is torch.ops.aten.mm.default)]  # prefetched past a matmul
+    assert moved["moved_issues"] >= 1
+
+
+def test_prefetching_stays_within_its_memory_bound(fake_group):
+    """With no growth allowed, no collective is issued where its output would raise the peak."""
+    gm = fsdp_like(fake_group)
+    order = program_order(gm)
+    base = peak_bytes(gm, order)
+    free, _ = overlap(gm, order, (), fxforge.Config(prefetch_peak_growth=float("inf")))
+    bounded, moved = overlap(gm, order, (), fxforge.Config(prefetch_peak_growth=0.0))
+    assert peak_bytes(gm, free) > base  # the prefetch costs memory here...
+    assert peak_bytes(gm, bounded) <= base and moved["peak_after"] <= moved["peak_before"]  # ...and is held back
+    _check_order(bounded)
+
+
+def test_a_write_in_place_bounds_the_moves(fake_group):
+    """A collective is never issued before, nor a wait moved past, a node writing in place."""
+    f = _funcol()
+
+    def step(x, w, buf):
+        y = torch.relu(x @ x)
+        buf.add_(1.0)
+        a = f.wait_tensor(f.all_gather_into_tensor(w, 4, fake_group))
+        z = torch.tanh(y)
+        buf.mul_(2.0)
+        return z @ a.t(), buf
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(32, 32), torch.randn(8, 32), torch.randn(4))
+    order = program_order(gm)
+    new, _ = overlap(gm, order, (), fxforge.Config(prefetch_peak_growth=float("inf")))
+    at = {n: i for i, n in enumerate(new)}
+    writes = [at[n] for n in new if n.target in (torch.ops.aten.add_.Tensor, torch.ops.aten.mul_.Tensor)]
+    c = next(n for n in new if is_collective(n))
+    w = next(n for n in new if is_wait(n))
+    assert writes[0] < at[c] and at[w] < writes[1]
+    _check_order(new)
+
+
+def test_the_figures_say_how_much_compute_hides(fake_group):
+    gm = fsdp_like(fake_group)
+    order = program_order(gm)
+    new, _ = overlap(gm, order, (), fxforge.Config(prefetch_peak_growth=float("inf")))
+    link = CommModel("slow", 20e-6, 1 / 1e9)
+    cpu = ComputeModel("cpu", 20e9, 10e9)
+    before, after = comm_figures(gm, order, (), link, cpu), comm_figures(gm, new, (), link, cpu)
+    assert before["count"] == after["count"] == 3 and before["bytes"] == after["bytes"] > 0
+    assert before["estimated_s"] == pytest.approx(after["estimated_s"])
+    assert before["exposed_s"] == pytest.approx(before["estimated_s"])  # traced: every wait right after its issue
+    assert after["exposed_s"] < before["exposed_s"]
+    assert before["order_digest"] == after["order_digest"]
+    # the all-gathers' figure follows the alpha-beta formula: (n-1) alpha + bytes sent beta
+    g = after["collectives"][0]
+    assert g["estimated_s"] == pytest.approx(3 * 20e-6 + g["bytes"] * 1e-9)
+
+
+def test_compiled_graphs_carry_the_figures(fake_group):
+    """Every compiled graph's stats hold ``comm`` (count, bytes, estimated and exposed time)."""
+    gm = fsdp_like(fake_group)
+    c = fxforge.spine.compile_graph(gm, fxforge.Config(comm_model="infiniband"), kind="inference", cache=False)
+    comm = c.stats["comm"]
+    assert comm["count"] == 3 and comm["model"] == "infiniband"
+    assert 0.0 <= comm["exposed_s"] <= comm["estimated_s"]
+    plain = fxforge.spine.compile_graph(fsdp_like(fake_group), fxforge.Config(comm_overlap=False), kind="inference",
+                                        cache=False)
+    assert plain.stats["comm"]["exposed_s"] == pytest.approx(plain.stats["comm"]["estimated_s"])
+
+
+def test_comm_model_names_and_errors():
+    assert comm_model("auto", "nccl").name == "nvlink" and comm_model("auto", "gloo").name == "gloo-loopback"
+    m = comm_model({"alpha_s": 1e-5, "bandwidth": 2e9})
+    assert m.time("all_reduce", 2_000_000, 4) == pytest.approx(6 * 1e-5 + 1e-3)
+    assert set(COMM_PRESETS) >= {"nvlink", "infiniband", "pcie"}
+    with pytest.raises(ValueError, match="comm_model"):
+        fxforge.Config(comm_model="token-ring")
+
+
+def test_two_gloo_ranks_overlap_in_the_same_order_and_match_eager():
+    from partition_ranks import run_ranks
+
+    from overlap_cases import fsdp_training
+
+    ranks = run_ranks(fsdp_training, 2, timeout=300)
+    on = [r[True] for r in ranks]
+    off = [r[False] for r in ranks]
+    assert on[0]["digest"] == on[1]["digest"] == off[0]["digest"]  # the same collectives, the same order
+    assert on[0]["order"] == on[1]["order"]  # one schedule on both ranks
+    assert on[0]["count"] == off[0]["count"] > 0
+    assert max(on[0]["gaps"]) > 1 and max(off[0]["gaps"]) == 1  # traced: wait right after; overlapped: compute between
+    assert on[0]["exposed_s"] <= off[0]["exposed_s"]
