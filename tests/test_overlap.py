@@ -11,7 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
 from fxforge.core.costs import COMM_PRESETS, CommModel, ComputeModel, comm_model
-from fxforge.passes.overlap import comm_figures, is_collective, is_wait, overlap, waited_collective
+from fxforge.passes.overlap import comm_figures, is_collective, is_wait, overlap
 from fxforge.passes.schedule import peak_bytes, program_order
 
 
