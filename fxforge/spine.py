@@ -34,6 +34,7 @@ from .lowering.permuted_copies import PermutedCopies
 from .lowering.reshaped_cats import CatThroughReshapes
 from .lowering.splits import SplitForFusion
 from .passes.assign import AssignBackends
+from .passes.bucketing import BucketCollectives
 from .passes.fusion import FuseGroups, verify_groups
 from .passes.memory import plan_memory, verify_memory_plan
 from .passes.padcat import ZeroCopyCatPad
@@ -76,6 +77,7 @@ def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind:
         *([PermutedCopies()] if backend.fusion_cost is not None else []), EliminateDeadCode(),
         AccumulateEmbeddingGrads(), MatmulAccumulate(), LowerCrops(),
         *([LowerAllReduceToSymmetric(config)] if config.symmetric_all_reduce_bytes else []),
+        *([BucketCollectives(config)] if config.bucket_bytes else []),
         *config.passes_at("after_lowering"),
         assign, *config.passes_at("after_assignment"),
         FuseGroups(backend, config), *config.passes_at("after_fusion"),

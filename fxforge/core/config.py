@@ -111,6 +111,10 @@ class Config:
     # How far issuing collectives early may raise a schedule's peak of live bytes (their outputs,
     # an all-gather's prefetched tensor), as a fraction of the peak without overlap.
     prefetch_peak_growth: float = 0.1
+    # All-gathers (reduce-scatters) of one process group and dtype merged into one collective over
+    # a flat buffer, in program order, up to this many bytes of input each (passes/bucketing.py);
+    # 0: never.
+    bucket_bytes: int = 4 << 20
     # The link stats["comm"] estimates collectives on (core/costs.py): "auto" (nvlink for NCCL,
     # gloo-loopback otherwise), a preset's name (costs.COMM_PRESETS), a costs.CommModel, or
     # {"alpha_s": seconds per step, "bandwidth": bytes per second}.
@@ -151,7 +155,7 @@ class Config:
         from .costs import comm_model
 
         comm_model(self.comm_model)  # (a wrong name fails here, with the names it knows)
-        for knob in ("symmetric_all_reduce_bytes", "keep_training_arenas_max_bytes", "recycle_min_bytes"):
+        for knob in ("symmetric_all_reduce_bytes", "keep_training_arenas_max_bytes", "recycle_min_bytes", "bucket_bytes"):
             s = getattr(self, knob)
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
                 raise ValueError(f"Config.{knob}={s!r}: expected a byte count >= 0")

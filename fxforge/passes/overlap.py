@@ -211,6 +211,7 @@ def comm_figures(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int
         else:
             clock += _unit_time(u, fused, compute)
     total = sum(r["estimated_s"] for r in rows.values())
+    exposed = min(exposed, total)  # (stalls are differences of sums: a rounding past the total)
     return {"count": len(rows), "bytes": sum(r["bytes"] for r in rows.values()), "estimated_s": total,
             "exposed_s": exposed, "overlapped": 1.0 - exposed / total if total else 1.0, "model": comm.name,
             "compute_model": compute.name, "order_digest": digest.hexdigest()[:16], "collectives": list(rows.values())}

@@ -1,0 +1,184 @@
+"""Bucketing: small all-gathers and reduce-scatters merged into one collective over a flat buffer.
+
+A training step sharded FSDP-style gathers every parameter and reduce-scatters every gradient
+on its own: each collective pays the link's latency (``core/costs.py``: ``(n-1)`` steps of
+``alpha``) for a few kilobytes.  ``BucketCollectives`` merges runs of them, in program order, into
+one collective of at most ``Config.bucket_bytes`` (what one rank sends):
+
+* **all-gathers** of one process group, size and dtype: their inputs are flattened and cat'ed
+  into one buffer (the copy-in: written in place by the kernels producing them where they can,
+  ``passes/padcat.py``), gathered once, and each member's result is its slice of every rank's
+  block, copied out just before the first node reading it (a rank's blocks interleave the
+  members: the one copy the layout needs);
+* **reduce-scatters** of one group, size, reduction and dtype: each input seen as ``[ranks,
+  chunk]`` and cat'ed along the chunks (``[ranks, sum of chunks]``), reduce-scattered once; each
+  member's result is a slice of this rank's block: a view, no copy-out.
+
+Each bucket is issued where its last member was, waited for where its first member was read
+(``passes/overlap.py`` then moves both).  A member joins a bucket only if its input does not
+depend on what the bucket waits for (no cycle), and the order of the collectives stays the same
+on every rank: buckets are made the same way from the same graph.  ``stats`` of the pass:
+``buckets`` (merged collectives made), ``bucketed`` (collectives merged into them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from ..core.config import Config
+from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta
+from ..infra.pass_manager import PassResult
+from .overlap import is_wait
+
+
+def _funcol():
+    return torch.ops._c10d_functional
+
+
+aten = torch.ops.aten
+
+
+class BucketCollectives:
+    name = "bucket_collectives"
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        f = _funcol()
+        mode = fake_mode_of(gm)
+        if not self.config.bucket_bytes or mode is None:
+            return PassResult(gm, False, {})
+        make = {f.all_gather_into_tensor.default: (_gather_key, _gather),
+                f.reduce_scatter_tensor.default: (_scatter_key, _scatter)}
+        buckets = _buckets(gm, make, self.config.bucket_bytes)
+        for b in buckets:
+            make[b.members[0].target][1](gm, mode, b)
+            for m in b.members:  # (their waits' readers read the bucket's results now)
+                for w in list(m.users):
+                    gm.graph.erase_node(w)
+                gm.graph.erase_node(m)
+        return PassResult(gm, bool(buckets), {"buckets": len(buckets), "bucketed": sum(len(b.members) for b in buckets)})
+
+
+@dataclass
+class _Bucket:
+    members: list[fx.Node]  # the collectives, in program order
+    first_read: fx.Node  # the earliest node reading one of their results: the bucket is issued before it
+    read_at: int  # its position
+    ready_at: int  # the position of the last of their inputs
+    nbytes: int
+
+
+def _buckets(gm: fx.GraphModule, make: dict, limit: int) -> list[_Bucket]:
+    """Runs of collectives of one kind, group, size (and reduction) and dtype, in program order,
+    each of at most ``limit`` bytes of input, every member's input computed before any member's
+    result is read (so the merged collective can run where the first of them is needed)."""
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    open_: dict[tuple, _Bucket] = {}
+    done: list[_Bucket] = []
+    for n in gm.graph.nodes:
+        x = n.args[0] if n.op == "call_function" and n.target in make else None
+        if not isinstance(x, fx.Node) or _only_wait(n) is None or not _contiguous(x):
+            continue
+        key = make[n.target][0](n)
+        reader = min(_only_wait(n).users, key=position.__getitem__)
+        nbytes, ready = _bytes(n.args[0]), position[n.args[0]]
+        b = open_.get(key)
+        if b is not None and b.nbytes + nbytes <= limit and max(b.ready_at, ready) < min(b.read_at, position[reader]):
+            b.members.append(n)
+            b.nbytes += nbytes
+            b.ready_at = max(b.ready_at, ready)
+            if position[reader] < b.read_at:
+                b.first_read, b.read_at = reader, position[reader]
+            continue
+        if b is not None and len(b.members) > 1:
+            done.append(b)
+        open_[key] = _Bucket([n], reader, position[reader], ready, nbytes)
+    return done + [b for b in open_.values() if len(b.members) > 1]
+
+
+def _contiguous(x: fx.Node) -> bool:
+    v = x.meta.get(VAL)
+    return isinstance(v, torch.Tensor) and v.is_contiguous()
+
+
+def _only_wait(c: fx.Node) -> fx.Node | None:
+    """The collective's one ``wait_tensor``, itself read (None: it has other users, or none)."""
+    users = list(c.users)
+    return users[0] if len(users) == 1 and is_wait(users[0]) and users[0].users else None
+
+
+def _gather_key(n: fx.Node) -> tuple:
+    _, ranks, group = n.args[:3]
+    return ("all_gather", group, ranks, n.args[0].meta[VAL].dtype)
+
+
+def _scatter_key(n: fx.Node) -> tuple:
+    _, op, ranks, group = n.args[:4]
+    return ("reduce_scatter", group, ranks, op, n.args[0].meta[VAL].dtype)
+
+
+def _bytes(x: fx.Node) -> float:
+    v = x.meta.get(VAL)
+    return v.numel() * v.element_size() if isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) \
+        else math.inf
+
+
+def _first_reader(w: fx.Node) -> fx.Node:
+    """The first node (in program order) reading ``w``: where a member's copy-out goes."""
+    order = {n: i for i, n in enumerate(w.graph.nodes)}
+    return min(w.users, key=order.__getitem__)
+
+
+def _gather(gm: fx.GraphModule, mode, b: _Bucket) -> None:
+    """One all-gather of the members' inputs flattened and cat'ed; each member's result copied
+    out of every rank's block (``[ranks, total]``)."""
+    f = _funcol()
+    ranks, group = b.members[0].args[1], b.members[0].args[2]
+    sizes = [m.args[0].meta[VAL].numel() for m in b.members]
+    with gm.graph.inserting_before(b.first_read):
+        flats = [fake_call(gm, mode, aten.view.default, (m.args[0], [-1])) for m in b.members]
+        flat = fake_call(gm, mode, aten.cat.default, (flats,))
+        merged = fake_call(gm, mode, f.all_gather_into_tensor.default, (flat, ranks, group))
+        done = fake_call(gm, mode, f.wait_tensor.default, (merged,))
+        rows = fake_call(gm, mode, aten.view.default, (done, [ranks, sum(sizes)]))
+    inherit_meta([*flats, flat, merged, done, rows], b.members[0])
+    offset = 0
+    for m, size in zip(b.members, sizes):
+        w = _only_wait(m)
+        with gm.graph.inserting_before(_first_reader(w)):
+            part = fake_call(gm, mode, aten.slice.Tensor, (rows, 1, offset, offset + size))
+            dense = fake_call(gm, mode, aten.clone.default, (part,), {"memory_format": torch.contiguous_format})
+            out = fake_call(gm, mode, aten.view.default, (dense, list(w.meta[VAL].shape)))
+        inherit_meta([part, dense, out], w)
+        w.replace_all_uses_with(out)
+        offset += size
+
+
+def _scatter(gm: fx.GraphModule, mode, b: _Bucket) -> None:
+    """One reduce-scatter of the members' inputs as ``[ranks, chunk]`` cat'ed along the chunks;
+    each member's result a view of its slice of this rank's block."""
+    f = _funcol()
+    op, ranks, group = b.members[0].args[1], b.members[0].args[2], b.members[0].args[3]
+    chunks = [m.args[0].meta[VAL].numel() // ranks for m in b.members]
+    with gm.graph.inserting_before(b.first_read):
+        blocks = [fake_call(gm, mode, aten.view.default, (m.args[0], [ranks, c])) for m, c in zip(b.members, chunks)]
+        joined = fake_call(gm, mode, aten.cat.default, (blocks, 1))
+        flat = fake_call(gm, mode, aten.view.default, (joined, [-1]))
+        merged = fake_call(gm, mode, f.reduce_scatter_tensor.default, (flat, op, ranks, group))
+        done = fake_call(gm, mode, f.wait_tensor.default, (merged,))
+    inherit_meta([*blocks, joined, flat, merged, done], b.members[0])
+    offset = 0
+    for m, c in zip(b.members, chunks):
+        w = _only_wait(m)
+        with gm.graph.inserting_before(_first_reader(w)):
+            part = fake_call(gm, mode, aten.slice.Tensor, (done, 0, offset, offset + c))
+            out = fake_call(gm, mode, aten.view.default, (part, list(w.meta[VAL].shape)))
+        inherit_meta([part, out], w)
+        w.replace_all_uses_with(out)
+        offset += c
