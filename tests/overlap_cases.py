@@ -50,3 +50,31 @@ def _gaps(schedule) -> list[int]:
     at = {n: i for i, n in enumerate(schedule)}
     return [at[w] - at[waited_collective(w)] for w in schedule if is_wait(w) and waited_collective(w) in at
             if is_collective(waited_collective(w))]
+
+
+def gpt_fsdp_training(rank: int, world: int) -> dict:
+    """A GPT training step (cross-entropy loss: a sum over ``dim=[]`` in its decomposition) with
+    every parameter and the batch ``Shard(0)``, through ``fxforge.partition``: eager's loss and
+    gradients; what the schedule's ``stats["comm"]`` says."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.export.experimental import _export_forward_backward
+
+    from fxforge.entry.demo import GPT, GPTConfig
+    from partition_cases import close
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(2)
+    model = GPT(GPTConfig(vocab=64, seq=16, d=32, heads=2, layers=2))
+    idx, tgt = torch.randint(0, 64, (4 * world, 16)), torch.randint(0, 64, (4 * world, 16))
+    ref = model(idx, tgt)
+    ref.backward()
+    params = dict(model.named_parameters())
+    joint = _export_forward_backward(torch.export.export(model, (idx, tgt)))
+    placements = {**{n: [Shard(0)] for n in params}, "idx": [Shard(0)], "targets": [Shard(0)]}
+    p = fxforge.partition(joint, mesh, placements, config=fxforge.Config(debug=True))
+    loss, grads = p(local_shard(idx, mesh, [Shard(0)]), local_shard(tgt, mesh, [Shard(0)]))
+    close(loss, ref.detach(), "loss")
+    for fqn, g in grads.items():
+        close(g, local_shard(params[fqn].grad, mesh, [Shard(0)]), f"gradient of {fqn}")
+    return {"digest": p.stats["comm"]["order_digest"], "count": p.stats["comm"]["count"]}

@@ -12,6 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import fxforge
 from fxforge.core.costs import COMM_PRESETS, CommModel, ComputeModel, comm_model
 from fxforge.passes.overlap import comm_figures, is_collective, is_wait, overlap
+from fxforge.core.graph import GROUP
 from fxforge.passes.schedule import peak_bytes, program_order
 
 
@@ -198,3 +199,56 @@ def test_two_gloo_ranks_overlap_in_the_same_order_and_match_eager():
     assert 0 < on[0]["count"] < off[0]["count"]  # buckets
     assert max(on[0]["gaps"]) > 1 and max(off[0]["gaps"]) == 1  # traced: wait right after; overlapped: compute between
     assert on[0]["exposed_s"] <= off[0]["exposed_s"]
+
+
+def test_a_copy_in_moves_up_with_its_collective(fake_group):
+    """What computes a collective's input for it alone (a flat buffer's copy-in) is hoisted with
+    it: the gather is issued before unrelated compute, not behind it."""
+    f = _funcol()
+
+    def step(x, w1, w2):
+        h = torch.relu(x @ x)
+        flat = torch.cat([w1.flatten(), w2.flatten()])
+        g = f.wait_tensor(f.all_gather_into_tensor(flat, 4, fake_group))
+        return h @ g.view(-1, 32)[:32], g
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(32, 32), torch.randn(8, 32), torch.randn(8, 32))
+    order = program_order(gm)
+    new, moved = overlap(gm, order, (), fxforge.Config(prefetch_peak_growth=float("inf")))
+    _check_order(new)
+    at = {n: i for i, n in enumerate(new)}
+    first_mm = min(at[n] for n in new if n.target is torch.ops.aten.mm.default)
+    cat = next(n for n in new if n.target is torch.ops.aten.cat.default)
+    gather = next(n for n in new if is_collective(n))
+    assert at[cat] < at[gather] < first_mm and moved["moved_issues"] == 1
+
+
+def test_fusion_keeps_collectives_in_program_order(fake_group):
+    """A kernel that would need one collective issued before it and an earlier one after it (so
+    the collectives' order could not be kept) is not formed: the graph compiles and runs."""
+    f = _funcol()
+
+    def step(x, y):
+        a = x * 2.0
+        r1 = f.wait_tensor(f.all_reduce(a, "sum", fake_group))
+        r2 = f.wait_tensor(f.all_reduce(y, "sum", fake_group))
+        return a + r2, r1
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(64), torch.randn(64))
+    traced = [n.args[0].name for n in gm.graph.nodes if is_collective(n)]
+    c = fxforge.spine.compile_graph(gm, fxforge.Config(debug=True), kind="inference", cache=False)
+    assert [n.args[0].name for n in c.plan.schedule if is_collective(n)] == traced  # the program's order
+    a, b = (next(n for n in c.plan.schedule if n.target is op) for op in (torch.ops.aten.mul.Tensor,
+                                                                         torch.ops.aten.add.Tensor))
+    assert GROUP.get(a) is None or GROUP.get(a) != GROUP.get(b)  # not one kernel
+
+
+def test_partition_trains_a_gpt_with_cross_entropy_on_two_ranks():
+    """FSDP-style ``partition`` of a GPT (cross-entropy, fused kernels around collectives) on two
+    gloo ranks: eager's loss and gradients, one collective order on both."""
+    from partition_ranks import run_ranks
+
+    from overlap_cases import gpt_fsdp_training
+
+    ranks = run_ranks(gpt_fsdp_training, 2, timeout=300)
+    assert ranks[0]["digest"] == ranks[1]["digest"] and ranks[0]["count"] > 0

@@ -14,7 +14,8 @@ all-to-all ``(n-1)/n``) at ``1 / beta_s_per_byte`` bytes a second::
 
 ``COMM_PRESETS`` are the links users meet, as data: their figures are published bandwidths and
 latencies of the hardware rounded to what collectives reach, not measurements of this project,
-except ``gloo-loopback`` (fitted here by ``calibrate`` on two gloo ranks: ``bench/comm.py``).
+except ``gloo-loopback`` and ``loopback-1gbit`` (fitted by ``calibrate`` on two gloo ranks of one
+machine, ``bench/comm.py``).
 ``calibrate(group)`` fits ``alpha_s`` and ``beta_s_per_byte`` on any process group.
 
 **Kernels** (``ComputeModel``): a node takes the longer of its floating-point work at
@@ -48,6 +49,9 @@ class CommModel:
     name: str
     alpha_s: float
     beta_s_per_byte: float
+    # gloo has no reduce-scatter of its own: it all-reduces the whole input and keeps a block, so
+    # a reduce-scatter costs what an all-reduce of its input costs (bench/results/comm.md)
+    reduce_scatter_as_all_reduce: bool = False
 
     @property
     def bandwidth(self) -> float:
@@ -57,12 +61,14 @@ class CommModel:
     def time(self, collective: str, bytes_sent: int, ranks: int) -> float:
         """Seconds one ``collective`` takes over ``ranks`` ranks, sending ``bytes_sent`` from
         each (a collective of one rank, or an unknown one, costs its bytes alone)."""
+        if collective == "reduce_scatter" and self.reduce_scatter_as_all_reduce:
+            collective, bytes_sent = "all_reduce", 2 * bytes_sent
         steps = STEPS.get(collective, lambda n: n - 1)(ranks) if ranks > 1 else 0
         return steps * self.alpha_s + bytes_sent * self.beta_s_per_byte
 
 
-def _link(name: str, alpha_us: float, gbytes_per_s: float) -> CommModel:
-    return CommModel(name, alpha_us * 1e-6, 1.0 / (gbytes_per_s * 1e9))
+def _link(name: str, alpha_us: float, gbytes_per_s: float, gloo: bool = False) -> CommModel:
+    return CommModel(name, alpha_us * 1e-6, 1.0 / (gbytes_per_s * 1e9), reduce_scatter_as_all_reduce=gloo)
 
 
 # Estimates (module docstring): per-rank bandwidth collectives reach, latency per ring step.
@@ -71,8 +77,10 @@ COMM_PRESETS: dict[str, CommModel] = {m.name: m for m in (
     _link("infiniband", 8.0, 45.0),       # NDR 400 Gb/s a GPU
     _link("pcie", 10.0, 20.0),            # PCIe 4.0 x16 between GPUs of one host, no NVLink
     _link("ethernet-100g", 20.0, 11.0),   # 100 GbE with RoCE
-    _link("gloo-loopback", 45.0, 1.6),    # gloo on one host's loopback (bench/comm.py fits it)
-    _link("loopback-1gbit", 45.0, 0.118),  # loopback under a 1 Gbit/s tc limit (bench/comm.py)
+    # measured: two gloo ranks (one thread each, 2 cores), bench/results/comm.md; one loopback
+    # carries every rank's traffic, so a rank's share of it shrinks with the ranks (at 4: ~half)
+    _link("gloo-loopback", 239.0, 0.86, gloo=True),
+    _link("loopback-1gbit", 306.0, 0.054, gloo=True),   # the same under a 1 Gbit/s tc rate limit
 )}
 
 
@@ -94,8 +102,9 @@ def comm_model(spec: Any, backend: str | None = None) -> CommModel:
 
 def calibrate(group=None, sizes: tuple[int, ...] = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22), repeats: int = 5,
               name: str = "calibrated") -> CommModel:
-    """α and β fitted (least squares over the median times) to all-reduces and all-gathers of
-    ``sizes`` bytes on ``group`` (every rank of it must call this with the same arguments)."""
+    """α and β fitted to all-reduces and all-gathers of ``sizes`` bytes on ``group`` (every rank
+    of it must call this with the same arguments): least squares on the relative error of the
+    median times, so small collectives weigh as much as large ones."""
     import torch.distributed as dist
 
     n = dist.get_world_size(group)
@@ -115,10 +124,11 @@ def calibrate(group=None, sizes: tuple[int, ...] = (1 << 10, 1 << 14, 1 << 17, 1
                 ts.append(time.perf_counter() - t0)
             rows.append((STEPS[collective](n), sent))
             times.append(sorted(ts)[len(ts) // 2])
-    a = torch.tensor(rows, dtype=torch.float64)
     t = torch.tensor(times, dtype=torch.float64)
-    alpha, beta = torch.linalg.lstsq(a, t.unsqueeze(1)).solution.squeeze(1).tolist()
-    return CommModel(name, max(alpha, 0.0), max(beta, 1e-15))
+    a = torch.tensor(rows, dtype=torch.float64) / t.unsqueeze(1)
+    alpha, beta = torch.linalg.lstsq(a, torch.ones_like(t).unsqueeze(1)).solution.squeeze(1).tolist()
+    return CommModel(name, max(alpha, 0.0), max(beta, 1e-15),
+                     reduce_scatter_as_all_reduce=dist.get_backend(group) == "gloo")
 
 
 @dataclass(frozen=True)

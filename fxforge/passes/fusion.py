@@ -313,11 +313,18 @@ class _Order:
     edge goes from an earlier time to a later one.  A merged group runs at the later group's
     time T; a cycle would need a path out of it and back in, and on such a path every time is
     below T, so a search over earlier-than-T vertices decides it exactly.  The vertices that
-    search finds must run after the merged group: they are moved just after T, in their order."""
+    search finds must run after the merged group: they are moved just after T, in their order.
+    Nodes with side effects (collectives, their waits, in-place writes) keep their program order,
+    as the schedule keeps it: each is an edge to the next, so no group may need one before and
+    the one before it after."""
 
     def __init__(self, fuser: FusionRun):
         self.f = fuser
         self.time: dict = {}
+        effects = sorted((n for n in fuser.index if n.op == "call_function" and has_side_effects(n)),
+                         key=fuser.index.__getitem__)
+        # (by vertex: a node with side effects is never fused, so its vertex stays its own)
+        self.next_effect = {self.vertex(a): self.vertex(b) for a, b in zip(effects, effects[1:])}
 
     def vertex(self, n: fx.Node):
         return group_vertex(n, self.f.gid)
@@ -331,7 +338,7 @@ class _Order:
         """Vertices using a value of ``v`` (its members' getitems are part of ``v``)."""
         # a group's values used outside it are its outputs' (and their getitems')
         stack = list(self.f.groups[v[1]].outputs) if isinstance(v, tuple) else [v]
-        out = []
+        out = [self.next_effect[v]] if v in self.next_effect else []
         while stack:
             n = stack.pop()
             for u in n.users:

@@ -153,26 +153,55 @@ def _kept_input_bytes(w: fx.Node, sizes: dict) -> int:
 def _hoist_issues(gm, seq, sizes, fused, bound: float, reach: float) -> int:
     """Each collective moved to just after the last unit it reads, the collective issued before
     it, or a barrier, as far as the bound allows its output to be allocated early; in issue
-    order, each once; how many moved."""
+    order, each once; how many moved.  What computes a collective's input for it alone (a
+    bucket's copy-in, the views it reads) moves up first, as far as its own inputs allow: the
+    collective is then ready as soon as the values it sends are."""
     prof = _profile(gm, seq, sizes, fused)
+    unit_of = {n: u for u in seq for n in u}
     moved = 0
     last_issue = -1
     for c in [u[0] for u in seq if len(u) == 1 and is_collective(u[0])]:
-        i = next(k for k, u in enumerate(seq) if u[0] is c)
-        deps = set(c.all_input_nodes)
-        j = i - 1
-        while j > last_issue and not _barrier(seq[j]) and not deps.intersection(seq[j]):
-            j -= 1
-        target = i - int((i - j - 1) * reach)  # the index it goes to
-        out = sizes.get(c, 0)
-        while target < i and out and prof[target:i].max(initial=0) + out > bound:
-            target += 1
-        if target < i:
-            seq.insert(target, seq.pop(i))
-            prof[target + 1:i + 1] = prof[target:i] + out
-            moved += 1
-        last_issue = target
+        for p in _feeders(unit_of[c], unit_of):
+            _hoist(seq, prof, p, -1, sizes, bound, reach)
+        at = _hoist(seq, prof, unit_of[c], last_issue, sizes, bound, reach)
+        moved += at[1]
+        last_issue = at[0]
     return moved
+
+
+def _feeders(u: list[fx.Node], unit_of: dict) -> list[list[fx.Node]]:
+    """The compute units that only ``u`` reads from, and theirs, the farthest first."""
+    out: list = []
+    members = set(u)
+    for a in dict.fromkeys(x for n in u for x in n.all_input_nodes if x not in members):
+        p = unit_of.get(a)
+        if p is None or any(p is q for q in out) or p[0].op != "call_function" or is_collective(p[0]) or is_wait(p[0]) \
+                or _barrier(p):  # (a placeholder keeps its place: the wrapper's arguments come in that order)
+            continue
+        inside = set(p)
+        if all(user in inside or user in members for n in p for user in n.users):
+            out += [q for q in _feeders(p, unit_of) if not any(q is r for r in out)] + [p]
+    return out
+
+
+def _hoist(seq, prof, u, floor: int, sizes, bound: float, reach: float) -> tuple[int, bool]:
+    """Unit ``u`` moved up to just after the last unit it reads (not above ``floor`` or a
+    barrier), as far as the bound allows what it allocates; (its index, whether it moved)."""
+    i = next(k for k, x in enumerate(seq) if x is u)
+    members = set(u)
+    deps = {a for n in u for a in n.all_input_nodes} - members
+    j = i - 1
+    while j > floor and not _barrier(seq[j]) and not deps.intersection(seq[j]):
+        j -= 1
+    target = i - int((i - j - 1) * reach)  # the index it goes to
+    out = sum(sizes.get(n, 0) for n in u)
+    while target < i and out and prof[target:i].max(initial=0) + out > bound:
+        target += 1
+    if target >= i:
+        return i, False
+    seq.insert(target, seq.pop(i))
+    prof[target + 1:i + 1] = prof[target:i] + out
+    return target, True
 
 
 # --------------------------------------------------------------------------- figures

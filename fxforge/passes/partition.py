@@ -241,6 +241,16 @@ def check_regions(ep: ExportedProgram, mesh) -> None:
 _VIEW_ERRORS = ("reshape sharded", "flatten unevenly", "unflatten unevenly", "remove or reshape")
 
 
+def _all_dims(op: Any, args: tuple) -> tuple:
+    """``sum``/``mean`` over ``dim=[]`` with the dims spelled out: ATen reduces every dim for an
+    empty list, but DTensor's strategy reads it as no dim reduced and leaves a 0-d result
+    ``Shard`` (cross-entropy's count of targets that are not ``ignore_index`` is such a sum)."""
+    if op in (torch.ops.aten.sum.dim_IntList, torch.ops.aten.mean.dim) and len(args) > 1 and args[1] is not None \
+            and len(args[1]) == 0 and hasattr(args[0], "ndim"):
+        return (args[0], list(range(args[0].ndim)), *args[2:])
+    return args
+
+
 class _Tracer:
     """Runs the program's graph on DTensors (under make_fx) and records placements.
 
@@ -332,6 +342,12 @@ class _Tracer:
             return args, kwargs
         wanted = list(schema.args_spec)
         if len(wanted) != sum(isinstance(x, dt.DTensor) for x in leaves):
+            return args, kwargs
+        if any(type(p).__name__ == "_MaskPartial" for w in wanted for p in w.placements):
+            # a masked lookup (a row-sharded embedding): the mask made while redistributing the
+            # indices lives in the placement, and only DTensor's own dispatch hands the same one
+            # to the output's reduction (a copy made here would be re-planned, and the masked
+            # indices summed across ranks)
             return args, kwargs
         it = iter(wanted)
         leaves = [self._redistribute(x, next(it).placements) if isinstance(x, dt.DTensor) else x for x in leaves]
@@ -450,7 +466,7 @@ class _Tracer:
                 env[node] = env[node.args[0]][node.args[1]]
             else:
                 try:
-                    args, kwargs = self._prepare(node.target, args, kwargs)
+                    args, kwargs = self._prepare(node.target, _all_dims(node.target, args), kwargs)
                     env[node] = self._wrap(node.target(*args, **kwargs))
                 except (RuntimeError, NotImplementedError) as e:
                     if isinstance(e, InputError):
