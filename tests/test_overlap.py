@@ -252,3 +252,33 @@ def test_partition_trains_a_gpt_with_cross_entropy_on_two_ranks():
 
     ranks = run_ranks(gpt_fsdp_training, 2, timeout=300)
     assert ranks[0]["digest"] == ranks[1]["digest"] and ranks[0]["count"] > 0
+
+
+def test_a_kernel_group_moves_as_one_whatever_its_backend(fake_group):
+    """The wrapper emits every kernel group as one call, fused or not: no collective or wait is
+    moved between a group's nodes (a collective reading the group's first value would be issued
+    before the call that computes it)."""
+    f = _funcol()
+
+    def step(x, w):
+        a = x * 2.0
+        b = torch.tanh(x @ x)
+        r = f.wait_tensor(f.all_reduce(a, "sum", fake_group))
+        g = f.wait_tensor(f.all_gather_into_tensor(w, 4, fake_group))
+        return r + b, g
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(32, 32), torch.randn(8, 32))
+    order = program_order(gm)
+    mul, mm, tanh = (next(n for n in order if n.target is op) for op in
+                     (torch.ops.aten.mul.Tensor, torch.ops.aten.mm.default, torch.ops.aten.tanh.default))
+    for n in (mul, mm, tanh):  # one group of a backend that does not fuse (fused=() below)
+        GROUP.set(n, 7)
+    order = [n for n in order if n not in (mm, tanh)]
+    order.insert(order.index(mul) + 1, mm)
+    order.insert(order.index(mm) + 1, tanh)
+    new, _ = overlap(gm, order, (), fxforge.Config(prefetch_peak_growth=float("inf")))
+    _check_order(new)
+    at = {n: i for i, n in enumerate(new)}
+    assert at[mm] == at[mul] + 1 and at[tanh] == at[mm] + 1
+    reduce = next(n for n in new if n.target is torch.ops._c10d_functional.all_reduce.default)
+    assert at[reduce] > at[tanh]

@@ -64,20 +64,21 @@ def waited_collective(w: fx.Node) -> fx.Node | None:
 # --------------------------------------------------------------------------- units
 
 
-def units(order: list[fx.Node], fused: Collection[int]) -> list[list[fx.Node]]:
-    """``order`` cut into what moves as one: a fused kernel's nodes (consecutive in a schedule)
-    with the getitems after them, and every other node alone."""
+def units(order: list[fx.Node]) -> list[list[fx.Node]]:
+    """``order`` cut into what moves as one: a kernel group's nodes (consecutive in a schedule,
+    whatever its backend: the wrapper emits a group as one call) with the getitems after them,
+    and every other node alone."""
     out: list[list[fx.Node]] = []
     last_group = None
     for n in order:
         g = GROUP.get(n)
-        joins = out and ((g is not None and g in fused and g == last_group)
+        joins = out and ((g is not None and g == last_group)
                          or (n.target is operator.getitem and n.args[0] in out[-1]))
         if joins:
             out[-1].append(n)
         else:
             out.append([n])
-            last_group = g if g is not None and g in fused else None
+            last_group = g
     return out
 
 
@@ -90,7 +91,7 @@ def overlap(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int], co
     before = peak_bytes(gm, order, sizes, fused)
     bound = before * (1.0 + config.prefetch_peak_growth)
     for reach in (1.0, 0.5, 0.0):
-        seq = units(order, fused)
+        seq = units(order)
         waits = _sink_waits(gm, seq, sizes, fused, bound, reach)
         issues = _hoist_issues(gm, seq, sizes, fused, bound, reach)
         new = [n for u in seq for n in u]
@@ -213,7 +214,7 @@ def comm_figures(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int
     (the collectives' time under ``comm``), ``exposed_s`` (the compute's stalls), ``overlapped``
     (1 - exposed / estimated), ``model``, ``order_digest`` and per collective its node, kind,
     ranks, bytes, time and stall."""
-    seq = units(order, fused)
+    seq = units(order)
     clock = stream = 0.0
     done: dict[fx.Node, float] = {}
     rows: dict[fx.Node, dict] = {}
