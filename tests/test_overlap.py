@@ -11,7 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxforge
 from fxforge.core.costs import COMM_PRESETS, CommModel, ComputeModel, comm_model
-from fxforge.passes.overlap import comm_figures, is_collective, is_wait, overlap
+from fxforge.passes.overlap import comm_figures, is_collective, is_wait, overlap, waited_collective
 from fxforge.core.graph import GROUP
 from fxforge.passes.schedule import peak_bytes, program_order
 
@@ -282,3 +282,40 @@ def test_a_kernel_group_moves_as_one_whatever_its_backend(fake_group):
     assert at[mm] == at[mul] + 1 and at[tanh] == at[mm] + 1
     reduce = next(n for n in new if n.target is torch.ops._c10d_functional.all_reduce.default)
     assert at[reduce] > at[tanh]
+
+
+def _max_in_flight(order) -> int:
+    live, most = set(), 0
+    for n in order:
+        if is_collective(n):
+            live.add(n)
+            most = max(most, len(live))
+        elif is_wait(n):
+            live.discard(waited_collective(n))
+    return most
+
+
+def test_collectives_in_flight_are_bounded(fake_group):
+    """Twelve gathers issued before any wait (as a schedule may order them): at most
+    ``Config.max_collectives_in_flight`` outstanding at once, the oldest waited for first; every
+    node still after what it reads.  (gloo corrupts its heap with a few tens outstanding.)"""
+    from fxforge.passes.overlap import bound_in_flight
+
+    f = _funcol()
+
+    def step(*ws):
+        handles = [f.all_gather_into_tensor(w, 4, fake_group) for w in ws]
+        return sum(f.wait_tensor(h).sum() for h in handles)
+
+    gm = make_fx(step, tracing_mode="fake")(*[torch.randn(8, 8) for _ in range(12)])
+    order = program_order(gm)
+    assert _max_in_flight(order) == 12
+    bounded, moved = bound_in_flight(order, 4)
+    _check_order(bounded)
+    assert _max_in_flight(bounded) == 4 and moved == 8 and sorted(bounded, key=id) == sorted(order, key=id)
+    assert bound_in_flight(order, 0) == (order, 0)
+    c = fxforge.spine.compile_graph(gm, fxforge.Config(max_collectives_in_flight=3, bucket_bytes=0), kind="inference",
+                                    cache=False)
+    assert _max_in_flight(c.plan.schedule) <= 3
+    with pytest.raises(ValueError, match="max_collectives_in_flight"):
+        fxforge.Config(max_collectives_in_flight=-1)

@@ -119,6 +119,11 @@ class Config:
     # gloo-loopback otherwise), a preset's name (costs.COMM_PRESETS), a costs.CommModel, or
     # {"alpha_s": seconds per step, "bandwidth": bytes per second}.
     comm_model: Any = "auto"
+    # At most this many collectives in flight (issued, not yet waited for) at any point of a
+    # schedule: where more would be, the oldest is waited for first (passes/overlap.py
+    # bound_in_flight).  gloo corrupts its heap with a few tens outstanding; one stream gains
+    # nothing from more.  0: no bound.
+    max_collectives_in_flight: int = 8
     # Custom ops registered with fxforge.register_custom_op_autotuning: "on" (check each
     # candidate against the op, time the ones that agree, inline the fastest; fxforge/custom_ops),
     # "off" (the op itself, called opaquely).
@@ -148,6 +153,9 @@ class Config:
         _choice("recycle_outputs", self.recycle_outputs, ("inference", "always", "never"))
         _choice("conv_layout", self.conv_layout, ("auto", "channels_last", "as_traced"))
         _choice("custom_op_tuning", self.custom_op_tuning, ("on", "off"))
+        m = self.max_collectives_in_flight
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"Config.max_collectives_in_flight={m!r}: expected a count >= 0 (0: no bound)")
         for knob in ("max_fusion_size", "max_fusion_unique_io_buffers", "max_kernel_args"):
             self._set(knob, _limit(knob, getattr(self, knob)))
         self._set("max_fusion_peak_growth", _fraction("max_fusion_peak_growth", self.max_fusion_peak_growth))

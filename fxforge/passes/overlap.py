@@ -205,6 +205,43 @@ def _hoist(seq, prof, u, floor: int, sizes, bound: float, reach: float) -> tuple
     return target, True
 
 
+def bound_in_flight(order: list[fx.Node], limit: int) -> tuple[list[fx.Node], int]:
+    """``order`` with at most ``limit`` collectives in flight at any point (0: no bound): before a
+    collective that would exceed it, the oldest one in flight is waited for (its getitems and
+    waits moved up to there: a wait depends only on its collective, so moving it earlier is
+    always legal).  Returns the order and how many waits moved."""
+    if not limit:
+        return order, 0
+    waits: dict[fx.Node, list[fx.Node]] = {}
+    for n in order:
+        c = waited_collective(n) if is_wait(n) else None
+        if c is not None:
+            waits.setdefault(c, []).append(n)
+    out: list[fx.Node] = []
+    done: set[fx.Node] = set()
+    in_flight: list[fx.Node] = []
+    moved = 0
+    for n in order:
+        if n in done:
+            continue
+        if is_collective(n) and n in waits:
+            while len(in_flight) >= limit:
+                c = in_flight.pop(0)
+                for w in waits[c]:
+                    if w not in done:
+                        early = [w.args[0]] if w.args[0] is not c and w.args[0] not in done else []
+                        for x in early + [w]:
+                            out.append(x)
+                            done.add(x)
+                        moved += 1
+            in_flight.append(n)
+        elif is_wait(n) and waited_collective(n) in in_flight:
+            in_flight.remove(waited_collective(n))
+        out.append(n)
+        done.add(n)
+    return out, moved
+
+
 # --------------------------------------------------------------------------- figures
 
 
