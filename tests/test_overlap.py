@@ -319,3 +319,30 @@ def test_collectives_in_flight_are_bounded(fake_group):
     assert _max_in_flight(c.plan.schedule) <= 3
     with pytest.raises(ValueError, match="max_collectives_in_flight"):
         fxforge.Config(max_collectives_in_flight=-1)
+
+
+def test_buckets_whose_results_feed_other_buckets(fake_group):
+    """Gathered weights reduce-scattered at once (as tensor parallelism on a 2-D mesh makes
+    them), the reduce-scatters' bucket closed before the gathers' is (the third does not fit):
+    both are made, every node made lands in the graph, and the graph compiles."""
+    from fxforge.passes.bucketing import BucketCollectives
+
+    f = _funcol()
+
+    def step(w1, w2, w3):
+        gathered = [f.wait_tensor(f.all_gather_into_tensor(w, 4, fake_group)) for w in (w1, w2, w3)]
+        return [f.wait_tensor(f.reduce_scatter_tensor(a, "sum", 4, fake_group)) * 2.0 for a in gathered]
+
+    def traced():
+        return make_fx(step, tracing_mode="fake")(*[torch.randn(8, 16) for _ in range(3)])
+
+    config = fxforge.Config(bucket_bytes=2 * 32 * 16 * 4, debug=True)  # two gathered weights a bucket
+    gm = traced()
+    r = BucketCollectives(config)(gm)
+    assert r.stats == {"buckets": 2, "bucketed": 5}
+    listed = set(gm.graph.nodes)
+    for n in gm.graph.nodes:  # nothing reads a node that is not in the graph
+        assert all(a in listed for a in n.all_input_nodes), n.name
+        assert all(u in listed for u in n.users), n.name
+    c = fxforge.spine.compile_graph(traced(), config, kind="inference", cache=False)
+    assert c.stats["comm"]["count"] == 3

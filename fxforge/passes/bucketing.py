@@ -68,8 +68,7 @@ class BucketCollectives:
 @dataclass
 class _Bucket:
     members: list[fx.Node]  # the collectives, in program order
-    first_read: fx.Node  # the earliest node reading one of their results: the bucket is issued before it
-    read_at: int  # its position
+    read_at: int  # the position of the earliest node reading one of their results
     ready_at: int  # the position of the last of their inputs
     nbytes: int
 
@@ -93,12 +92,11 @@ def _buckets(gm: fx.GraphModule, make: dict, limit: int) -> list[_Bucket]:
             b.members.append(n)
             b.nbytes += nbytes
             b.ready_at = max(b.ready_at, ready)
-            if position[reader] < b.read_at:
-                b.first_read, b.read_at = reader, position[reader]
+            b.read_at = min(b.read_at, position[reader])
             continue
         if b is not None and len(b.members) > 1:
             done.append(b)
-        open_[key] = _Bucket([n], reader, position[reader], ready, nbytes)
+        open_[key] = _Bucket([n], position[reader], ready, nbytes)
     return done + [b for b in open_.values() if len(b.members) > 1]
 
 
@@ -129,6 +127,14 @@ def _bytes(x: fx.Node) -> float:
         else math.inf
 
 
+def _bucket_at(b: _Bucket) -> fx.Node:
+    """Where the bucket is issued: before the first node now reading one of its members' results
+    (found again when the bucket is made: a reader found earlier may be a collective another
+    bucket has replaced since; inserting before an erased node would lose the new nodes)."""
+    order = {n: i for i, n in enumerate(b.members[0].graph.nodes)}
+    return min((u for m in b.members for u in _only_wait(m).users), key=order.__getitem__)
+
+
 def _first_reader(w: fx.Node) -> fx.Node:
     """The first node (in program order) reading ``w``: where a member's copy-out goes."""
     order = {n: i for i, n in enumerate(w.graph.nodes)}
@@ -141,7 +147,7 @@ def _gather(gm: fx.GraphModule, mode, b: _Bucket) -> None:
     f = _funcol()
     ranks, group = b.members[0].args[1], b.members[0].args[2]
     sizes = [m.args[0].meta[VAL].numel() for m in b.members]
-    with gm.graph.inserting_before(b.first_read):
+    with gm.graph.inserting_before(_bucket_at(b)):
         flats = [fake_call(gm, mode, aten.view.default, (m.args[0], [-1])) for m in b.members]
         flat = fake_call(gm, mode, aten.cat.default, (flats,))
         merged = fake_call(gm, mode, f.all_gather_into_tensor.default, (flat, ranks, group))
@@ -166,7 +172,7 @@ def _scatter(gm: fx.GraphModule, mode, b: _Bucket) -> None:
     f = _funcol()
     op, ranks, group = b.members[0].args[1], b.members[0].args[2], b.members[0].args[3]
     chunks = [m.args[0].meta[VAL].numel() // ranks for m in b.members]
-    with gm.graph.inserting_before(b.first_read):
+    with gm.graph.inserting_before(_bucket_at(b)):
         blocks = [fake_call(gm, mode, aten.view.default, (m.args[0], [ranks, c])) for m, c in zip(b.members, chunks)]
         joined = fake_call(gm, mode, aten.cat.default, (blocks, 1))
         flat = fake_call(gm, mode, aten.view.default, (joined, [-1]))

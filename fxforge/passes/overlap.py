@@ -206,10 +206,12 @@ def _hoist(seq, prof, u, floor: int, sizes, bound: float, reach: float) -> tuple
 
 
 def bound_in_flight(order: list[fx.Node], limit: int) -> tuple[list[fx.Node], int]:
-    """``order`` with at most ``limit`` collectives in flight at any point (0: no bound): before a
-    collective that would exceed it, the oldest one in flight is waited for (its getitems and
-    waits moved up to there: a wait depends only on its collective, so moving it earlier is
-    always legal).  Returns the order and how many waits moved."""
+    """``order`` with at most ``limit`` collectives in flight at any point (0: no bound).  A
+    collective that would exceed it is issued later, in its turn, when one in flight has been
+    waited for; only where something needs it sooner (its wait, a reader of its result, a node
+    writing in place, which it must not be moved past) is the oldest in flight waited for early
+    (a wait depends only on its collective: moving it up is always legal).  The collectives keep
+    their order.  Returns the order and how many collectives or waits moved."""
     if not limit:
         return order, 0
     waits: dict[fx.Node, list[fx.Node]] = {}
@@ -220,25 +222,55 @@ def bound_in_flight(order: list[fx.Node], limit: int) -> tuple[list[fx.Node], in
     out: list[fx.Node] = []
     done: set[fx.Node] = set()
     in_flight: list[fx.Node] = []
+    held: list[fx.Node] = []  # collectives issued later than their place, in order
     moved = 0
+
+    def emit(x: fx.Node) -> None:
+        out.append(x)
+        done.add(x)
+
+    def issue(upto: fx.Node | None) -> None:
+        """Issue the held collectives (through ``upto``, or all), waiting for the oldest in
+        flight early where the bound needs it."""
+        nonlocal moved
+        while held:
+            c = held.pop(0)
+            while len(in_flight) >= limit:
+                old = in_flight.pop(0)
+                for w in waits[old]:
+                    if w not in done:
+                        if w.args[0] is not old and w.args[0] not in done:
+                            emit(w.args[0])  # (the getitem of a coalesced collective)
+                        emit(w)
+                        moved += 1
+            emit(c)
+            in_flight.append(c)
+            if c is upto:
+                return
+
     for n in order:
         if n in done:
             continue
         if is_collective(n) and n in waits:
-            while len(in_flight) >= limit:
-                c = in_flight.pop(0)
-                for w in waits[c]:
-                    if w not in done:
-                        early = [w.args[0]] if w.args[0] is not c and w.args[0] not in done else []
-                        for x in early + [w]:
-                            out.append(x)
-                            done.add(x)
-                        moved += 1
-            in_flight.append(n)
-        elif is_wait(n) and waited_collective(n) in in_flight:
-            in_flight.remove(waited_collective(n))
-        out.append(n)
-        done.add(n)
+            if len(in_flight) < limit and not held:
+                emit(n)
+                in_flight.append(n)
+            else:
+                held.append(n)
+                moved += 1
+            continue
+        needed = [a for a in n.all_input_nodes if a in held]
+        if needed:
+            issue(max(needed, key=held.index))
+        elif held and _barrier([n]):
+            issue(None)
+        emit(n)
+        c = waited_collective(n) if is_wait(n) else None
+        if c in in_flight:
+            in_flight.remove(c)
+            while held and len(in_flight) < limit:
+                issue(held[0])
+    issue(None)
     return out, moved
 
 
