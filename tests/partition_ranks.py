@@ -97,3 +97,37 @@ def run_ranks(fn, world: int, *, timeout: float = 300.0, collective_timeout: flo
             if p.is_alive():
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_documented_torchrun(doc: str, marker: str, tmp_path, nproc: int = 2, timeout: float = 120.0) -> str:
+    """The ``python`` code block after ``marker`` in the file ``doc``, run as written with
+    ``torchrun --standalone --nproc-per-node nproc`` (torchrun and its ranks in a session of
+    their own, killed together past ``timeout``); its stdout.  Fails the test with the output
+    when it fails or runs too long; skips when torchrun is not installed."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import pytest
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun not found")
+    text = open(doc, encoding="utf-8").read()
+    (code,) = re.findall(re.escape(marker) + r"\n```python\n(.*?)```", text, flags=re.S)
+    script = tmp_path / "documented_example.py"
+    script.write_text(code)
+    env = dict(os.environ, FXFORGE_DEBUG="1", PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    p = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", str(nproc), str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+                         start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, stderr = p.communicate()
+        pytest.fail(f"the example of {os.path.basename(doc)} did not finish in {timeout:.0f} s:\n"
+                    + stdout[-3000:] + stderr[-5000:])
+    assert p.returncode == 0, stdout[-3000:] + stderr[-5000:]
+    return stdout

@@ -346,3 +346,43 @@ def test_buckets_whose_results_feed_other_buckets(fake_group):
         assert all(u in listed for u in n.users), n.name
     c = fxforge.spine.compile_graph(traced(), config, kind="inference", cache=False)
     assert c.stats["comm"]["count"] == 3
+
+
+def test_distributed_docs_example_with_torchrun(tmp_path):
+    """docs/distributed.md's FSDP-style step, run as written with torchrun (2 processes): the
+    loss of the whole batch, one collective order on both ranks; bounded at 180 s."""
+    import os
+    import re
+
+    from partition_ranks import run_documented_torchrun
+
+    doc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "distributed.md")
+    stdout = run_documented_torchrun(doc, "<!-- runs with torchrun --nproc-per-node 2 in tests/test_overlap.py -->",
+                                     tmp_path, timeout=180)
+    lines = re.findall(r"(\d+) collectives, (\d+) bytes sent, order (\w+)", stdout)
+    assert len(lines) == 2 and lines[0] == lines[1], stdout
+
+
+def test_a_graph_without_collectives_is_left_unchanged():
+    """No collective: overlap, bucketing and the in-flight bound change nothing, and the
+    schedule is the one compiled with them off."""
+    from fxforge.passes.bucketing import BucketCollectives
+    from fxforge.passes.overlap import bound_in_flight
+
+    def f(x, w):
+        return torch.relu(x @ w).sum(0) + torch.tanh(x).mean()
+
+    def traced():
+        return make_fx(f, tracing_mode="fake")(torch.randn(16, 32), torch.randn(32, 8))
+
+    gm = traced()
+    order = program_order(gm)
+    assert overlap(gm, order, (), fxforge.Config()) == (order, {})
+    assert bound_in_flight(order, 1) == (order, 0)
+    assert not BucketCollectives(fxforge.Config())(gm).modified
+    on = fxforge.spine.compile_graph(traced(), fxforge.Config(), kind="inference", cache=False)
+    off = fxforge.spine.compile_graph(traced(), fxforge.Config(comm_overlap=False, bucket_bytes=0,
+                                                               max_collectives_in_flight=0),
+                                      kind="inference", cache=False)
+    assert [n.name for n in on.plan.schedule] == [n.name for n in off.plan.schedule]
+    assert on.stats["comm"]["count"] == 0 and on.stats["comm"]["exposed_s"] == 0.0

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import re
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -26,7 +24,7 @@ from fxforge.core.dtensor import export_local_map, local_shape, redistribute_byt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import partition_cases as cases  # noqa: E402
-from partition_ranks import run_ranks  # noqa: E402
+from partition_ranks import run_documented_torchrun, run_ranks  # noqa: E402
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
@@ -82,27 +80,8 @@ def test_a_failing_rank_fails_the_test_with_its_traceback_in_bounded_time():
 
 def test_readme_example_with_torchrun(tmp_path):
     """The README's partition example, run as written with torchrun (2 processes); about 15 s,
-    bounded at 120 s (torchrun and its ranks run in their own session, killed together)."""
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun not found")
-    import re
-    import signal
-
-    text = open(cases.README, encoding="utf-8").read()
-    (code,) = re.findall(re.escape(cases.README_MARKER) + r"\n```python\n(.*?)```", text, flags=re.S)
-    script = tmp_path / "partition_example.py"
-    script.write_text(code)
-    env = dict(os.environ, FXFORGE_DEBUG="1", PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
-    p = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2", str(script)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True)
-    try:
-        stdout, stderr = p.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        stdout, stderr = p.communicate()
-        pytest.fail("the README's torchrun example did not finish in 120 s:\n" + stdout[-3000:] + stderr[-5000:])
-    assert p.returncode == 0, stdout[-3000:] + stderr[-5000:]
+    bounded at 120 s."""
+    stdout = run_documented_torchrun(cases.README, cases.README_MARKER, tmp_path)
     assert stdout.count("torch.Size([32, 16])") == 2, stdout
 
 

@@ -1,0 +1,408 @@
+"""Distributed training steps: what overlapping and bucketing the collectives buys, on gloo ranks.
+
+Each case (model, parallelism, ranks) partitions one training step with ``fxforge.partition``
+(``bench/dist_models.py``: FSDP-style, every parameter ``Shard(0)``; or FSDP + Megatron TP on a
+2 x 2 mesh) and runs these contenders on the same per-rank program, interleaved step by step:
+
+* ``fxforge-off``: fxforge with ``comm_overlap=False, bucket_bytes=0`` (the collectives as
+  traced, each waited for at once);
+* ``fxforge-bucketed``: buckets, no overlap (the same collectives as ``fxforge``, each waited for
+  at once: what they cost when nothing hides them);
+* ``fxforge``: the defaults (buckets of ``Config.bucket_bytes``, overlap within
+  ``Config.prefetch_peak_growth``);
+* ``inductor``: TorchInductor's ``compile_fx`` on the same per-rank graph (its defaults).
+
+Per contender: the median step time (each step's time is the slowest rank's, after a barrier),
+the collectives a step issues, the per-rank peak of allocated bytes (``measure.peak_bytes``, one
+step), and the communication a step waits for: the time spent in ``wait_tensor`` (profiled step,
+the slowest rank).  ``exposed`` is fxforge's wait time over ``fxforge-bucketed``'s (the same
+collectives, none hidden).  Every contender's loss is checked against eager on one process.
+
+The **simulator** (``bench/comm_sim.py``) replays the profiled ``fxforge`` step: its measured
+compute between collectives, the collectives under the cost model fitted on this link at the
+start of the case (``costs.calibrate``); its predicted wait is compared with the measured one.
+
+    python bench/distributed.py [--models gpt llama] [--cases fsdp:2 fsdp:4 fsdp_tp:4] \
+        [--link 1gbit|loopback] [--steps 6] [--tag distributed]
+
+``--link 1gbit`` runs everything inside a network namespace whose loopback is limited to
+1 Gbit/s (``bench/ranks.py``).  Writes ``bench/results/<tag>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from ranks import limited_link, link_name, on_ranks  # noqa: E402
+
+CONTENDERS = ("fxforge-off", "fxforge-bucketed", "fxforge", "inductor")
+
+
+def _configs():
+    import fxforge
+
+    return {"fxforge-off": fxforge.Config(comm_overlap=False, bucket_bytes=0),
+            "fxforge-bucketed": fxforge.Config(comm_overlap=False),
+            "fxforge": fxforge.Config()}
+
+
+def run_case(rank: int, world: int) -> dict:
+    """On every rank: compile each contender, check its loss, time interleaved steps, profile one."""
+    import faulthandler
+
+    faulthandler.enable()
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.export.experimental import _export_forward_backward
+
+    import fxforge
+    import fxforge.entry.spmd as spmd
+    from dist_models import batch, build, placements
+    from fxforge.core.costs import calibrate
+    from fxforge.core.dtensor import local_shard
+    from measure import fresh_inductor, peak_bytes
+
+    case = json.loads(os.environ["FXFORGE_BENCH_CASE"])
+    parallel, steps = case["parallel"], case["steps"]
+    mesh = init_device_mesh("cpu", (world,) if parallel == "fsdp" else (world // 2, 2),
+                            mesh_dim_names=("dp",) if parallel == "fsdp" else ("dp", "tp"))
+    link = calibrate(name=link_name())
+    dp = world if parallel == "fsdp" else world // 2
+    torch.manual_seed(0)
+    model = build(case["model"])
+    idx, tgt = batch(case["batch"] * dp)
+    ref = model(idx, tgt).item()
+    joint = _export_forward_backward(torch.export.export(model, (idx, tgt)))
+    pl = placements(model, parallel)
+    shards = tuple(local_shard(t, mesh, pl[n]) for n, t in (("idx", idx), ("targets", tgt)))
+
+    captured = []
+    compile_graph = spmd.compile_graph
+
+    def capture(gm, config, **kw):  # the per-rank graph, before fxforge's passes change it
+        if not captured:
+            captured.append(copy.deepcopy(gm))
+        return compile_graph(gm, config, **kw)
+
+    spmd.compile_graph = capture
+    steps_fn, out = {}, {}
+    try:
+        for name, config in _configs().items():
+            if name not in case["contenders"]:
+                continue
+            config = config.replace(comm_model=link)
+            t0 = time.perf_counter()
+            p = fxforge.partition(joint, mesh, pl, config=config)
+            seconds = time.perf_counter() - t0
+            comm = p.stats["comm"]
+            steps_fn[name] = (lambda p=p: p(*shards))
+            out[name] = {"compile_s": seconds, "collectives": comm["count"], "bytes": comm["bytes"],
+                         "estimated_s": comm["estimated_s"], "estimated_exposed_s": comm["exposed_s"],
+                         "order_digest": comm["order_digest"], "schedule": _comm_schedule(p),
+                         "kept_bytes": p.stats.get("kept_arena_bytes", 0),
+                         "planned_peak": p.stats.get("schedule_peak_bytes")}
+    finally:
+        spmd.compile_graph = compile_graph
+    if "inductor" in case["contenders"]:
+        graph_args = _graph_args(p, shards)
+        with fresh_inductor():
+            from torch._inductor.compile_fx import compile_fx
+
+            t0 = time.perf_counter()
+            ind = compile_fx(captured[0], list(graph_args))
+            seconds = time.perf_counter() - t0
+        steps_fn["inductor"] = lambda: ind(*graph_args)
+        out["inductor"] = {"compile_s": seconds, "collectives": _count(captured[0])}
+    first = {}
+    for name, fn in steps_fn.items():
+        result = fn()
+        first[name] = result
+        out[name]["loss_error"] = abs(_loss(result) - ref)
+    for name, result in first.items():  # bit for bit what the collectives as traced give
+        out[name]["same_as_off"] = _identical(result, first["fxforge-off"]) if "fxforge-off" in first else None
+    times = {name: [] for name in steps_fn}
+    for _ in range(steps):
+        for name, fn in steps_fn.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    for name, fn in steps_fn.items():
+        out[name]["step_s"] = times[name]
+        dist.barrier()
+        out[name]["peak_bytes"] = peak_bytes(fn)["peak_bytes"]
+        dist.barrier()
+        out[name]["trace"], out[name]["wait_s"] = _profile(fn)
+    return {"contenders": out, "link": {"name": link.name, "alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
+                                        "reduce_scatter_as_all_reduce": link.reduce_scatter_as_all_reduce},
+            "params": sum(p.numel() for p in model.parameters()), "tensors": len(list(model.parameters())),
+            "reference_loss": ref}
+
+
+def _loss(result) -> float:
+    """The loss of a step's result: ``(loss, grads)`` from ``Partitioned``, or the compiled
+    graph's outputs (the loss first)."""
+    v = result[0]
+    return float(v.detach().reshape(-1)[0])
+
+
+def _identical(a, b) -> bool:
+    ta = [t for t in torch.utils._pytree.tree_leaves(a) if isinstance(t, torch.Tensor)]
+    tb = [t for t in torch.utils._pytree.tree_leaves(b) if isinstance(t, torch.Tensor)]
+    return len(ta) == len(tb) and all(torch.equal(x, y) for x, y in zip(ta, tb))
+
+
+def _graph_args(p, shards) -> list:
+    """The per-rank graph's arguments as ``Partitioned`` passes them."""
+    from torch.export.graph_signature import InputKind
+
+    user = iter(shards)
+    return [next(user) if i.kind == InputKind.USER_INPUT else p.state[i.name] for i in p.inputs]
+
+
+def _count(gm) -> int:
+    from fxforge.passes.overlap import is_collective
+
+    return sum(1 for n in gm.graph.nodes if is_collective(n))
+
+
+def _comm_schedule(p) -> list:
+    """The schedule's collectives and waits in order: ("issue", kind, ranks, bytes) / ("wait", k)."""
+    from fxforge.core.collectives import collective_bytes
+    from fxforge.passes.overlap import _ranks, is_collective, is_wait, waited_collective
+
+    seen, rows = {}, []
+    for n in p.compiled.plan.schedule:
+        if is_collective(n):
+            kind, sent = collective_bytes(n)
+            seen[n] = len(seen)
+            rows.append(("issue", kind, _ranks(n), sent))
+        elif is_wait(n) and waited_collective(n) in seen:
+            rows.append(("wait", seen[waited_collective(n)]))
+    return rows
+
+
+def _profile(fn) -> tuple[list, float]:
+    """One step's top-level operations on this thread, in order: (name, start_us, duration_us);
+    and the seconds spent in ``wait_tensor`` (at any depth: Inductor's calls sit inside its graph's
+    range)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from comm_sim import WAIT
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = prof.events()
+    top = sorted((e for e in events if e.cpu_parent is None and e.thread == events[0].thread),
+                 key=lambda e: e.time_range.start)
+    wait = sum(e.time_range.elapsed_us() for e in events if e.name == WAIT) * 1e-6
+    return [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in top], wait
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["gpt", "llama"])
+    ap.add_argument("--cases", nargs="+", default=["fsdp:2", "fsdp:4", "fsdp_tp:4"])
+    ap.add_argument("--link", default="1gbit", help="1gbit (a rate-limited namespace), or loopback")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    ap.add_argument("--batch", type=int, default=16, help="sequences of 128 tokens per data-parallel rank")
+    ap.add_argument("--simulate", type=int, nargs="*", default=None,
+                    help="instead: predict the exposed communication at these world sizes (bench/comm_sim.py)")
+    ap.add_argument("--tag", default="distributed")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    if args.simulate is not None:
+        return simulate_worlds(args)
+    if args.link != "loopback":
+        rc = limited_link(args.link)
+        if rc is not None:
+            return rc
+    path = os.path.join(args.out, f"{args.tag}.json")
+    data = json.load(open(path)) if os.path.exists(path) else {"cases": []}
+    from comm_sim import simulate
+
+    for model in args.models:
+        for spec in args.cases:
+            parallel, world = spec.split(":")
+            case = {"model": model, "parallel": parallel, "world": int(world), "steps": args.steps, "batch": args.batch,
+                    "contenders": args.contenders}
+            os.environ["FXFORGE_BENCH_CASE"] = json.dumps(case)
+            t0 = time.perf_counter()
+            failed = None
+            try:
+                ranks = on_ranks(run_case, int(world))
+            except AssertionError as e:  # a contender took its ranks down: the case again without Inductor
+                if "inductor" not in case["contenders"]:
+                    raise
+                failed = _crash(str(e))
+                print(f"{model} {spec}: a rank failed with Inductor in the case ({failed}); again without it", flush=True)
+                case = {**case, "contenders": [c for c in case["contenders"] if c != "inductor"]}
+                os.environ["FXFORGE_BENCH_CASE"] = json.dumps(case)
+                ranks = on_ranks(run_case, int(world))
+            row = {**case, "link": link_name(), "wall_s": time.perf_counter() - t0, "params": ranks[0]["params"],
+                   "inductor_failed": failed,
+                   "tensors": ranks[0]["tensors"],
+                   "link_model": ranks[0]["link"], "contenders": {}}
+            for name in ranks[0]["contenders"]:
+                per = [r["contenders"][name] for r in ranks]
+                steps = [max(r["step_s"][i] for r in per) for i in range(len(per[0]["step_s"]))]
+                waits = [r["wait_s"] for r in per]
+                c = {"step_s": statistics.median(steps), "steps": steps, "collectives": per[0]["collectives"],
+                     "peak_bytes": max(r["peak_bytes"] for r in per), "wait_s": max(waits),
+                     "loss_error": max(r["loss_error"] for r in per), "compile_s": max(r["compile_s"] for r in per),
+                     "same_as_off": all(r["same_as_off"] for r in per) if per[0]["same_as_off"] is not None else None}
+                if "kept_bytes" in per[0]:
+                    c["kept_bytes"] = max(r["kept_bytes"] for r in per)
+                    c["planned_peak"] = max(r["planned_peak"] or 0 for r in per)
+                if "order_digest" in per[0]:
+                    c["same_order"] = len({r["order_digest"] for r in per}) == 1
+                    c["estimated_s"] = per[0]["estimated_s"]
+                    sims = [simulate(r["trace"], r["schedule"], ranks[0]["link"]) for r in per]
+                    c["simulated_wait_s"] = max(s["wait_s"] for s in sims)
+                    c["simulated_comm_s"] = max(s["comm_s"] for s in sims)
+                    c["simulated_matched"] = all(s["matched"] for s in sims)
+                row["contenders"][name] = c
+            data["cases"] = [x for x in data["cases"] if (x["model"], x["parallel"], x["world"], x["link"]) !=
+                             (model, parallel, int(world), row["link"])] + [row]
+            os.makedirs(args.out, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(data, f, indent=1)
+            _print(row)
+    write_md(path)
+    return 0
+
+
+def simulate_worlds(args) -> int:
+    """Predicted exposed communication at ``args.simulate`` world sizes, under the presets and the
+    1 Gbit/s link fitted on two ranks, with this machine's measured compute (one thread)."""
+    from comm_sim import predict
+    from fxforge.core.costs import COMM_PRESETS
+
+    torch.set_num_threads(1)
+    links = {k: COMM_PRESETS[k] for k in ("loopback-1gbit", "ethernet-100g", "infiniband", "nvlink")}
+    path = os.path.join(args.out, f"{args.tag}-simulated.json")
+    rows = json.load(open(path)) if os.path.exists(path) else []
+    for model in args.models:
+        for spec in args.cases:
+            parallel = spec.split(":")[0]
+            for world in args.simulate:
+                r = {"model": model, "parallel": parallel, "batch": args.batch,
+                     **predict(model, parallel, world, args.batch, links)}
+                rows = [x for x in rows if (x["model"], x["parallel"], x["world"], x["batch"]) !=
+                        (model, parallel, world, args.batch)] + [r]
+                with open(path, "w") as f:
+                    json.dump(rows, f, indent=1)
+                print(f"{model} {parallel} x{world}: compute {r['compute_s'] * 1e3:.0f} ms, " + ", ".join(
+                    f"{k} comm {v['comm_s'] * 1e3:.0f} ms exposed {v['wait_s'] * 1e3:.0f} ms"
+                    for k, v in r["links"].items()), flush=True)
+    write_md(os.path.join(args.out, f"{args.tag}.json"))
+    return 0
+
+
+def _crash(text: str) -> str:
+    """What took a rank down, in a few words (the error's first line, or its signal)."""
+    for line in text.splitlines():
+        if "exit code -" in line:
+            return line.strip(" -")
+    return text.splitlines()[-1][:160] if text else "unknown"
+
+
+def _print(row: dict) -> None:
+    base = row["contenders"]["fxforge-off"]["step_s"]
+    print(f"{row['model']} {row['parallel']} x{row['world']} ({row['link']}): " + ", ".join(
+        f"{n} {c['step_s'] * 1e3:.0f} ms ({c['step_s'] / base:.2f}x, wait {c['wait_s'] * 1e3:.0f} ms, "
+        f"{c['collectives']} coll, sim {c.get('simulated_wait_s', 0) * 1e3:.0f} ms)"
+        for n, c in row["contenders"].items()), flush=True)
+
+
+def _vs(c: dict, ind: dict | None, row: dict) -> str:
+    if ind:
+        return f"{c['step_s'] / ind['step_s']:.2f}"
+    return f"Inductor's ranks crashed: {row['inductor_failed']}" if row.get("inductor_failed") else ""
+
+
+def write_md(path: str) -> None:
+    data = json.load(open(path)) if os.path.exists(path) else {"cases": []}
+    lines = ["# Distributed training steps (bench/distributed.py)", "",
+             "`python bench/distributed.py --link 1gbit` then `python bench/distributed.py --simulate 2 4 8 16 64` on "
+             "this machine: 2 cores, gloo ranks of one thread each, the ranks' loopback limited to 1 Gbit/s in a "
+             "network namespace (shared by all ranks). `fxforge.partition` of one training step "
+             "(`bench/dist_models.py`), `batch` sequences of 128 tokens per data-parallel rank. Step: median over "
+             "the steps of the slowest rank's time. Peak: bytes allocated during one step, at most at once "
+             "(`measure.peak_bytes`; fxforge's arenas kept between calls are not allocated per step, so not counted: the "
+             "planned peaks, arenas included, are in the simulator's table). Wait: time in `wait_tensor` in a profiled "
+             "step (slowest rank). "
+             "Exposed: fxforge's wait over fxforge-bucketed's (the same collectives, each waited for at once). "
+             "Simulated: `bench/comm_sim.py` replaying that profiled fxforge step, the collectives under the "
+             "model `costs.calibrate` fitted on the link at the start of the case.", "",
+             "| model | parallel | ranks | batch | contender | step (ms) | vs fxforge-off | vs inductor | collectives | "
+             "peak MiB | wait (ms) | exposed | simulated wait (ms) | loss error | bit-equal to off |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["cases"]:
+        cs = r["contenders"]
+        off, bucketed, ind = cs["fxforge-off"], cs.get("fxforge-bucketed"), cs.get("inductor")
+        for name, c in cs.items():
+            exposed = f"{c['wait_s'] / bucketed['wait_s']:.0%}" if name == "fxforge" and bucketed and bucketed["wait_s"] \
+                else ""
+            sim = f"{c['simulated_wait_s'] * 1e3:.0f}" if name == "fxforge" and "simulated_wait_s" in c else ""
+            vs_ind = f"{c['step_s'] / ind['step_s']:.2f}" if ind else (
+                "(Inductor crashed)" if r.get("inductor_failed") else "")
+            same = "" if name == "inductor" else {True: "yes", False: "**no**", None: ""}[c.get("same_as_off")]
+            lines.append(f"| {r['model']} | {r['parallel']} | {r['world']} | {r.get('batch', '')} | {name} | "
+                         f"{c['step_s'] * 1e3:.0f} | {c['step_s'] / off['step_s']:.2f} | {vs_ind} | {c['collectives']} | "
+                         f"{c['peak_bytes'] / 2**20:.1f} | {c['wait_s'] * 1e3:.0f} | {exposed} | {sim} | "
+                         f"{c['loss_error']:.1e} | {same} |")
+    lines += ["", "## Targets", "",
+              "| model | parallel | ranks | exposed (target <= 25%) | step vs overlap off (<= 0.8) | vs inductor (<= 1.0) | "
+              "collectives: one per parameter and gradient / bucketed (>= 5x) | allocated peak vs no prefetch | "
+              "simulated / measured wait (within 20%) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in data["cases"]:
+        cs = r["contenders"]
+        on, off, b, ind = cs["fxforge"], cs["fxforge-off"], cs.get("fxforge-bucketed"), cs.get("inductor")
+        per_param = 2 * r.get("tensors", 0)
+        lines.append(f"| {r['model']} | {r['parallel']} | {r['world']} | "
+                     f"{on['wait_s'] / b['wait_s']:.0%} | {on['step_s'] / off['step_s']:.2f} | "
+                     f"{_vs(on, ind, r)} | {per_param} / {on['collectives']} = "
+                     f"{per_param / on['collectives']:.1f}x | {on['peak_bytes'] / b['peak_bytes']:.2f} | "
+                     f"{on.get('simulated_wait_s', 0) / on['wait_s']:.2f} |" if b and on["wait_s"] else
+                     f"| {r['model']} | {r['parallel']} | {r['world']} | (incomplete) |")
+    sim_path = path[:-5] + "-simulated.json"
+    if os.path.exists(sim_path):
+        rows = json.load(open(sim_path))
+        links = list(rows[0]["links"]) if rows else []
+        lines += ["", "## Predicted at more ranks (simulator)", "",
+                  "Each rank's part compiled for N ranks against torch's fake process group, run and profiled here "
+                  "(one thread: its compute is this machine's), the collectives replayed under each link's model "
+                  "(`fxforge.core.costs.COMM_PRESETS`; `loopback-1gbit` is the 1 Gbit/s link as measured per rank "
+                  "with two ranks). Exposed communication (ms) / the collectives' time (ms):", "",
+                  "| model | parallel | ranks | batch | collectives | MB sent | planned peak, prefetch / none | compute (ms) | "
+                  + " | ".join(links) + " |",
+                  "|---|---|---|---|---|---|---|---|" + "---|" * len(links)]
+        for r in rows:
+            lines.append(f"| {r['model']} | {r['parallel']} | {r['world']} | {r['batch']} | {r['collectives']} | "
+                         f"{r['bytes'] / 1e6:.1f} | {r['planned_peak'] / r['planned_peak_no_prefetch']:.2f} | "
+                         f"{r['compute_s'] * 1e3:.0f} | " + " | ".join(
+                             f"{r['links'][k]['wait_s'] * 1e3:.0f} / {r['links'][k]['comm_s'] * 1e3:.0f}" for k in links)
+                         + " |")
+    with open(path[:-5] + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
