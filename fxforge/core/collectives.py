@@ -13,6 +13,7 @@ collective's input extends to its ``wait_tensor`` where the collective reads it 
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -192,16 +193,51 @@ def _packet(op) -> str:
     return op.name().split("::", 1)[1].split(".", 1)[0]
 
 
-def group_name_of(node: fx.Node) -> str | None:
-    """The process group a collective node runs on (its ``group_name`` argument), else None."""
+def _schema_arg(node: fx.Node, name: str) -> Any:
+    """The value of the argument ``name`` of an op node (by its schema), else None."""
     op = node.target
     if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
         return None
     for i, a in enumerate(op._schema.arguments):
-        if a.name == "group_name":
-            v = node.kwargs.get("group_name", node.args[i] if i < len(node.args) else None)
-            return str(v) if v is not None else None
+        if a.name == name:
+            return node.kwargs.get(name, node.args[i] if i < len(node.args) else None)
     return None
+
+
+def group_name_of(node: fx.Node) -> str | None:
+    """The process group a collective node runs on (its ``group_name`` argument), else None."""
+    v = _schema_arg(node, "group_name")
+    return str(v) if v is not None else None
+
+
+def group_size_of(node: fx.Node) -> int:
+    """The ranks of a collective's process group: its ``group_size`` argument where it has one,
+    else the size of the group it names (1: no such group in this process)."""
+    size = _schema_arg(node, "group_size")
+    if isinstance(size, int):
+        return size
+    name = group_name_of(node)
+    try:
+        return process_group(name).size() if name is not None else 1
+    except Exception:  # (no such process group in this process)
+        return 1
+
+
+def is_collective(n: fx.Node) -> bool:
+    """A functional collective (its result waited for by ``wait_tensor``)."""
+    return n.op == "call_function" and n.target in COLLECTIVE_OPS
+
+
+def is_wait(n: fx.Node) -> bool:
+    return n.op == "call_function" and n.target is wait_op()
+
+
+def waited_collective(w: fx.Node) -> fx.Node | None:
+    """The collective a ``wait_tensor`` waits for (through a getitem of a coalesced one)."""
+    a = w.args[0] if w.args else None
+    if isinstance(a, fx.Node) and a.target is operator.getitem:
+        a = a.args[0]
+    return a if isinstance(a, fx.Node) and is_collective(a) else None
 
 
 def symmetric_args(node: fx.Node) -> tuple[str, ...]:

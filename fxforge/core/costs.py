@@ -190,10 +190,12 @@ def node_bytes(n: fx.Node) -> float:
     """Bytes a compute node reads and writes (its tensor inputs and outputs)."""
     if node_kind(n) != "compute":
         return 0.0
-    total = sum(_nbytes(t) for t in tensors(n.meta.get(VAL)))
-    for a in n.all_input_nodes:
-        total += sum(_nbytes(t) for t in tensors(a.meta.get(VAL)))
-    return float(total)
+    return value_bytes(n) + sum(value_bytes(a) for a in n.all_input_nodes)
+
+
+def value_bytes(n: fx.Node) -> float:
+    """Bytes of a node's tensor values (symbolic sizes at their example values)."""
+    return float(sum(_nbytes(t) for t in tensors(n.meta.get(VAL))))
 
 
 def _int(s: Any) -> int:

@@ -32,7 +32,7 @@ import torch.fx as fx
 from ..core.config import Config
 from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta
 from ..infra.pass_manager import PassResult
-from .overlap import is_wait
+from ..core.collectives import is_wait
 
 
 def _funcol():
@@ -154,16 +154,12 @@ def _gather(gm: fx.GraphModule, mode, b: _Bucket) -> None:
         done = fake_call(gm, mode, f.wait_tensor.default, (merged,))
         rows = fake_call(gm, mode, aten.view.default, (done, [ranks, sum(sizes)]))
     inherit_meta([*flats, flat, merged, done, rows], b.members[0])
-    offset = 0
-    for m, size in zip(b.members, sizes):
-        w = _only_wait(m)
-        with gm.graph.inserting_before(_first_reader(w)):
-            part = fake_call(gm, mode, aten.slice.Tensor, (rows, 1, offset, offset + size))
-            dense = fake_call(gm, mode, aten.clone.default, (part,), {"memory_format": torch.contiguous_format})
-            out = fake_call(gm, mode, aten.view.default, (dense, list(w.meta[VAL].shape)))
-        inherit_meta([part, dense, out], w)
-        w.replace_all_uses_with(out)
-        offset += size
+
+    def copy_out(offset: int, size: int) -> list[fx.Node]:
+        part = fake_call(gm, mode, aten.slice.Tensor, (rows, 1, offset, offset + size))
+        return [part, fake_call(gm, mode, aten.clone.default, (part,), {"memory_format": torch.contiguous_format})]
+
+    _hand_out(gm, mode, b, sizes, copy_out)
 
 
 def _scatter(gm: fx.GraphModule, mode, b: _Bucket) -> None:
@@ -179,12 +175,19 @@ def _scatter(gm: fx.GraphModule, mode, b: _Bucket) -> None:
         merged = fake_call(gm, mode, f.reduce_scatter_tensor.default, (flat, op, ranks, group))
         done = fake_call(gm, mode, f.wait_tensor.default, (merged,))
     inherit_meta([*blocks, joined, flat, merged, done], b.members[0])
+    _hand_out(gm, mode, b, chunks, lambda offset, c: [fake_call(gm, mode, aten.slice.Tensor, (done, 0, offset, offset + c))])
+
+
+def _hand_out(gm: fx.GraphModule, mode, b: _Bucket, sizes: list[int], piece) -> None:
+    """Each member's result from the bucket's: ``piece(offset, size)`` (the nodes taking its
+    elements out, the last one holding them), viewed in the member's shape, made just before the
+    first node reading the member's wait, which it then replaces."""
     offset = 0
-    for m, c in zip(b.members, chunks):
+    for m, size in zip(b.members, sizes):
         w = _only_wait(m)
         with gm.graph.inserting_before(_first_reader(w)):
-            part = fake_call(gm, mode, aten.slice.Tensor, (done, 0, offset, offset + c))
-            out = fake_call(gm, mode, aten.view.default, (part, list(w.meta[VAL].shape)))
-        inherit_meta([part, out], w)
+            made = piece(offset, size)
+            out = fake_call(gm, mode, aten.view.default, (made[-1], list(w.meta[VAL].shape)))
+        inherit_meta([*made, out], w)
         w.replace_all_uses_with(out)
-        offset += c
+        offset += size

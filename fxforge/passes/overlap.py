@@ -35,30 +35,14 @@ import operator
 from typing import Collection
 
 import numpy as np
-import torch
 import torch.fx as fx
 
-from ..core.collectives import COLLECTIVE_OPS, async_input_ops, collective_bytes, group_name_of, process_group, wait_op
+from ..core.collectives import (async_input_ops, collective_bytes, group_name_of, group_size_of, is_collective,
+                                is_wait, waited_collective)
 from ..core.config import Config
-from ..core.costs import CommModel, ComputeModel, node_bytes, node_flops
+from ..core.costs import CommModel, ComputeModel, node_bytes, node_flops, value_bytes
 from ..core.graph import GROUP, is_mutating, liveness, node_kind, output_nodes, storage_root
 from .schedule import fused_layout, peak_bytes, storage_sizes
-
-
-def is_collective(n: fx.Node) -> bool:
-    return n.op == "call_function" and n.target in COLLECTIVE_OPS
-
-
-def is_wait(n: fx.Node) -> bool:
-    return n.op == "call_function" and n.target is wait_op()
-
-
-def waited_collective(w: fx.Node) -> fx.Node | None:
-    """The collective a ``wait_tensor`` waits for (through a getitem of a coalesced one)."""
-    a = w.args[0] if w.args else None
-    if isinstance(a, fx.Node) and a.target is operator.getitem:
-        a = a.args[0]
-    return a if isinstance(a, fx.Node) and is_collective(a) else None
 
 
 # --------------------------------------------------------------------------- units
@@ -293,7 +277,7 @@ def comm_figures(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int
         head = u[0]
         if len(u) == 1 and is_collective(head):
             kind, sent = collective_bytes(head)
-            ranks = _ranks(head)
+            ranks = group_size_of(head)
             t = comm.time(kind, sent, ranks)
             start = max(clock, stream)
             stream = done[head] = start + t
@@ -316,20 +300,6 @@ def comm_figures(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int
             "compute_model": compute.name, "order_digest": digest.hexdigest()[:16], "collectives": list(rows.values())}
 
 
-def _ranks(c: fx.Node) -> int:
-    """The ranks of a collective's process group (its ``group_size`` argument where it has one)."""
-    for i, a in enumerate(c.target._schema.arguments):
-        if a.name == "group_size":
-            size = c.kwargs.get("group_size", c.args[i] if i < len(c.args) else None)
-            if isinstance(size, int):
-                return size
-    name = group_name_of(c)
-    try:
-        return process_group(name).size() if name is not None else 1
-    except Exception:  # (no such process group in this process)
-        return 1
-
-
 def _unit_time(u: list[fx.Node], fused: Collection[int], compute: ComputeModel) -> float:
     """A unit's estimated time: a fused kernel's members' work at once and only the bytes it reads
     from and writes to memory; other nodes each their own."""
@@ -339,14 +309,8 @@ def _unit_time(u: list[fx.Node], fused: Collection[int], compute: ComputeModel) 
         nbytes = 0.0
         for n in u:
             if node_kind(n) == "compute" and any(x not in members for x in n.users):
-                nbytes += _val_bytes(n)
-            nbytes += sum(_val_bytes(a) for a in n.all_input_nodes if a not in members and node_kind(a) != "view")
+                nbytes += value_bytes(n)
+            nbytes += sum(value_bytes(a) for a in n.all_input_nodes if a not in members and node_kind(a) != "view")
     else:
         nbytes = sum(node_bytes(n) for n in u)
     return compute.time(flops, nbytes) if (flops or nbytes) else 0.0
-
-
-def _val_bytes(n: fx.Node) -> float:
-    v = n.meta.get("val")
-    return float(v.numel() * v.element_size()) if isinstance(v, torch.Tensor) and all(
-        isinstance(s, int) for s in v.shape) else 0.0

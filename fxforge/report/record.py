@@ -54,11 +54,7 @@ class ReportData:
 
 
 def _code(snapshot: list[tuple]) -> str:
-    g = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for node, op, target, args, kwargs in snapshot:
-        env[node] = g.create_node(op, target, fx.node.map_arg(args, env.__getitem__),
-                                  fx.node.map_arg(kwargs, env.__getitem__), name=node.name)
+    g, _ = _replay(snapshot)
     try:
         return g.python_code(root_module="self").src
     except Exception:  # (a graph FX cannot print: the report shows no code for it)
@@ -111,15 +107,23 @@ def _same(a: list[tuple], b: list[tuple]) -> bool:
 
 def rebuild(sketch: list[tuple]) -> SimpleNamespace:
     """A stand-in GraphModule (``.graph`` only) of a recorded graph, for the liveness helpers."""
+    g, made = _replay(sketch)
+    for (node, *_, val), new in zip(sketch, made):
+        if val is not None or VAL in node.meta:
+            new.meta[VAL] = val
+    return SimpleNamespace(graph=g)
+
+
+def _replay(rows: list[tuple]) -> tuple[fx.Graph, list[fx.Node]]:
+    """A new graph of recorded nodes (rows ``(node, op, target, args, kwargs, ...)``), and its
+    nodes in their order."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
 
     def remap(a):
         return env[a] if a in env else a
 
-    for node, op, target, args, kwargs, val in sketch:
-        new = g.create_node(op, target, fx.node.map_arg(args, remap), fx.node.map_arg(kwargs, remap), name=node.name)
-        if val is not None or VAL in node.meta:
-            new.meta[VAL] = val
-        env[node] = new
-    return SimpleNamespace(graph=g)
+    for node, op, target, args, kwargs, *_ in rows:
+        env[node] = g.create_node(op, target, fx.node.map_arg(args, remap), fx.node.map_arg(kwargs, remap),
+                                  name=node.name)
+    return g, list(env.values())
