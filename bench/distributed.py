@@ -72,7 +72,7 @@ def run_case(rank: int, world: int) -> dict:
     from dist_models import batch, build, placements
     from fxforge.core.costs import calibrate
     from fxforge.core.dtensor import local_shard
-    from measure import fresh_inductor, peak_bytes
+    from measure import fresh_inductor, identical, peak_bytes
 
     case = json.loads(os.environ["FXFORGE_BENCH_CASE"])
     parallel, steps = case["parallel"], case["steps"]
@@ -131,7 +131,7 @@ def run_case(rank: int, world: int) -> dict:
         first[name] = result
         out[name]["loss_error"] = abs(_loss(result) - ref)
     for name, result in first.items():  # bit for bit what the collectives as traced give
-        out[name]["same_as_off"] = _identical(result, first["fxforge-off"]) if "fxforge-off" in first else None
+        out[name]["same_as_off"] = identical(result, first["fxforge-off"]) if "fxforge-off" in first else None
     times = {name: [] for name in steps_fn}
     for _ in range(steps):
         for name, fn in steps_fn.items():
@@ -158,12 +158,6 @@ def _loss(result) -> float:
     return float(v.detach().reshape(-1)[0])
 
 
-def _identical(a, b) -> bool:
-    ta = [t for t in torch.utils._pytree.tree_leaves(a) if isinstance(t, torch.Tensor)]
-    tb = [t for t in torch.utils._pytree.tree_leaves(b) if isinstance(t, torch.Tensor)]
-    return len(ta) == len(tb) and all(torch.equal(x, y) for x, y in zip(ta, tb))
-
-
 def _graph_args(p, shards) -> list:
     """The per-rank graph's arguments as ``Partitioned`` passes them."""
     from torch.export.graph_signature import InputKind
@@ -173,22 +167,21 @@ def _graph_args(p, shards) -> list:
 
 
 def _count(gm) -> int:
-    from fxforge.passes.overlap import is_collective
+    from fxforge.core.collectives import is_collective
 
     return sum(1 for n in gm.graph.nodes if is_collective(n))
 
 
 def _comm_schedule(p) -> list:
     """The schedule's collectives and waits in order: ("issue", kind, ranks, bytes) / ("wait", k)."""
-    from fxforge.core.collectives import collective_bytes
-    from fxforge.passes.overlap import _ranks, is_collective, is_wait, waited_collective
+    from fxforge.core.collectives import collective_bytes, group_size_of, is_collective, is_wait, waited_collective
 
     seen, rows = {}, []
     for n in p.compiled.plan.schedule:
         if is_collective(n):
             kind, sent = collective_bytes(n)
             seen[n] = len(seen)
-            rows.append(("issue", kind, _ranks(n), sent))
+            rows.append(("issue", kind, group_size_of(n), sent))
         elif is_wait(n) and waited_collective(n) in seen:
             rows.append(("wait", seen[waited_collective(n)]))
     return rows

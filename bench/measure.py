@@ -214,6 +214,12 @@ def max_abs_err(a: Any, b: Any) -> float:
     return err
 
 
+def identical(a: Any, b: Any) -> bool:
+    """Matching tensors of two (nested) outputs are equal bit for bit."""
+    xs, ys = _tensors(a), _tensors(b)
+    return len(xs) == len(ys) and all(torch.equal(x, y) for x, y in zip(xs, ys))
+
+
 def _tensors(v: Any) -> list[torch.Tensor]:
     if isinstance(v, torch.Tensor):
         return [v]

@@ -67,8 +67,9 @@ def _process(name: str, mode: str, out: str, env: dict) -> dict:
 def _identical(a: str, b: str) -> bool:
     import torch
 
-    x, y = torch.load(a), torch.load(b)
-    return len(x) == len(y) and all(torch.equal(s, t) for s, t in zip(x, y))
+    from measure import identical
+
+    return identical(torch.load(a), torch.load(b))
 
 
 def run_case(name: str, mode: str) -> dict:
