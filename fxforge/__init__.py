@@ -25,6 +25,7 @@ from .lowering.out_variant import register_out_variant
 from .packages import PackageError, load_package, package
 from .entry.spmd import Partitioned, partition
 from .infra.pass_manager import PassError, PassManager, PassResult, verify_graph
+from .passes.memory_budget import MemoryBudgetError
 
 __all__ = [
     "Backend",
@@ -37,6 +38,7 @@ __all__ = [
     "Kernel",
     "KernelContext",
     "KernelInfo",
+    "MemoryBudgetError",
     "PackageError",
     "PassError",
     "PassManager",

@@ -328,6 +328,18 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
     return Plan(sched, groups, memory), sched_stats
 
 
+def planned_peak_bytes(gm: fx.GraphModule, config: Config, kind: str, registry: Registry) -> tuple[int, int]:
+    """(``MemoryPlan.peak_bytes``, kept arena bytes) of ``gm`` compiled by the default passes, no
+    code emitted. The passes rewrite ``gm``: hand in a graph made for this."""
+    progress = Progress(kind, count_compute_nodes(gm), enabled=False)
+    try:
+        gm, _ = _run_passes(gm, config, kind, registry, None, progress, lambda name, g: None)
+        plan, _ = _plan(gm, config, kind, registry, _Stages(progress))
+    finally:
+        progress.close()
+    return plan.memory.peak_bytes, plan.memory.kept_bytes
+
+
 @dataclass
 class _Emitted:
     """A graph compiled up to its emitted kernels (``_emit``), what ``_finish`` needs."""

@@ -239,7 +239,7 @@ def test_config_fields_are_all_in_the_key():
               "recycle_min_bytes": 1, "conv_layout": "as_traced", "threads": 1, "zero_copy": False, "poison_arena": True,
               "symmetric_all_reduce_bytes": 1, "custom_op_tuning": "off", "debug": not fxforge.Config().debug,
               "comm_overlap": False, "prefetch_peak_growth": 0.5, "bucket_bytes": 0, "comm_model": "pcie",
-              "max_collectives_in_flight": 3}
+              "max_collectives_in_flight": 3, "memory_budget": 0.5}
     fields = {f.name for f in dataclasses.fields(fxforge.Config)}
     assert fields - set(values) <= {"report_dir", "passes", "on_kernel", "progress"}
     for name, v in values.items():

@@ -20,6 +20,17 @@ PASS_POINTS = {
 }
 
 
+def _budget(b: Any) -> int | float | None:
+    if b is None:
+        return None
+    if isinstance(b, float) and 0 < b <= 1:
+        return b
+    if isinstance(b, int) and not isinstance(b, bool) and b > 0:
+        return b
+    raise ValueError(f"Config.memory_budget={b!r}: expected bytes (an int > 0), a fraction of the default "
+                     "step peak (a float, 0 < f <= 1), or None (no budget)")
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -34,6 +45,11 @@ class Config:
     # AOTAutograd partitioner for training graphs: "min_cut" (recompute cheap ops in the backward
     # instead of saving them: fewer saved-activation bytes) or "default" (save what the forward has).
     partitioner: str = "min_cut"
+    # A training step's peak bytes (passes/memory_budget.py; docs/memory-budget.md): an int is
+    # bytes, a float 0 < f <= 1 a fraction of the step peak with ``partitioner``'s choice. Values
+    # the step saved for the backward are recomputed there, cheapest first, until the planned peak
+    # fits; a budget nothing meets raises MemoryBudgetError at compile. None: no budget.
+    memory_budget: int | float | None = None
     # Most compute nodes one fusion group may hold (1: no fusion; math.inf: no limit). Views
     # inside a group are free.
     max_fusion_size: int = 64
@@ -153,6 +169,7 @@ class Config:
         _choice("recycle_outputs", self.recycle_outputs, ("inference", "always", "never"))
         _choice("conv_layout", self.conv_layout, ("auto", "channels_last", "as_traced"))
         _choice("custom_op_tuning", self.custom_op_tuning, ("on", "off"))
+        self._set("memory_budget", _budget(self.memory_budget))
         m = self.max_collectives_in_flight
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise ValueError(f"Config.max_collectives_in_flight={m!r}: expected a count >= 0 (0: no bound)")

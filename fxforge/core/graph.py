@@ -117,9 +117,13 @@ GUARD_INPUTS: MetaKey[bool] = MetaKey(
     "fxforge_guard_inputs", "bool: callers may pass the graph's inputs laid out otherwise than traced (a compiled "
     "region's call sites): the wrapper copies an input its kernels index at traced strides to them where it "
     "differs", graph=True)
+SAVE_PLAN: MetaKey[Any] = MetaKey(
+    "fxforge_save_plan", "passes.memory_budget.SavePlan: on a training forward and backward partitioned under "
+    "Config.memory_budget, what the step saves and recomputes and its planned peak (entry/dynamo.py)", graph=True)
 
 _KEYS = (GROUP, BACKEND, FALLBACK, BUFFER, ALLOCATES, SLICE_OF, ZERO_COPY, SYMMETRIC, REGION, OUTPUT_ALIASES, PROBES,
-         INPUT_STRIDES, FREE_OUTPUTS, CUSTOM_OP_DISPATCH, BODY_RETURNS, GUARD_INPUTS)
+         INPUT_STRIDES, FREE_OUTPUTS, CUSTOM_OP_DISPATCH, BODY_RETURNS, GUARD_INPUTS,
+         SAVE_PLAN)
 META_KEYS = {VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
              **{k: k.doc for k in _KEYS if not k.graph}}
 GRAPH_META_KEYS = {k: k.doc for k in _KEYS if k.graph}  # the keys fxforge writes in a GraphModule's own meta
@@ -589,6 +593,17 @@ def peak_live_bytes(ranges: Iterable[tuple[int, int, int]]) -> int:
         cur += d
         peak = max(peak, cur)
     return peak
+
+
+def inputs_freed_at_last_use(gm: fx.GraphModule) -> list[fx.Node]:
+    """The placeholders whose storage the call frees at its last use (the wrapper drops its
+    references then), a guess from AOTAutograd's names: in a backward graph (it has
+    ``tangents_*`` inputs) the saved activations and incoming grads; ``primals_*`` (weights and
+    user inputs) are held by the caller, as is every input of any other graph."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if not any(n.name.startswith("tangents_") for n in placeholders):
+        return []
+    return [n for n in placeholders if not n.name.startswith("primals_")]
 
 
 def output_nodes(gm: fx.GraphModule) -> list[fx.Node]:

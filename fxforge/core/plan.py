@@ -138,6 +138,10 @@ class MemoryPlan:
     # Bytes of the one block holding every (non-symmetric) arena when they are kept across calls
     # (``Config.keep_arenas``; static sizes); 0: each arena is allocated per call over its window.
     kept_bytes: int = 0
+    # The most bytes the plan has live at once around its kernel calls, at the traced sizes: arenas
+    # as allocated, and the storages outside them (outputs, self-allocating kernels' results, a
+    # backward's saved inputs until their last use); the caller's inputs are not counted.
+    peak_bytes: int = 0
 
     def __post_init__(self) -> None:
         self._slots = {(b.producer, b.index): b for b in self.buffers.values()}

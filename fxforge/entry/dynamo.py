@@ -18,7 +18,7 @@ from ..artifact.compiled import Compiled
 from ..spine import compile_graph
 from ..core.config import Config
 from ..custom_ops import inline_winners
-from ..core.graph import CUSTOM_OP_DISPATCH, FREE_OUTPUTS, INPUT_STRIDES, VAL
+from ..core.graph import CUSTOM_OP_DISPATCH, FREE_OUTPUTS, INPUT_STRIDES, SAVE_PLAN, VAL
 from ..lowering.decompose import aot_table
 
 log = logging.getLogger("fxforge")
@@ -41,6 +41,7 @@ class Backend:
             if dispatches:
                 CUSTOM_OP_DISPATCH.set(gm, dispatches)
             caller_layouts(gm, example_inputs, kind)
+            plan = SAVE_PLAN.get(gm)
             traced = _traced_strides(gm)  # before the passes adopt the given ones
             try:
                 c = compile_graph(gm, self.config, kind=kind, registry=self.registry)
@@ -53,6 +54,8 @@ class Backend:
                 from torch._functorch.aot_autograd import make_boxed_func
 
                 return make_boxed_func(_in_strides(gm, traced) if traced else gm)
+            if plan is not None:
+                c.stats["memory_budget"] = plan.as_dict()
             if kind == "backward":
                 c.stats["saved_activation_bytes"] = saved_activation_bytes(gm)
             else:
@@ -89,7 +92,7 @@ class Backend:
             bw_compiler=self._compiler("backward", custom_ops, dispatches),
             inference_compiler=self._compiler("inference", custom_ops, dispatches),
             decompositions=aot_table(self.config, selected),
-            partition_fn=_partitioner(self.config.partitioner, selected.splits, self.config.debug),
+            partition_fn=_partitioner(self.config, selected.splits, self.registry, self.compiled),
         )
         from torch._functorch import config as functorch_config
 
@@ -166,10 +169,12 @@ def _in_strides(gm: fx.GraphModule, strides: dict[int, tuple]):
     return run
 
 
-def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
-    """AOTAutograd's partitioner ``name``, run on the joint graph after activation gradients are
-    rewritten to read results (``lowering/result_grads.py``) and the backend's splits that belong
-    before partitioning (``lowering/splits.split_joint``)."""
+def _partitioner(config: Config, splits: tuple[str, ...], registry: Registry, compiled: list[Compiled]):
+    """AOTAutograd's partitioner ``config.partitioner``, run on the joint graph after activation
+    gradients are rewritten to read results (``lowering/result_grads.py``) and the backend's splits
+    that belong before partitioning (``lowering/splits.split_joint``); under
+    ``config.memory_budget``, then made to fit it (``passes/memory_budget.py``; ``compiled``: the
+    graphs compiled so far, whose default peaks a fraction is also of)."""
     from torch._functorch import partitioners
 
     from ..lowering.result_grads import GradsFromResults
@@ -178,7 +183,8 @@ def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
     partition = {
         "min_cut": partitioners.min_cut_rematerialization_partition,
         "default": partitioners.default_partition,
-    }[name]
+    }[config.partitioner]
+    debug = config.debug
 
     def split_then_partition(joint: fx.GraphModule, joint_inputs, **kwargs):
         try:
@@ -189,7 +195,20 @@ def _partitioner(name: str, splits: tuple[str, ...], debug: bool):
                 raise
             log.warning("fxforge: rewriting the joint graph failed (%s: %s); it is partitioned as traced",
                         type(e).__name__, e)
-        return partition(joint, joint_inputs, **kwargs)
+        if config.memory_budget is None:
+            return partition(joint, joint_inputs, **kwargs)
+        from ..passes.memory_budget import partition_under_budget
+
+        from ..spine import planned_peak_bytes
+
+        fw, bw, plan = partition_under_budget(
+            joint, joint_inputs, base=partition, budget=config.memory_budget,
+            planner=lambda gm, kind: planned_peak_bytes(gm, config, kind, registry),
+            step_peak_so_far=max((c.stats["memory_budget"]["default_peak_bytes"] for c in compiled
+                                  if "memory_budget" in c.stats), default=0), **kwargs)
+        SAVE_PLAN.set(fw, plan)
+        SAVE_PLAN.set(bw, plan)
+        return fw, bw
 
     return split_then_partition
 

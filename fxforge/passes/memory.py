@@ -13,6 +13,7 @@ data, in ``passes/windows.py`` (the window search and the placement) and ``passe
 from __future__ import annotations
 
 import operator
+from typing import Any, Iterable
 
 import numpy as np
 import sympy
@@ -32,6 +33,7 @@ from ..core.graph import (
     Live,
     expr,
     hint,
+    inputs_freed_at_last_use,
     liveness,
     node_kind,
     opaque_aliasing,
@@ -251,30 +253,70 @@ def call_spans(groups: list[Group], pos: dict[fx.Node, int], length: int) -> tup
 
 
 def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.Node, Live],
-                     buffers: dict[str, Buffer], length: int, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+                     buffers: dict[str, Buffer], length: int, first: np.ndarray, last: np.ndarray,
+                     groups: Iterable[Group] = ()) -> np.ndarray:
     """Bytes (at the traced sizes) live at each position in storages that are not arena
     buffers: fresh buffers, storages of self-allocating kernels and fallbacks, and the inputs the
     call frees at their last use (the wrapper drops its references then).
 
-    Which inputs die here is a guess from AOTAutograd's names, used only to choose windows
-    (never for soundness): in a backward graph (it has ``tangents_*`` inputs) the saved
-    activations and incoming grads die at their last use, while ``primals_*`` (weights and
-    user inputs) are held by the caller; in any other graph the caller holds every input, a
-    constant that does not move the peak, so inputs are left out."""
+    Which inputs die here is ``graph.inputs_freed_at_last_use``'s guess, used only to choose
+    windows (never for soundness); the inputs the caller holds are a constant that does not move
+    the peak, so they are left out."""
     env = shape_env_of(gm)
     skip = {b.name for b in buffers.values() if b.kind in ("arena", "slice")}
-    placeholders = [n for n in schedule if n.op == "placeholder"]
-    backward = any(n.name.startswith("tangents_") for n in placeholders)
-    skip |= {n.name for n in placeholders if not backward or n.name.startswith("primals_")}
-    diff = np.zeros(length + 1, dtype=np.int64)
+    # values a fused kernel computes and reads itself never reach memory
+    skip |= {n.name for g in groups if g.fused for n in g.nodes if n not in g.outputs}
+    freed = set(inputs_freed_at_last_use(gm))
+    skip |= {n.name for n in schedule if n.op == "placeholder" and n not in freed}
+    spans: dict[Any, tuple[int, int, int]] = {}  # storage -> (bytes, first, last)
     for r, l in live.items():
         v = r.meta.get(VAL)
         if r.name in skip or not isinstance(v, torch.Tensor) or node_kind(r) not in ("placeholder", "compute", "getitem"):
             continue
-        nbytes = hint(storage_nbytes(v), env)
-        diff[first[l.start]] += nbytes
-        diff[last[l.end] + 1] -= nbytes
+        # inputs that are views of one storage (a saved value and its base) hold its bytes once
+        key = _storage_key(v) if r.op == "placeholder" else r
+        nbytes, lo, hi = spans.get(key, (0, first[l.start], last[l.end]))
+        spans[key] = (max(nbytes, hint(storage_nbytes(v), env)), min(lo, first[l.start]), max(hi, last[l.end]))
+    diff = np.zeros(length + 1, dtype=np.int64)
+    for nbytes, lo, hi in spans.values():
+        diff[lo] += nbytes
+        diff[hi + 1] -= nbytes
     return np.cumsum(diff[:length])
+
+
+# Eager ATen ops that allocate scratch inside themselves, and how much at most: oneDNN's
+# convolutions reorder their tensor arguments into blocked layouts (measured: convolution_backward
+# allocates its input's and its output gradient's bytes again).
+SCRATCH_OPS = {"convolution": "inputs", "convolution_backward": "inputs"}
+
+
+def scratch_bytes(gm: fx.GraphModule, groups: Iterable[Group], pos: dict[fx.Node, int], length: int,
+                  first: np.ndarray) -> np.ndarray:
+    """Bytes eager ops allocate inside themselves at each position (``SCRATCH_OPS``)."""
+    out = np.zeros(max(length, 1), dtype=np.int64)
+    env = shape_env_of(gm)
+    for g in groups:
+        if g.backend != FALLBACK_BACKEND:
+            continue
+        for n in g.nodes:
+            name = getattr(n.target, "__name__", "").split(".")[0]
+            if SCRATCH_OPS.get(name) == "inputs" and n in pos:
+                nbytes = sum(hint(storage_nbytes(a.meta[VAL]), env) for a in n.all_input_nodes
+                             if isinstance(a.meta.get(VAL), torch.Tensor))
+                at = first[pos[n]] if pos[n] < len(first) else pos[n]
+                out[at] = max(out[at], nbytes)
+    return out[:length] if length else out[:0]
+
+
+def _storage_key(v: torch.Tensor) -> Any:
+    """What identifies ``v``'s storage among the graph's values (fake tensors that view one
+    storage share it)."""
+    try:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        return StorageWeakRef(v.untyped_storage())
+    except Exception:  # (a value with no storage to ask)
+        return id(v)
 
 
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config,
@@ -323,7 +365,10 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     env = shape_env_of(gm)
     length = max(pos.values(), default=-1) + 1
     first, last = call_spans(groups, pos, length)
-    other = other_live_bytes(gm, schedule, live, buffers, length, first, last) if by_device else None
+    other = other_live_bytes(gm, schedule, live, buffers, length, first, last, groups)
+    # the peak counts what eager ops allocate inside themselves (scratch), at their calls
+    with_scratch = other + scratch_bytes(gm, groups, pos, length, first)
+    peak = int(with_scratch.max(initial=0))
     arenas = []
     for bufs in by_device.values():
         members = blocks(bufs)
@@ -338,6 +383,7 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
             placed = min(options, key=lambda o: placed_peaks(o, hinted, other, first, last, env))
         else:
             placed = place_windows([list(spans)], spans, hinted, config.alignment)
+        peak += placed_peaks(placed, hinted, with_scratch, first, last, env)[0] - int(with_scratch.max(initial=0))
         for heads, (offsets, nbytes, planner) in placed:
             name = f"arena{len(arenas)}"
             for head in heads:
@@ -348,8 +394,10 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     symm_arenas, barriers = plan_symmetric(gm, symmetric, pos, length, config.alignment, env,
                                            f"{kind}\n{gm.code}") if symmetric else ([], [])
     kept = keep_arenas(arenas, buffers, config, kind, (first, last))
+    if kept:  # (one block, held through every call)
+        peak = int(with_scratch.max(initial=0)) + kept
     recycle_fresh(buffers, config, kind)
-    return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers, kept)
+    return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers, kept, peak)
 
 
 def recycle_fresh(buffers: dict[str, Buffer], config: Config, kind: str) -> None:
@@ -371,7 +419,8 @@ def keep_arenas(arenas: list[Arena], buffers: dict[str, Buffer], config: Config,
     """Lay the arenas out in one block kept across calls (``Config.keep_arenas``), arenas that
     never live together sharing addresses (over whole kernel calls: ``call_spans``, as the
     wrapper binds them); the block's bytes, or 0 when they are not kept: a policy excluding this
-    graph (a training graph's block over ``keep_training_arenas_max_bytes`` under "inference"),
+    graph (under "inference", a training graph's block over ``keep_training_arenas_max_bytes``, or
+    any under ``memory_budget``),
     symbolic sizes, or arenas on several devices."""
     if config.keep_arenas == "never" or not arenas:
         return 0
@@ -383,8 +432,8 @@ def keep_arenas(arenas: list[Arena], buffers: dict[str, Buffer], config: Config,
     offsets, nbytes, _ = place({a.name: (a.nbytes, int(first[a.start]), int(last[a.end])) for a in arenas},
                                config.alignment)
     if config.keep_arenas == "inference" and kind in ("forward", "backward") \
-            and nbytes > config.keep_training_arenas_max_bytes:
-        return 0
+            and (nbytes > config.keep_training_arenas_max_bytes or config.memory_budget is not None):
+        return 0  # (under a memory budget, bytes held through the step count against it)
     for a in arenas:
         a.block_offset = int(offsets[a.name])
     return int(nbytes)

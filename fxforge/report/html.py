@@ -59,6 +59,8 @@ def _stat_value(key: str, v: Any) -> tuple[str, str]:
         return f"{len(v)} sites", "see Custom ops" if v else ""
     if key == "regions":
         return f"{len(v)} regions", "see Regions" if v else ""
+    if key == "memory_budget":
+        return f"planned peak {v['planned_peak_bytes']} of {v['budget_bytes']}", "see Memory budget"
     if isinstance(v, float):
         return f"{v:.6g}", (f"{v * 100:.1f}%" if key == "fragmentation" else "")
     if isinstance(v, int) and not isinstance(v, bool) and key.endswith(BYTES_KEYS):
@@ -238,6 +240,26 @@ def _regions_section(c, uid: str) -> str:
             f'kernels, memory plan and source are in its own tab.</p>{table}</section>')
 
 
+def _budget_section(c, uid: str) -> str:
+    """Under ``Config.memory_budget``: the step's planned peak against the budget, every value the
+    forward saves for the backward with its bytes, every value the backward recomputes with its
+    bytes and cost (passes/memory_budget.py)."""
+    plan = c.stats.get("memory_budget")
+    if not plan:
+        return ""
+    saved = sorted(plan["saved"].items(), key=lambda kv: -kv[1])
+    recomputed = sorted(plan["recomputed"].items(), key=lambda kv: -kv[1]["seconds"])
+    rows = [[Raw(f"<code>{esc(n)}</code>"), "saved", fmt_bytes(b), "", ""] for n, b in saved]
+    rows += [[Raw(f"<code>{esc(n)}</code>"), "recomputed", fmt_bytes(r["bytes"]), f"{r['flops']:,.0f}",
+              f"{r['seconds'] * 1e6:,.1f} \u00b5s"] for n, r in recomputed]
+    note = (f"Planned step peak <b>{esc(fmt_bytes(plan['planned_peak_bytes']))}</b> against a budget of "
+            f"{esc(fmt_bytes(plan['budget_bytes']))} (the default choice: "
+            f"{esc(fmt_bytes(plan['default_peak_bytes']))}); {esc(fmt_bytes(plan['saved_bytes']))} saved for the "
+            f"backward, {plan['recomputed_flops']:,.0f} FLOPs recomputed there.")
+    return (f'<section id="{uid}-budget"><h2>Memory budget</h2><p class="note">{note}</p>'
+            + _table(["value", "", "bytes", "recompute FLOPs", "recompute cost"], rows, "budget") + "</section>")
+
+
 def _tab_name(c) -> str:
     s = c.stats
     return f"{s.get('graph', 'graph')} region {s['region']}" if s.get("region") else str(s.get("graph", "graph"))
@@ -272,7 +294,8 @@ def _graph_html(c, i: int, hidden: bool) -> str:
         body, d = make(c, uid)
         parts.append(body)
         data.update(d)
-    parts += [_regions_section(c, uid), _custom_ops_section(c, uid), _stats_section(c, uid), _source_section(c, uid)]
+    parts += [_budget_section(c, uid), _regions_section(c, uid), _custom_ops_section(c, uid), _stats_section(c, uid),
+              _source_section(c, uid)]
     toc = " ".join(f'<a href="#{uid}-{s}">{t}</a>' for s, t in
                    (("memory", "Memory"), ("graph", "Graph"), ("passes", "Passes"), ("kernels", "Kernels"),
                     ("stats", "Stats"), ("source", "Source")))
