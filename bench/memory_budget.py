@@ -110,6 +110,8 @@ def parse_args(argv=None):
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--time-budget", type=float, default=60.0, help="seconds of interleaved timing per model")
     p.add_argument("--tag", default="memory-budget")
+    p.add_argument("--update", action="store_true",
+                   help="keep the other models' results of an earlier run with this tag (rerun only --models)")
     return p.parse_args(argv)
 
 
@@ -221,7 +223,8 @@ def targets(res: dict, budgets) -> dict:
 
 def markdown(results: list[dict], args) -> str:
     lines = [f"# Memory budgets (training, CPU, {args.threads or torch.get_num_threads()} threads)", "",
-             "`python bench/memory_budget.py " + " ".join(sys.argv[1:]) + "`", "",
+             "`python bench/memory_budget.py`" + (" (then `" + " ".join(sys.argv[1:]) + "`)" if args.update else ""),
+             "",
              "Peaks are measured (allocation events of one step plus bytes fxforge's graphs hold); "
              "fxforge's budgets are fractions of its own unconstrained measured peak.", "",
              "| model | contender | budget | peak MiB | peak / fxforge default | budget MiB | step ms | first call s "
@@ -314,6 +317,11 @@ def main(argv=None) -> int:
         print(json.dumps(r["targets"]), r["errors"], flush=True)
         results.append(r)
     out = os.path.join(HERE, "results", args.tag)
+    if args.update and os.path.exists(out + ".json"):
+        with open(out + ".json") as f:
+            earlier = json.load(f)["results"]
+        rerun = {r["model"]: r for r in results}
+        results = [rerun.pop(r["model"], r) for r in earlier] + list(rerun.values())
     with open(out + ".json", "w") as f:
         json.dump({"args": vars(args), "results": results}, f, indent=1)
     with open(out + ".md", "w") as f:

@@ -198,7 +198,6 @@ def _partitioner(config: Config, splits: tuple[str, ...], registry: Registry, co
         if config.memory_budget is None:
             return partition(joint, joint_inputs, **kwargs)
         from ..passes.memory_budget import partition_under_budget
-
         from ..spine import planned_peak_bytes
 
         fw, bw, plan = partition_under_budget(

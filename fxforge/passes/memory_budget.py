@@ -535,9 +535,17 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
             break
         target -= p - want
     if peak > want:
-        most = _most_recomputed(j, best)
-        least = min(peak, planned(most))
-        raise MemoryBudgetError(_impossible(want, least, default_peak, step_peak(j, most)[1]))
+        # last tries: the greedy run to its end from the default's choice (what a budget below
+        # reach gets), then every storage whose recompute frees bytes on top of the best so far
+        for make in (lambda: choose(j, recompute0, 0)[0], lambda: _most_recomputed(j, best)):
+            tried = make()
+            p = planned(tried)
+            if p < peak:
+                best, peak = tried, p
+            if peak <= want:
+                break
+        if peak > want:
+            raise MemoryBudgetError(_impossible(want, peak, default_peak, step_peak(j, best)[1]))
     recompute = best
     fw, bw = _extract(joint, j, recompute, fw, num_fwd_outputs, kwargs)
     plan = _plan(j, recompute, want, default_peak, peak)
