@@ -303,8 +303,7 @@ def scratch_bytes(gm: fx.GraphModule, groups: Iterable[Group], pos: dict[fx.Node
             if SCRATCH_OPS.get(name) == "inputs" and n in pos:
                 nbytes = sum(hint(storage_nbytes(a.meta[VAL]), env) for a in n.all_input_nodes
                              if isinstance(a.meta.get(VAL), torch.Tensor))
-                at = first[pos[n]] if pos[n] < len(first) else pos[n]
-                out[at] = max(out[at], nbytes)
+                out[first[pos[n]]] = max(out[first[pos[n]]], nbytes)
     return out[:length] if length else out[:0]
 
 

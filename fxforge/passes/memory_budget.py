@@ -48,6 +48,10 @@ log = logging.getLogger("fxforge")
 
 # Rounds of choosing on the quick estimate and checking with the memory plans.
 ATTEMPTS = 4
+# Recomputations (the costliest) a choice within budget tries to save again.
+SAVE_AGAIN = 16
+# Values that are symbols (sizes), saved apart from tensors.
+_SYMBOLS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 # A pointwise op or a reduction recomputed in the backward fuses into the kernel that reads it:
 # it costs this fraction of the time its bytes would take as a kernel of its own.
 FUSED_RECOMPUTE = 0.1
@@ -96,7 +100,6 @@ class Joint:
 
     def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int, compute: ComputeModel,
                  base_backward: fx.GraphModule):
-        self.gm = joint
         self.nodes = list(joint.graph.nodes)
         self.order = {n: i for i, n in enumerate(self.nodes)}
         self.by_name = {n.name: n for n in self.nodes}
@@ -322,7 +325,7 @@ def choose(j: Joint, recompute0: set[fx.Node], budget: int) -> tuple[set[fx.Node
     # save again the costliest recomputations (not the default's own) while the budget holds
     extra = sorted((n for n in recompute - recompute0 if n.target is not operator.getitem),
                    key=lambda n: -j.cost(n))
-    for n in extra[:16]:
+    for n in extra[:SAVE_AGAIN]:
         if j.cost(n) <= 0:
             break
         trial = recompute - set(j.unit(n)) - {u for u in n.users if u.target is operator.getitem and u in recompute}
@@ -608,13 +611,13 @@ def _extract(joint: fx.GraphModule, j: Joint, recompute: set[fx.Node], fw0: fx.G
     from torch._functorch import partitioners as p
 
     saved = j.saved(recompute)
-    values = [s for s in saved if not isinstance(s.meta.get(VAL), (torch.SymInt, torch.SymFloat, torch.SymBool, int))]
+    values = [s for s in saved if not isinstance(s.meta.get(VAL), (*_SYMBOLS, int))]
     syms = [s for s in saved if s not in values]
     # the default partitioner's saved symbols stay saved (the backward's shapes may read them)
     fw_out = output_nodes(fw0)[num_fwd_outputs:]
     for o in fw_out:
         n = j.by_name.get(o.name)
-        if n is not None and n not in syms and isinstance(n.meta.get(VAL), (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if n is not None and n not in syms and isinstance(n.meta.get(VAL), _SYMBOLS):
             syms.append(n)
     extra: dict[str, Any] = {}
     static = kwargs.get("static_lifetime_input_nodes")
