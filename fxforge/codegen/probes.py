@@ -5,7 +5,8 @@ candidate group (the check and the emitter cannot disagree).  The fusion pass as
 candidate merge, so a graph of repeated blocks (a model's layers, a chain of the same few ops)
 runs the emitter on the same group, up to names, many times.  ``memoized`` keeps each successful
 probe's summary in the graph module's meta (``PROBES``, made when a ``PassManager`` run starts
-and dropped when it ends; outside a run nothing is kept), keyed by ``structure``: every
+and dropped when it ends; outside a run nothing is kept; graphs of one program compiled together
+may be handed in sharing one, as the memory budget's partitioner does), keyed by ``structure``: every
 member's op, arguments and traced value, the traced values of the tensors it reads from
 outside, which of those are one multi-output member's outputs, and the outputs.
 That is everything an emitter reads of a group but names, which only appear in the kernel's

@@ -91,7 +91,25 @@ SYMMETRIC: MetaKey[str] = MetaKey(
 # the keys of a GraphModule's own meta
 PROBES: MetaKey[dict] = MetaKey(
     "fxforge_probes", "dict: backends' emitter probe summaries by group structure and nodes' fusion facts, kept "
-    "while a PassManager runs (codegen/probes.py, codegen/ir/facts.py)", graph=True)
+    "while a PassManager runs, or shared by graphs compiled together where one is handed in with the graph "
+    "(passes/memory_budget.py's trials) (codegen/probes.py, codegen/ir/facts.py)", graph=True)
+
+
+class SharedProbes(dict):
+    """A ``PROBES`` memo handed in with graphs compiled together (a partitioner's trials and the
+    forward and backward it chooses): a copy of such a graph shares it (its entries are facts of
+    group structures, true in every copy), and a pickled one drops it."""
+
+    def __copy__(self) -> "SharedProbes":
+        return self
+
+    def __deepcopy__(self, memo) -> "SharedProbes":
+        return self
+
+    def __reduce__(self):
+        return (dict, ())
+
+
 INPUT_STRIDES: MetaKey[dict] = MetaKey(
     "fxforge_input_strides", "dict[str, tuple[int, ...]]: placeholder name -> the strides its caller passes where "
     "they differ from the traced value's (a training forward's saved activations, laid out by its passes; "

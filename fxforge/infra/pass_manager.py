@@ -113,7 +113,10 @@ class PassManager:
 
     def _run(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
         records = []
-        PROBES.set(gm, {})  # backends' memo while the passes run (codegen/probes.py, ir/facts.py)
+        # backends' memo while the passes run (codegen/probes.py, ir/facts.py); one handed in with
+        # the graph is shared with the other graphs it was handed with (a partitioner's trials)
+        memo = PROBES.get(gm)
+        PROBES.set(gm, {} if memo is None else memo)
         if self.debug:
             _verify_or_raise("<input>", gm)
         if self.observer is not None:

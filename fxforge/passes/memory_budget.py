@@ -32,6 +32,7 @@ found and what dominates it.
 
 from __future__ import annotations
 
+import copy
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ import torch.fx as fx
 
 from ..core.collectives import is_collective, is_wait
 from ..core.costs import ComputeModel, compute_model, node_flops, value_bytes
-from ..core.graph import VAL, aliased_input, is_mutating, output_nodes, peak_live_bytes, storage_root, tensors
+from ..core.graph import (PROBES, VAL, SharedProbes, aliased_input, is_mutating, output_nodes, peak_live_bytes,
+                          storage_root, tensors)
 
 log = logging.getLogger("fxforge")
 
@@ -103,6 +105,7 @@ class Joint:
         self.nodes = list(joint.graph.nodes)
         self.order = {n: i for i, n in enumerate(self.nodes)}
         self.by_name = {n.name: n for n in self.nodes}
+        self.root = {n: storage_root(n) for n in self.nodes}  # (the storage each value lives in)
         tangents = [n for n in self.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
         # the backward: every node that reads an incoming gradient, directly or not
         back: set[fx.Node] = set(tangents)
@@ -138,8 +141,8 @@ class Joint:
     def output_bytes(self, recompute: set[fx.Node]) -> int:
         """Bytes of the graph's own outputs, which the caller holds through the backward (those
         also saved for it are the backward's inputs already)."""
-        saved = {storage_root(s) for s in self.saved(recompute)}
-        return sum(self.nbytes(r) for r in {storage_root(o) for o in self.fwd_outputs} - saved)
+        saved = {self.root[s] for s in self.saved(recompute)}
+        return sum(self.nbytes(r) for r in {self.root[o] for o in self.fwd_outputs} - saved)
 
     def nbytes(self, n: fx.Node) -> int:
         """Bytes ``n``'s storage adds: 0 for a view (its base holds them) and for the step's inputs."""
@@ -207,20 +210,24 @@ def step_peak(j: Joint, recompute: set[fx.Node]) -> tuple[int, list[tuple[fx.Nod
     """The step's peak of live bytes with this recompute set, every value its own buffer (quick:
     what the choice runs on), and what is live there: (node, bytes, "forward" | "saved" |
     "gradient" | "output" | "backward" | "recomputed")."""
-    saved = [s for s in j.saved(recompute) if isinstance(s.meta.get(VAL), torch.Tensor)]
-    saved_roots = {storage_root(s) for s in saved}
-    user_outs = {storage_root(o) for o in j.fwd_outputs}
-    # forward: every storage from its op to its last forward read; saved ones and outputs to the end
-    fpos = {n: i for i, n in enumerate(j.forward)}
-    last = len(j.forward) - 1
+    kept = j.saved(recompute)
+    saved = [s for s in kept if isinstance(s.meta.get(VAL), torch.Tensor)]
+    saved_roots = {j.root[s] for s in saved}
+    user_outs = {j.root[o] for o in j.fwd_outputs}
+    # forward: what its outputs and the saved values need (a node only the backward reads, which
+    # it recomputes, does not run there), every storage from its op to its last forward read,
+    # saved ones and outputs to the end
+    runs = _needed(j, [*j.fwd_outputs, *kept])
+    fpos = {n: i for i, n in enumerate(x for x in j.forward if x in runs)}
+    last = len(fpos) - 1
     ranges: list[tuple[int, int, int, fx.Node, str]] = []
     ends: dict[fx.Node, int] = {}
-    for n in j.forward:
-        r = storage_root(n)
+    for n in fpos:
+        r = j.root[n]
         for u in n.users:
             if u in fpos:
                 ends[r] = max(ends.get(r, fpos[n]), fpos[u])
-    for n in j.forward:
+    for n in fpos:
         b = j.nbytes(n)
         if b:
             keep = n in saved_roots or n in user_outs
@@ -252,16 +259,16 @@ def step_peak(j: Joint, recompute: set[fx.Node]) -> tuple[int, list[tuple[fx.Nod
         order.append(n)
     bpos = {n: i + 1 for i, n in enumerate(order)}
     blast = len(order)
-    grads = {storage_root(g) for g in j.grads}
+    grads = {j.root[g] for g in j.grads}
     bends: dict[fx.Node, int] = {}
     for n in [*saved, *order]:
-        r = storage_root(n)
+        r = j.root[n]
         start = bpos.get(n, 0)
         for u in n.users:
             if u in bpos:
                 bends[r] = max(bends.get(r, start), bpos[u])
     branges = []
-    for r in saved_roots | user_outs:
+    for r in sorted(saved_roots | user_outs, key=j.order.__getitem__):
         b = j.nbytes(r)
         if b:
             branges.append((0, blast if r in user_outs else bends.get(r, 0), b, r, "output" if r in user_outs else "saved"))
@@ -272,6 +279,18 @@ def step_peak(j: Joint, recompute: set[fx.Node]) -> tuple[int, list[tuple[fx.Nod
             branges.append((bpos[n], blast if n in grads else bends.get(n, bpos[n]), b, n, kind))
     bwd_peak, bwd_at = _peak(branges)
     return (fwd_peak, fwd_at) if fwd_peak > bwd_peak else (bwd_peak, bwd_at)
+
+
+def _needed(j: Joint, values) -> set[fx.Node]:
+    """The forward nodes ``values`` need, directly or not, themselves included."""
+    need: set[fx.Node] = set()
+    stack = [v for v in values if v in j.is_forward]
+    while stack:
+        n = stack.pop()
+        if n not in need:
+            need.add(n)
+            stack.extend(a for a in n.all_input_nodes if a in j.is_forward and a not in need)
+    return need
 
 
 def _peak(ranges) -> tuple[int, list[tuple[fx.Node, int, str]]]:
@@ -300,8 +319,8 @@ def choose(j: Joint, recompute0: set[fx.Node], budget: int) -> tuple[set[fx.Node
     tried: set[fx.Node] = set()
     while peak > budget:
         over = peak - budget
-        saved = set(j.saved(recompute))
-        aliases = _by_storage(saved)
+        in_order = j.saved(recompute)
+        saved, aliases = set(in_order), _by_storage(j, in_order)
         moves = []  # (bytes freed per second, bytes, storage, nodes to recompute)
         for r, _, kind in live:  # the saved storages live at the peak
             if kind == "saved" and r not in tried:
@@ -324,7 +343,7 @@ def choose(j: Joint, recompute0: set[fx.Node], budget: int) -> tuple[set[fx.Node
         return recompute, peak
     # save again the costliest recomputations (not the default's own) while the budget holds
     extra = sorted((n for n in recompute - recompute0 if n.target is not operator.getitem),
-                   key=lambda n: -j.cost(n))
+                   key=lambda n: (-j.cost(n), j.order[n]))
     for n in extra[:SAVE_AGAIN]:
         if j.cost(n) <= 0:
             break
@@ -335,11 +354,11 @@ def choose(j: Joint, recompute0: set[fx.Node], budget: int) -> tuple[set[fx.Node
     return recompute, peak
 
 
-def _by_storage(values) -> dict[fx.Node, list[fx.Node]]:
+def _by_storage(j: Joint, values) -> dict[fx.Node, list[fx.Node]]:
     """Values by the storage they live in (its root node)."""
     out: dict[fx.Node, list[fx.Node]] = {}
     for x in values:
-        out.setdefault(storage_root(x), []).append(x)
+        out.setdefault(j.root[x], []).append(x)
     return out
 
 
@@ -357,7 +376,7 @@ def _moves(j: Joint, seeds: list[fx.Node], recompute: set[fx.Node],
     """The ways to stop saving one storage, ``seeds`` being its saved values (it and its views),
     that free bytes: recomputing them alone (their inputs saved), with the cheap chain behind them
     back to values saved anyway, or with the matmuls on that chain too."""
-    if not all(j.recomputable(x) for x in seeds) or any(u in recompute and storage_root(u) is not storage_root(x)
+    if not all(j.recomputable(x) for x in seeds) or any(u in recompute and j.root[u] is not j.root[x]
                                                         for x in seeds for u in x.users):
         # (a value another recomputed one reads would be made that early and live as long as saved)
         return []
@@ -375,15 +394,15 @@ def _move(j: Joint, seeds: list[fx.Node], recompute: set[fx.Node], saved: set[fx
     cone: set[fx.Node] = {u for x in seeds for u in j.unit(x)}
     limit = len(cone) + max_cone
     # storages saved anyway (through any of their views), but the seeds'
-    held = {storage_root(x) for x in saved if x not in cone}
+    held = {j.root[x] for x in saved if x not in cone}
     frontier: set[fx.Node] = set()
-    stack = [a for u in cone for a in u.all_input_nodes]
+    stack = [a for u in sorted(cone, key=j.order.__getitem__) for a in u.all_input_nodes]
     while stack:
         a = stack.pop()
         if a.op == "placeholder" and a not in j.readable:
             return cone, 0, 0.0  # (an input the backward may not read)
         if a in cone or a in frontier or a in recompute or a not in j.is_forward or a.op != "call_function" \
-                or storage_root(a) in held:
+                or j.root[a] in held:
             continue
         if len(cone) < limit and j.recomputable(a) and (matmuls or not node_flops(a)):
             unit = j.unit(a)
@@ -391,8 +410,8 @@ def _move(j: Joint, seeds: list[fx.Node], recompute: set[fx.Node], saved: set[fx
             stack.extend(x for u in unit for x in u.all_input_nodes)
         else:
             frontier.add(a)
-    added = {storage_root(a) for a in frontier} - held
-    freed = {storage_root(u) for u in cone if u in saved} - held - added
+    added = {j.root[a] for a in frontier} - held
+    freed = {j.root[u] for u in cone if u in saved} - held - added
     gain = sum(j.nbytes(r) for r in freed) - sum(j.nbytes(r) for r in added)
     return cone, gain, sum(j.cost(u) for u in cone)
 
@@ -502,28 +521,37 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     devices = {t.device.type for n in joint.graph.nodes for t in tensors(n.meta.get(VAL))}
     compute = compute_model("cuda" if "cuda" in devices else "cpu")
 
-    def partition() -> tuple[fx.GraphModule, fx.GraphModule, Joint, set[fx.Node]]:
-        fw, bw = base(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-        j = Joint(joint, num_fwd_outputs, compute, bw)
-        # what the base partitioner recomputes: the forward's nodes its backward graph runs again
-        return fw, bw, j, {j.by_name[n.name] for n in bw.graph.nodes
-                           if n.op == "call_function" and j.by_name.get(n.name) in j.is_forward}
+    fw, bw = base(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    j = Joint(joint, num_fwd_outputs, compute, bw)
+    # what the base partitioner recomputes: the forward's nodes its backward graph runs again
+    recompute0 = {j.by_name[n.name] for n in bw.graph.nodes
+                  if n.op == "call_function" and j.by_name.get(n.name) in j.is_forward}
+    # each choice planned once: its step peak and its forward and backward graphs (the planner's
+    # passes rewrite copies); the backends' probes (codegen/probes.py) shared by every graph
+    # planned and the two compiled
+    tried: dict[frozenset[fx.Node], tuple[int, fx.GraphModule, fx.GraphModule]] = {}
+    probes = SharedProbes()
 
-    fw, bw, j, recompute0 = partition()
-
-    def planned(recompute: set[fx.Node]) -> int:
+    def planned(recompute: set[fx.Node], graphs: tuple[fx.GraphModule, fx.GraphModule] | None = None) -> int:
         """The step's peak as the forward's and backward's memory plans lay it out."""
-        f, b = _extract(joint, j, recompute, fw, num_fwd_outputs, kwargs)
-        (fwd, fwd_kept), (bwd, bwd_kept) = planner(f, "forward"), planner(b, "backward")
-        # (each graph's kept arenas are held while the other runs; the caller holds the outputs)
-        return max(fwd + bwd_kept, bwd + fwd_kept + j.output_bytes(recompute))
+        key = frozenset(recompute)
+        if key not in tried:
+            f, b = graphs or _extract(joint, j, recompute, fw, num_fwd_outputs, kwargs)
+            (fwd, fwd_kept), (bwd, bwd_kept) = planner(_copy(f, probes), "forward"), planner(_copy(b, probes), "backward")
+            # (each graph's kept arenas are held while the other runs; the caller holds the outputs)
+            tried[key] = (max(fwd + bwd_kept, bwd + fwd_kept + j.output_bytes(recompute)), f, b)
+        return tried[key][0]
 
-    default_peak = planned(recompute0)
+    default_peak = planned(recompute0, (fw, bw))
     want = budget_bytes(budget, max(default_peak, step_peak_so_far))
+    for g in (fw, bw):
+        PROBES.set(g, probes)
     if default_peak <= want:
         return fw, bw, _plan(j, recompute0, want, default_peak, default_peak)
-    if split_results(joint):  # (the default's choice again, on the graph with results split)
-        fw, bw, j, recompute0 = partition()
+    if split_results(joint):  # (the default's choice again, by name, on the graph with results split)
+        names = {n.name for n in recompute0}
+        j = Joint(joint, num_fwd_outputs, compute, bw)
+        recompute0 = {n for n in j.nodes if n.name in names}
     # choose on the quick estimate, aimed at the budget less what the plans add to it; check with
     # the plans, aiming lower by what they are still over
     quick0, _ = step_peak(j, recompute0)
@@ -532,25 +560,29 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     for _ in range(ATTEMPTS):
         recompute, quick = choose(j, recompute, target)
         p = planned(recompute)
+        log.debug("fxforge: memory budget %d: aimed at %d on the estimate, reached %d; planned %d",
+                  want, target, quick, p)
         if p < peak:
             best, peak = set(recompute), p
         if p <= want or quick > target:
             break
-        target -= p - want
+        target = quick - (p - want)  # (below what this choice reached on the estimate)
     if peak > want:
         # last tries: the greedy run to its end from the default's choice (what a budget below
         # reach gets), then every storage whose recompute frees bytes on top of the best so far
         for make in (lambda: choose(j, recompute0, 0)[0], lambda: _most_recomputed(j, best)):
-            tried = make()
-            p = planned(tried)
+            candidate = make()
+            p = planned(candidate)
             if p < peak:
-                best, peak = tried, p
+                best, peak = candidate, p
             if peak <= want:
                 break
         if peak > want:
             raise MemoryBudgetError(_impossible(want, peak, default_peak, step_peak(j, best)[1]))
     recompute = best
-    fw, bw = _extract(joint, j, recompute, fw, num_fwd_outputs, kwargs)
+    _, fw, bw = tried[frozenset(recompute)]
+    for g in (fw, bw):
+        PROBES.set(g, probes)
     plan = _plan(j, recompute, want, default_peak, peak)
     log.info("fxforge: memory budget %d bytes: %d values recomputed in the backward, planned step peak %d "
              "(default %d)", want, len(plan.recomputed), peak, default_peak)
@@ -561,8 +593,8 @@ def _most_recomputed(j: Joint, recompute: set[fx.Node]) -> set[fx.Node]:
     """``recompute`` grown by every saved value whose recompute frees bytes (the least peak)."""
     recompute = set(recompute)
     while True:
-        saved = set(j.saved(recompute))
-        aliases = _by_storage(saved)
+        in_order = j.saved(recompute)
+        saved, aliases = set(in_order), _by_storage(j, in_order)
         grow = [m for seeds in aliases.values() for m in _moves(j, seeds, recompute, saved)[-1:]]
         if not grow:
             return recompute
@@ -575,7 +607,7 @@ def _most_recomputed(j: Joint, recompute: set[fx.Node]) -> set[fx.Node]:
 
 def _plan(j: Joint, recompute: set[fx.Node], want: int, default_peak: int, peak: int) -> SavePlan:
     plan = SavePlan(budget_bytes=want, default_peak_bytes=default_peak, planned_peak_bytes=peak)
-    for r in _by_storage(j.saved(recompute)):  # (a storage once, however many views of it are saved)
+    for r in _by_storage(j, j.saved(recompute)):  # (a storage once, however many views of it are saved)
         if j.nbytes(r):
             plan.saved[r.name] = j.nbytes(r)
     for n in sorted(recompute, key=j.order.__getitem__):
@@ -605,10 +637,21 @@ def _mib(b: int) -> str:
     return f"{b / 2 ** 20:.1f} MiB"
 
 
+def _copy(gm: fx.GraphModule, probes: SharedProbes) -> fx.GraphModule:
+    """A copy of ``gm`` for the planner's passes to rewrite (nodes' meta copied shallowly),
+    sharing the backends' memo ``probes``."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    out = _LazyGraphModule(gm, copy.deepcopy(gm.graph))  # (its Python code made if it runs: never)
+    PROBES.set(out, probes)
+    return out
+
+
 def _extract(joint: fx.GraphModule, j: Joint, recompute: set[fx.Node], fw0: fx.GraphModule, num_fwd_outputs: int,
              kwargs: dict) -> tuple[fx.GraphModule, fx.GraphModule]:
     """The forward and backward graphs saving what ``recompute`` leaves saved."""
     from torch._functorch import partitioners as p
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
     saved = j.saved(recompute)
     values = [s for s in saved if not isinstance(s.meta.get(VAL), (*_SYMBOLS, int))]
@@ -625,10 +668,12 @@ def _extract(joint: fx.GraphModule, j: Joint, recompute: set[fx.Node], fw0: fx.G
         static = p.classify_nodes(joint, kwargs["static_lifetime_input_indices"], num_fwd_outputs).static_lifetime_input_nodes
     if static is not None:
         extra["static_lifetime_input_nodes"] = static
-    fw, bw = p._extract_fwd_bwd_modules(joint, values, saved_sym_nodes=syms, num_fwd_outputs=num_fwd_outputs, **extra)
-    fw.graph.eliminate_dead_code(is_impure_node=p.is_not_collective)
-    bw.graph.eliminate_dead_code(is_impure_node=p.is_not_collective)
-    bw = p.reordering_to_mimic_autograd_engine(bw)
-    fw.recompile()
-    bw.recompile()
+    with _use_lazy_graph_module(True):  # (Python code made when first run, not per trial)
+        fw, bw = p._extract_fwd_bwd_modules(joint, values, saved_sym_nodes=syms, num_fwd_outputs=num_fwd_outputs,
+                                            **extra)
+        fw.graph.eliminate_dead_code(is_impure_node=p.is_not_collective)
+        bw.graph.eliminate_dead_code(is_impure_node=p.is_not_collective)
+        bw = p.reordering_to_mimic_autograd_engine(bw)
+        fw.recompile()
+        bw.recompile()
     return fw, bw
