@@ -44,7 +44,7 @@ from .passes.symmetric import LowerAllReduceToSymmetric, PlaceSymmetric
 from .infra.pass_manager import PassError, PassManager, pass_name
 from .artifact.stats import CompileStats
 from .infra.progress import Progress
-from .core.plan import Group, Plan, Region, group_outputs
+from .core.plan import Group, MemoryPlan, Plan, Region, group_outputs
 from .report.hooks import on_compiled
 from .report.record import PassRecorder
 
@@ -328,16 +328,16 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
     return Plan(sched, groups, memory), sched_stats
 
 
-def planned_peak_bytes(gm: fx.GraphModule, config: Config, kind: str, registry: Registry) -> tuple[int, int]:
-    """(``MemoryPlan.peak_bytes``, kept arena bytes) of ``gm`` compiled by the default passes, no
-    code emitted. The passes rewrite ``gm``: hand in a graph made for this."""
+def planned_memory(gm: fx.GraphModule, config: Config, kind: str, registry: Registry) -> MemoryPlan:
+    """The memory plan of ``gm`` compiled by the default passes, no code emitted. The passes
+    rewrite ``gm``: hand in a graph made for this."""
     progress = Progress(kind, count_compute_nodes(gm), enabled=False)
     try:
         gm, _ = _run_passes(gm, config, kind, registry, None, progress, lambda name, g: None)
         plan, _ = _plan(gm, config, kind, registry, _Stages(progress))
     finally:
         progress.close()
-    return plan.memory.peak_bytes, plan.memory.kept_bytes
+    return plan.memory
 
 
 @dataclass

@@ -281,3 +281,28 @@ def test_the_choice_is_tight_and_the_same_every_compile():
         assert 0.9 * plan["budget_bytes"] <= plan["planned_peak_bytes"] <= plan["budget_bytes"], plan
         chosen.append(sorted(plan["recomputed"]))
     assert chosen[0] == chosen[1]
+
+
+def test_the_error_breaks_the_least_peak_down_as_the_memory_plan_holds_it():
+    """An unreachable budget's error says which graph's plan peaks and what it holds there: its
+    arenas, the storages outside them and an eager convolution's own workspace, which add up to
+    the least peak it names."""
+    import re
+
+    torch.manual_seed(0)
+    # (a wide input, narrow outputs: the first convolution's backward reorders the input, the
+    # largest thing live in the backward)
+    model = torch.nn.Sequential(torch.nn.Conv2d(64, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1))
+    cm, _ = _compiled(model, 0.1)
+    x = torch.randn(8, 64, 32, 32)
+    with pytest.raises(Exception) as info:
+        cm(x).sum().backward()
+    err = _budget_error(info.value)
+    assert err is not None, info.value
+    msg = str(err)
+    least = float(re.search(r"least peak fxforge found by recomputing in the backward is ([\d.]+) MiB", msg)[1])
+    where = re.search(r"the (forward|backward)'s memory plan peaks there with (.*?)\. Live there", msg)
+    assert where is not None, msg
+    parts = dict((what, float(mib)) for what, mib in re.findall(r"([^,]+?) ([\d.]+) MiB", where[2]))
+    assert "convolution_backward" in where[2] and "workspace" in where[2], msg
+    assert abs(sum(parts.values()) - least) <= 0.05 * len(parts) + 0.01, (parts, least)

@@ -127,6 +127,18 @@ class Arena:
     block_offset: int | None = None
 
 
+@dataclass(frozen=True)
+class PeakParts:
+    """What a memory plan holds at its peak (``MemoryPlan.peak_bytes``): its arenas, the storages
+    outside them (outputs, saved values, self-allocating kernels' results), and the scratch an
+    eager op allocates inside itself there (``workspace_of`` names the op)."""
+
+    arenas: int
+    storages: int
+    workspace: int
+    workspace_of: str | None = None
+
+
 @dataclass
 class MemoryPlan:
     buffers: dict[str, Buffer]
@@ -142,6 +154,7 @@ class MemoryPlan:
     # as allocated, and the storages outside them (outputs, self-allocating kernels' results, a
     # backward's saved inputs until their last use); the caller's inputs are not counted.
     peak_bytes: int = 0
+    peak_parts: PeakParts | None = None  # (where they were at the peak)
 
     def __post_init__(self) -> None:
         self._slots = {(b.producer, b.index): b for b in self.buffers.values()}

@@ -198,11 +198,11 @@ def _partitioner(config: Config, splits: tuple[str, ...], registry: Registry, co
         if config.memory_budget is None:
             return partition(joint, joint_inputs, **kwargs)
         from ..passes.memory_budget import partition_under_budget
-        from ..spine import planned_peak_bytes
+        from ..spine import planned_memory
 
         fw, bw, plan = partition_under_budget(
             joint, joint_inputs, base=partition, budget=config.memory_budget,
-            planner=lambda gm, kind: planned_peak_bytes(gm, config, kind, registry),
+            planner=lambda gm, kind: planned_memory(gm, config, kind, registry),
             step_peak_so_far=max((c.stats["memory_budget"]["default_peak_bytes"] for c in compiled
                                   if "memory_budget" in c.stats), default=0), **kwargs)
         SAVE_PLAN.set(fw, plan)

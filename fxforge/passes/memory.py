@@ -43,11 +43,11 @@ from ..core.graph import (
     storage_nbytes,
     storage_root,
 )
-from ..core.plan import Arena, Buffer, Group, MemoryPlan
+from ..core.plan import Arena, Buffer, Group, MemoryPlan, PeakParts
 from .offsets import Interval, PlanError, verify_plan
 from .schedule import fused_positions
 from .symmetric import plan_symmetric, verify_symmetric
-from .windows import place, place_windows, placed_peaks, window_options
+from .windows import arena_calls_profile, place, place_windows, placed_peaks, window_options
 
 
 def slot_values(node: fx.Node) -> list[tuple[int | None, torch.Tensor, fx.Node | None]]:
@@ -291,9 +291,11 @@ SCRATCH_OPS = {"convolution": "inputs", "convolution_backward": "inputs"}
 
 
 def scratch_bytes(gm: fx.GraphModule, groups: Iterable[Group], pos: dict[fx.Node, int], length: int,
-                  first: np.ndarray) -> np.ndarray:
-    """Bytes eager ops allocate inside themselves at each position (``SCRATCH_OPS``)."""
+                  first: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
+    """Bytes eager ops allocate inside themselves at each position (``SCRATCH_OPS``), and the op
+    that does by position."""
     out = np.zeros(max(length, 1), dtype=np.int64)
+    who: dict[int, str] = {}
     env = shape_env_of(gm)
     for g in groups:
         if g.backend != FALLBACK_BACKEND:
@@ -303,8 +305,10 @@ def scratch_bytes(gm: fx.GraphModule, groups: Iterable[Group], pos: dict[fx.Node
             if SCRATCH_OPS.get(name) == "inputs" and n in pos:
                 nbytes = sum(hint(storage_nbytes(a.meta[VAL]), env) for a in n.all_input_nodes
                              if isinstance(a.meta.get(VAL), torch.Tensor))
-                out[first[pos[n]]] = max(out[first[pos[n]]], nbytes)
-    return out[:length] if length else out[:0]
+                at = int(first[pos[n]])
+                if nbytes > out[at]:
+                    out[at], who[at] = nbytes, n.name
+    return (out[:length] if length else out[:0]), who
 
 
 def _storage_key(v: torch.Tensor) -> Any:
@@ -366,9 +370,11 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     first, last = call_spans(groups, pos, length)
     other = other_live_bytes(gm, schedule, live, buffers, length, first, last, groups)
     # the peak counts what eager ops allocate inside themselves (scratch), at their calls
-    with_scratch = other + scratch_bytes(gm, groups, pos, length, first)
+    scratch, scratch_of = scratch_bytes(gm, groups, pos, length, first)
+    with_scratch = other + scratch
     peak = int(with_scratch.max(initial=0))
     arenas = []
+    arena_calls = np.zeros(length, dtype=np.int64)  # (bytes of arenas allocated at each position)
     for bufs in by_device.values():
         members = blocks(bufs)
         spans = block_intervals(bufs)
@@ -383,6 +389,7 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
         else:
             placed = place_windows([list(spans)], spans, hinted, config.alignment)
         peak += placed_peaks(placed, hinted, with_scratch, first, last, env)[0] - int(with_scratch.max(initial=0))
+        arena_calls += arena_calls_profile(placed, hinted, first, last, env)
         for heads, (offsets, nbytes, planner) in placed:
             name = f"arena{len(arenas)}"
             for head in heads:
@@ -395,8 +402,11 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     kept = keep_arenas(arenas, buffers, config, kind, (first, last))
     if kept:  # (one block, held through every call)
         peak = int(with_scratch.max(initial=0)) + kept
+        arena_calls[:] = kept
     recycle_fresh(buffers, config, kind)
-    return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers, kept, peak)
+    at = int((arena_calls + with_scratch).argmax()) if length else 0
+    parts = PeakParts(int(arena_calls[at]), int(other[at]), int(scratch[at]), scratch_of.get(at)) if length else None
+    return MemoryPlan(buffers, arenas + symm_arenas, config.alignment, env, barriers, kept, peak, parts)
 
 
 def recycle_fresh(buffers: dict[str, Buffer], config: Config, kind: str) -> None:

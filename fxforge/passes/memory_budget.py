@@ -45,6 +45,7 @@ from ..core.collectives import is_collective, is_wait
 from ..core.costs import ComputeModel, compute_model, node_flops, value_bytes
 from ..core.graph import (PROBES, VAL, SharedProbes, aliased_input, is_mutating, output_nodes, peak_live_bytes,
                           storage_root, tensors)
+from ..core.plan import MemoryPlan
 
 log = logging.getLogger("fxforge")
 
@@ -506,9 +507,19 @@ RESULT_RULES: dict[Any, Callable] = {
 # --------------------------------------------------------------------------- the partition
 
 
-# A graph's planned (peak, kept arena bytes): ``spine.planned_peak_bytes`` with the entry point's
-# Config and registry, given the graph and its kind ("forward" or "backward").
-Planner = Callable[[fx.GraphModule, str], tuple[int, int]]
+# A graph's memory plan: ``spine.planned_memory`` with the entry point's Config and registry,
+# given the graph and its kind ("forward" or "backward").
+Planner = Callable[[fx.GraphModule, str], MemoryPlan]
+
+
+@dataclass
+class _Trial:
+    """A choice as the memory plans lay it out: the step's peak, the graphs, what makes the peak."""
+
+    peak: int
+    fw: fx.GraphModule
+    bw: fx.GraphModule
+    where: str
 
 
 def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callable, budget: int | float,
@@ -529,7 +540,7 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     # each choice planned once: its step peak and its forward and backward graphs (the planner's
     # passes rewrite copies); the backends' probes (codegen/probes.py) shared by every graph
     # planned and the two compiled
-    tried: dict[frozenset[fx.Node], tuple[int, fx.GraphModule, fx.GraphModule]] = {}
+    tried: dict[frozenset[fx.Node], _Trial] = {}
     probes = SharedProbes()
 
     def planned(recompute: set[fx.Node], graphs: tuple[fx.GraphModule, fx.GraphModule] | None = None) -> int:
@@ -537,10 +548,14 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
         key = frozenset(recompute)
         if key not in tried:
             f, b = graphs or _extract(joint, j, recompute, fw, num_fwd_outputs, kwargs)
-            (fwd, fwd_kept), (bwd, bwd_kept) = planner(_copy(f, probes), "forward"), planner(_copy(b, probes), "backward")
+            fp, bp = planner(_copy(f, probes), "forward"), planner(_copy(b, probes), "backward")
             # (each graph's kept arenas are held while the other runs; the caller holds the outputs)
-            tried[key] = (max(fwd + bwd_kept, bwd + fwd_kept + j.output_bytes(recompute)), f, b)
-        return tried[key][0]
+            at = [("forward", fp, {"the backward's kept arenas": bp.kept_bytes}),
+                  ("backward", bp, {"the forward's kept arenas": fp.kept_bytes,
+                                    "the forward's outputs the caller holds": j.output_bytes(recompute)})]
+            kind, plan, held = max(at, key=lambda x: x[1].peak_bytes + sum(x[2].values()))
+            tried[key] = _Trial(plan.peak_bytes + sum(held.values()), f, b, _where(kind, plan, held))
+        return tried[key].peak
 
     default_peak = planned(recompute0, (fw, bw))
     want = budget_bytes(budget, max(default_peak, step_peak_so_far))
@@ -549,9 +564,10 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     if default_peak <= want:
         return fw, bw, _plan(j, recompute0, want, default_peak, default_peak)
     if split_results(joint):  # (the default's choice again, by name, on the graph with results split)
-        names = {n.name for n in recompute0}
+        names, default = {n.name for n in recompute0}, tried[frozenset(recompute0)]
         j = Joint(joint, num_fwd_outputs, compute, bw)
         recompute0 = {n for n in j.nodes if n.name in names}
+        tried[frozenset(recompute0)] = default
     # choose on the quick estimate, aimed at the budget less what the plans add to it; check with
     # the plans, aiming lower by what they are still over
     quick0, _ = step_peak(j, recompute0)
@@ -578,9 +594,10 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
             if peak <= want:
                 break
         if peak > want:
-            raise MemoryBudgetError(_impossible(want, peak, default_peak, step_peak(j, best)[1]))
+            raise MemoryBudgetError(_impossible(want, peak, default_peak, tried[frozenset(best)].where,
+                                                step_peak(j, best)[1]))
     recompute = best
-    _, fw, bw = tried[frozenset(recompute)]
+    fw, bw = tried[frozenset(recompute)].fw, tried[frozenset(recompute)].bw
     for g in (fw, bw):
         PROBES.set(g, probes)
     plan = _plan(j, recompute, want, default_peak, peak)
@@ -616,7 +633,17 @@ def _plan(j: Joint, recompute: set[fx.Node], want: int, default_peak: int, peak:
     return plan
 
 
-def _impossible(want: int, least: int, default_peak: int, live: list[tuple[fx.Node, int, str]]) -> str:
+def _where(kind: str, plan: MemoryPlan, held: dict[str, int]) -> str:
+    """What makes a step's planned peak: the graph whose plan peaks, its parts there, what else is held."""
+    parts = plan.peak_parts
+    said = [] if parts is None else [
+        f"arenas {_mib(parts.arenas)}", f"storages outside them (saved values, gradients, outputs) {_mib(parts.storages)}",
+        *([f"{parts.workspace_of}'s workspace (an eager op's own scratch) {_mib(parts.workspace)}"] if parts.workspace else [])]
+    said += [f"{what} {_mib(b)}" for what, b in held.items() if b >= 2 ** 16]
+    return f"the {kind}'s memory plan peaks there" + (f" with {', '.join(said)}" if said else "")
+
+
+def _impossible(want: int, least: int, default_peak: int, where: str, live: list[tuple[fx.Node, int, str]]) -> str:
     by_kind: dict[str, int] = {}
     for _, b, kind in live:
         by_kind[kind] = by_kind.get(kind, 0) + b
@@ -624,12 +651,14 @@ def _impossible(want: int, least: int, default_peak: int, live: list[tuple[fx.No
                       "side-effecting ops' inputs) or whose recompute frees nothing",
              "gradient": "gradients", "output": "the graph's outputs", "forward": "forward intermediates",
              "backward": "backward intermediates", "recomputed": "recomputed values"}
-    parts = ", ".join(f"{names[k]} {_mib(b)}" for k, b in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+    parts = ", ".join(f"{names[k]} {_mib(b)}" for k, b in sorted(by_kind.items(), key=lambda kv: -kv[1])
+                      if b >= 2 ** 16)
     big = max(live, key=lambda x: x[1], default=None)
     one = f"; the largest single value there is {big[0].name} ({_mib(big[1])})" if big else ""
     return (f"Config.memory_budget asks for a training step peak of {_mib(want)}, but the least peak "
             f"fxforge found by recomputing in the backward is {_mib(least)} (the default choice "
-            f"peaks at {_mib(default_peak)}). At that peak: {parts}{one}. Raise memory_budget to at least "
+            f"peaks at {_mib(default_peak)}): {where}. Live there by fxforge's estimate: {parts}{one}. "
+            f"Raise memory_budget to at least "
             f"{least} bytes, make the batch smaller, or checkpoint across graph breaks by hand.")
 
 

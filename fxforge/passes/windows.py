@@ -21,7 +21,8 @@ from .offsets import Interval, RangeMax, plan_offsets
 
 __all__ = [
     "WindowSearch", "window_options", "split_windows",
-    "place", "place_static", "place_symbolic", "place_windows", "placed_peaks", "live_profile", "align_up",
+    "place", "place_static", "place_symbolic", "place_windows", "placed_peaks", "arena_calls_profile", "live_profile",
+    "align_up",
 ]
 
 Spans = dict[str, tuple[int, int, int]]  # block -> (bytes, first start, last end), at the traced sizes
@@ -544,13 +545,21 @@ def placed_peaks(placed, hinted: Spans, other: np.ndarray, first: np.ndarray,
                  last: np.ndarray, env) -> tuple[int, int, int]:
     """(most of ``other`` + arenas allocated at once around kernel calls, most arena bytes live at
     once over their buffers' own positions, number of arenas) of placed windows."""
-    length = len(first)
-    spans = [(min(hinted[k][1] for k in heads), max(hinted[k][2] for k in heads), hint(nbytes, env))
-             for heads, (_, nbytes, _) in placed]
-    calls = live_profile(((first[lo], last[hi], b) for lo, hi, b in spans), length)
+    calls = arena_calls_profile(placed, hinted, first, last, env)
     calls[:len(other)] += other.astype(calls.dtype)
-    own = live_profile(spans, length)
+    own = live_profile(_arena_spans(placed, hinted, env), len(first))
     return int(calls.max()), int(own.max()), len(placed)
+
+
+def arena_calls_profile(placed, hinted: Spans, first: np.ndarray, last: np.ndarray, env) -> np.ndarray:
+    """Bytes of placed windows' arenas allocated at each position: from the first call of their
+    first buffer's span to the last call of their last's."""
+    return live_profile(((first[lo], last[hi], b) for lo, hi, b in _arena_spans(placed, hinted, env)), len(first))
+
+
+def _arena_spans(placed, hinted: Spans, env) -> list[tuple[int, int, int]]:
+    return [(min(hinted[k][1] for k in heads), max(hinted[k][2] for k in heads), hint(nbytes, env))
+            for heads, (_, nbytes, _) in placed]
 
 
 def live_profile(ranges, length: int) -> np.ndarray:
