@@ -140,6 +140,35 @@ def test_compiled_graphs_carry_the_figures(fake_group):
     assert plain.stats["comm"]["exposed_s"] == pytest.approx(plain.stats["comm"]["estimated_s"])
 
 
+def test_the_report_draws_collectives_beside_the_kernels(fake_group):
+    """``stats["comm"]["timeline"]`` is the replay the figures come from: one communication event
+    per collective, stalls adding up to ``exposed_s``, compute events in schedule order without
+    overlap; the report's Schedule section draws every one of them and lists each collective."""
+    from fxforge.report.html import render
+
+    for overlapped in (False, True):
+        c = fxforge.spine.compile_graph(fsdp_like(fake_group), fxforge.Config(comm_overlap=overlapped,
+                                                                              comm_model="loopback-1gbit"),
+                                        kind="inference", cache=False)
+        comm = c.stats["comm"]
+        events = comm["timeline"]
+        lanes = [e[0] for e in events]
+        assert lanes.count("comm") == comm["count"] > 0
+        assert sum(e[3] - e[2] for e in events if e[0] == "stall") == pytest.approx(comm["exposed_s"])
+        assert all(e[2] <= e[3] for e in events)
+        work = [e for e in events if e[0] in ("compute", "stall")]  # (one lane: each after the last)
+        assert all(a[3] <= b[2] + 1e-15 for a, b in zip(work, work[1:]))
+        if not overlapped:
+            assert lanes.count("stall") == comm["count"]  # (traced: every wait right after its issue)
+        page = render(c)
+        section = page[page.index('id="g0-schedule"'):]
+        section = section[:section.index("</section>")]
+        assert section.count("<rect ") == len(events)
+        for r in comm["collectives"]:
+            assert f"collective {r['node']}:" in section and f"<code>{r['node']}</code>" in section
+        assert section.count('fill="#d62728"') == lanes.count("stall")
+
+
 def _collectives(gm) -> list:
     return [n for n in gm.graph.nodes if is_collective(n)]
 
@@ -387,3 +416,7 @@ def test_a_graph_without_collectives_is_left_unchanged():
                                       kind="inference", cache=False)
     assert [n.name for n in on.plan.schedule] == [n.name for n in off.plan.schedule]
     assert on.stats["comm"]["count"] == 0 and on.stats["comm"]["exposed_s"] == 0.0
+    assert "timeline" not in on.stats["comm"]  # (and the report has no Schedule section)
+    from fxforge.report.html import render
+
+    assert "-schedule" not in render(on)

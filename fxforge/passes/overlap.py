@@ -261,43 +261,66 @@ def bound_in_flight(order: list[fx.Node], limit: int) -> tuple[list[fx.Node], in
 # --------------------------------------------------------------------------- figures
 
 
-def comm_figures(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int], comm: CommModel,
-                 compute: ComputeModel) -> dict:
-    """``stats["comm"]`` of a schedule: ``count``, ``bytes`` (this rank sends), ``estimated_s``
-    (the collectives' time under ``comm``), ``exposed_s`` (the compute's stalls), ``overlapped``
-    (1 - exposed / estimated), ``model``, ``order_digest`` and per collective its node, kind,
-    ranks, bytes, time and stall."""
-    seq = units(order)
+def replay(order: list[fx.Node], fused: Collection[int], comm: CommModel,
+           compute: ComputeModel) -> list[tuple[str, fx.Node, float, float]]:
+    """The schedule ``order`` replayed: each unit (``units``) at its estimated time under
+    ``compute``, one after another; the collectives one after another on their own stream, each
+    from when it is issued and the previous one is done, for its time under ``comm``; a wait for
+    one not done stalls the compute until it is.  Events ``(lane, node, start, end)`` in order:
+    lane "compute" (a unit, its first node), "comm" (a collective) or "stall" (a wait, the
+    collective it waits for)."""
     clock = stream = 0.0
     done: dict[fx.Node, float] = {}
-    rows: dict[fx.Node, dict] = {}
-    digest = hashlib.sha256()
-    exposed = 0.0
-    for u in seq:
+    events: list[tuple[str, fx.Node, float, float]] = []
+    for u in units(order):
         head = u[0]
         if len(u) == 1 and is_collective(head):
             kind, sent = collective_bytes(head)
-            ranks = group_size_of(head)
-            t = comm.time(kind, sent, ranks)
             start = max(clock, stream)
-            stream = done[head] = start + t
-            rows[head] = {"node": head.name, "collective": kind, "ranks": ranks, "bytes": sent, "estimated_s": t,
-                          "exposed_s": 0.0}
-            digest.update(f"{kind}|{group_name_of(head)}|{ranks}|{sent};".encode())
+            stream = done[head] = start + comm.time(kind, sent, group_size_of(head))
+            events.append(("comm", head, start, stream))
         elif len(u) == 1 and is_wait(head):
             c = waited_collective(head)
             if c in done and done[c] > clock:
-                stall = done[c] - clock
-                exposed += stall
-                rows[c]["exposed_s"] += stall
+                events.append(("stall", c, clock, done[c]))
                 clock = done[c]
         else:
-            clock += _unit_time(u, fused, compute)
+            t = _unit_time(u, fused, compute)
+            if t:
+                events.append(("compute", head, clock, clock + t))
+                clock += t
+    return events
+
+
+def comm_figures(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int], comm: CommModel,
+                 compute: ComputeModel) -> dict:
+    """``stats["comm"]`` of a schedule (``replay``): ``count``, ``bytes`` (this rank sends),
+    ``estimated_s`` (the collectives' time under ``comm``), ``exposed_s`` (the compute's stalls),
+    ``overlapped`` (1 - exposed / estimated), ``model``, ``order_digest``, per collective its node,
+    kind, ranks, bytes, time and stall, and where there are collectives the ``timeline``: each
+    event as ``[lane, name, start_s, end_s]``, what the report draws."""
+    rows: dict[fx.Node, dict] = {}
+    digest = hashlib.sha256()
+    exposed = 0.0
+    events = replay(order, fused, comm, compute)
+    for lane, n, start, end in events:
+        if lane == "comm":
+            kind, sent = collective_bytes(n)
+            ranks = group_size_of(n)
+            rows[n] = {"node": n.name, "collective": kind, "ranks": ranks, "bytes": sent, "estimated_s": end - start,
+                       "exposed_s": 0.0}
+            digest.update(f"{kind}|{group_name_of(n)}|{ranks}|{sent};".encode())
+        elif lane == "stall":
+            exposed += end - start
+            rows[n]["exposed_s"] += end - start
     total = sum(r["estimated_s"] for r in rows.values())
     exposed = min(exposed, total)  # (stalls are differences of sums: a rounding past the total)
-    return {"count": len(rows), "bytes": sum(r["bytes"] for r in rows.values()), "estimated_s": total,
-            "exposed_s": exposed, "overlapped": 1.0 - exposed / total if total else 1.0, "model": comm.name,
-            "compute_model": compute.name, "order_digest": digest.hexdigest()[:16], "collectives": list(rows.values())}
+    out = {"count": len(rows), "bytes": sum(r["bytes"] for r in rows.values()), "estimated_s": total,
+           "exposed_s": exposed, "overlapped": 1.0 - exposed / total if total else 1.0, "model": comm.name,
+           "compute_model": compute.name, "order_digest": digest.hexdigest()[:16], "collectives": list(rows.values())}
+    if rows:
+        out["timeline"] = [[lane, n.name, start, end] for lane, n, start, end in events]
+    return out
 
 
 def _unit_time(u: list[fx.Node], fused: Collection[int], compute: ComputeModel) -> float:

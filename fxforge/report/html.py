@@ -1,5 +1,6 @@
 """A self-contained HTML page for compiled graphs: memory picture, graph picture, pass timeline,
-kernels, stats and source.  Inline CSS, JS and SVG only: it opens from disk, offline.
+kernels, the schedule of collectives, stats and source.  Inline CSS, JS and SVG only: it opens
+from disk, offline.
 
 ``render(compiled)`` or ``render([c1, c2, ...])`` (one tab per graph) returns the page;
 ``write_report(compiled_or_list, path)`` writes it.  The pictures that can be counted (buffers,
@@ -19,6 +20,7 @@ from . import assets
 from .graphview import graph_view
 from .kernels import kernel_view
 from .memory import curves, curves_svg, fmt_bytes, memory_view
+from .schedule import schedule_svg
 from .timeline import pass_view
 
 BYTES_KEYS = ("_bytes",)
@@ -59,6 +61,9 @@ def _stat_value(key: str, v: Any) -> tuple[str, str]:
         return f"{len(v)} sites", "see Custom ops" if v else ""
     if key == "regions":
         return f"{len(v)} regions", "see Regions" if v else ""
+    if key == "comm":
+        return (f"{v['count']} collectives, exposed {v['exposed_s']:.6g} s of {v['estimated_s']:.6g} s",
+                "see Schedule" if v.get("timeline") else "")
     if key == "memory_budget":
         return f"planned peak {v['planned_peak_bytes']} of {v['budget_bytes']}", "see Memory budget"
     if isinstance(v, float):
@@ -260,6 +265,26 @@ def _budget_section(c, uid: str) -> str:
             + _table(["value", "", "bytes", "recompute FLOPs", "recompute cost"], rows, "budget") + "</section>")
 
 
+def _schedule_section(c, uid: str) -> str:
+    """A graph with collectives: its schedule replayed under the cost models, kernels and
+    collectives side by side (``report/schedule.py``), and each collective's figures."""
+    comm = c.stats.get("comm") or {}
+    picture = schedule_svg(comm)
+    if not picture:
+        return ""
+    rows = [[Raw(f"<code>{esc(r['node'])}</code>"), r["collective"], r["ranks"], fmt_bytes(r["bytes"]),
+             f"{r['estimated_s'] * 1e6:,.1f} \u00b5s", f"{r['exposed_s'] * 1e6:,.1f} \u00b5s"]
+            for r in comm.get("collectives", [])]
+    note = (f"The schedule replayed with each kernel at its estimated time ({esc(comm.get('compute_model', ''))}) and "
+            f"the collectives one after another on their own stream ({esc(comm.get('model', ''))}): "
+            f"{comm['count']} collectives, {esc(fmt_bytes(comm['bytes']))} sent, "
+            f"{comm['estimated_s'] * 1e3:.3f} ms of communication of which {comm['exposed_s'] * 1e3:.3f} ms exposed "
+            f"(red: the compute waits).")
+    return (f'<section id="{uid}-schedule"><h2>Schedule</h2><p class="note">{note}</p>{picture}'
+            + _table(["collective", "kind", "ranks", "sent", "estimated", "exposed"], rows, "collectives")
+            + "</section>")
+
+
 def _tab_name(c) -> str:
     s = c.stats
     return f"{s.get('graph', 'graph')} region {s['region']}" if s.get("region") else str(s.get("graph", "graph"))
@@ -294,11 +319,12 @@ def _graph_html(c, i: int, hidden: bool) -> str:
         body, d = make(c, uid)
         parts.append(body)
         data.update(d)
-    parts += [_budget_section(c, uid), _regions_section(c, uid), _custom_ops_section(c, uid), _stats_section(c, uid),
-              _source_section(c, uid)]
-    toc = " ".join(f'<a href="#{uid}-{s}">{t}</a>' for s, t in
-                   (("memory", "Memory"), ("graph", "Graph"), ("passes", "Passes"), ("kernels", "Kernels"),
-                    ("stats", "Stats"), ("source", "Source")))
+    parts += [_schedule_section(c, uid), _budget_section(c, uid), _regions_section(c, uid),
+              _custom_ops_section(c, uid), _stats_section(c, uid), _source_section(c, uid)]
+    sections = [("memory", "Memory"), ("graph", "Graph"), ("passes", "Passes"), ("kernels", "Kernels"),
+                *([("schedule", "Schedule")] if (c.stats.get("comm") or {}).get("timeline") else []),
+                ("stats", "Stats"), ("source", "Source")]
+    toc = " ".join(f'<a href="#{uid}-{s}">{t}</a>' for s, t in sections)
     return (f'<section class="graph" id="{uid}" data-g="{i}"{" hidden" if hidden else ""}>{_summary(c)}'
             f'<nav class="toc">{toc}</nav>' + "".join(parts) + _json_block(data, "data") + "</section>")
 
