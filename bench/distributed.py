@@ -23,7 +23,7 @@ compute between collectives, the collectives under the cost model fitted on this
 start of the case (``costs.calibrate``); its predicted wait is compared with the measured one.
 
     python bench/distributed.py [--models gpt llama] [--cases fsdp:2 fsdp:4 fsdp_tp:4] \
-        [--link 1gbit|loopback] [--steps 6] [--tag distributed]
+        [--link 1gbit|loopback] [--steps 6] [--bucket-bytes N ...] [--tag distributed]
 
 ``--link 1gbit`` runs everything inside a network namespace whose loopback is limited to
 1 Gbit/s (``bench/ranks.py``).  Writes ``bench/results/<tag>.json`` and ``.md``.
@@ -50,12 +50,15 @@ from ranks import limited_link, link_name, on_ranks  # noqa: E402
 CONTENDERS = ("fxforge-off", "fxforge-bucketed", "fxforge", "inductor")
 
 
-def _configs():
+def _configs(buckets=()):
+    """The contenders' Configs; ``buckets``: also fxforge's defaults at each of these
+    ``bucket_bytes`` (contender ``fxforge@<n>``, ``--bucket-bytes``)."""
     import fxforge
 
     return {"fxforge-off": fxforge.Config(comm_overlap=False, bucket_bytes=0),
             "fxforge-bucketed": fxforge.Config(comm_overlap=False),
-            "fxforge": fxforge.Config()}
+            "fxforge": fxforge.Config(),
+            **{f"fxforge@{n}": fxforge.Config(bucket_bytes=n) for n in buckets}}
 
 
 def run_case(rank: int, world: int) -> dict:
@@ -99,7 +102,7 @@ def run_case(rank: int, world: int) -> dict:
     spmd.compile_graph = capture
     steps_fn, out = {}, {}
     try:
-        for name, config in _configs().items():
+        for name, config in _configs(case.get("buckets", ())).items():
             if name not in case["contenders"]:
                 continue
             config = config.replace(comm_model=link)
@@ -214,6 +217,8 @@ def main() -> int:
     ap.add_argument("--link", default="1gbit", help="1gbit (a rate-limited namespace), or loopback")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    ap.add_argument("--bucket-bytes", nargs="+", type=int, default=[],
+                    help="also run fxforge at each of these Config.bucket_bytes (contenders fxforge@<n>)")
     ap.add_argument("--batch", type=int, default=16, help="sequences of 128 tokens per data-parallel rank")
     ap.add_argument("--simulate", type=int, nargs="*", default=None,
                     help="instead: predict the exposed communication at these world sizes (bench/comm_sim.py)")
@@ -234,7 +239,8 @@ def main() -> int:
         for spec in args.cases:
             parallel, world = spec.split(":")
             case = {"model": model, "parallel": parallel, "world": int(world), "steps": args.steps, "batch": args.batch,
-                    "contenders": args.contenders}
+                    "contenders": args.contenders + [f"fxforge@{n}" for n in args.bucket_bytes],
+                    "buckets": args.bucket_bytes}
             os.environ["FXFORGE_BENCH_CASE"] = json.dumps(case)
             t0 = time.perf_counter()
             failed = None
@@ -330,6 +336,26 @@ def _vs(c: dict, ind: dict | None, row: dict) -> str:
     return f"Inductor's ranks crashed: {row['inductor_failed']}" if row.get("inductor_failed") else ""
 
 
+def _bucket_md(data: dict) -> list[str]:
+    """Per case run with ``--bucket-bytes``: each bucket size's collectives, step and wait."""
+    rows = []
+    for r in data["cases"]:
+        off = r["contenders"]["fxforge-off"]
+        sizes = sorted((int(k.split("@")[1]), c) for k, c in r["contenders"].items() if k.startswith("fxforge@"))
+        for n, c in sizes:
+            rows.append(f"| {r['model']} | {r['parallel']} | {r['world']} | {n / 2**20:g} | {c['collectives']} | "
+                        f"{2 * r.get('tensors', 0) / c['collectives']:.1f}x | {c['step_s'] * 1e3:.0f} | "
+                        f"{c['step_s'] / off['step_s']:.2f} | {c['wait_s'] * 1e3:.0f} | {c['peak_bytes'] / 2**20:.1f} | "
+                        f"{'yes' if c.get('same_as_off') else '**no**'} |")
+    if not rows:
+        return []
+    return ["", "## Bucket size (`--bucket-bytes`)", "",
+            "fxforge's defaults (overlap on) at each `Config.bucket_bytes`; fewer: one per parameter and gradient "
+            "over the collectives a step issues.", "",
+            "| model | parallel | ranks | bucket MiB | collectives | fewer | step (ms) | vs fxforge-off | wait (ms) | "
+            "peak MiB | bit-equal to off |", "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
+
+
 def write_md(path: str) -> None:
     data = json.load(open(path)) if os.path.exists(path) else {"cases": []}
     lines = ["# Distributed training steps (bench/distributed.py)", "",
@@ -375,6 +401,7 @@ def write_md(path: str) -> None:
                      f"{per_param / on['collectives']:.1f}x | {on['peak_bytes'] / b['peak_bytes']:.2f} | "
                      f"{on.get('simulated_wait_s', 0) / on['wait_s']:.2f} |" if b and on["wait_s"] else
                      f"| {r['model']} | {r['parallel']} | {r['world']} | (incomplete) |")
+    lines += _bucket_md(data)
     sim_path = path[:-5] + "-simulated.json"
     if os.path.exists(sim_path):
         rows = json.load(open(sim_path))
