@@ -3,25 +3,28 @@
 A backend answers ``accepts`` and ``fusion_cost`` by running its emitter on the node or the
 candidate group (the check and the emitter cannot disagree).  The fusion pass asks once per
 candidate merge, so a graph of repeated blocks (a model's layers, a chain of the same few ops)
-runs the emitter on the same group, up to names, many times.  ``memoized`` keeps each successful
+runs the emitter on the same group, up to names, many times.  ``memoized`` keeps each
 probe's summary in the graph module's meta (``PROBES``, made when a ``PassManager`` run starts
 and dropped when it ends; outside a run nothing is kept; graphs of one program compiled together
 may be handed in sharing one, as the memory budget's partitioner does), keyed by ``structure``: every
 member's op, arguments and traced value, the traced values of the tensors it reads from
 outside, which of those are one multi-output member's outputs, and the outputs.
 That is everything an emitter reads of a group but names, which only appear in the kernel's
-text.  A probe that fails is not kept: its message names the group's own nodes.
+text.  A refusal (``Unsupported``, ``NotImplementedError``) is kept too, and said again of a
+group of the same structure in that group's names.
 """
 
 from __future__ import annotations
 
 import operator
+import re
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
 from ..core.graph import PROBES, VAL, expr
+from .ir.values import Unsupported
 
 
 def _value_key(v: Any) -> Any:
@@ -79,5 +82,35 @@ def memoized(tag: str, nodes: list[fx.Node], outputs: list[fx.Node] | None, prob
         return probe()
     key = (tag, structure(nodes, outputs))
     if key not in memo:
-        memo[key] = probe()  # raises (not kept) when the emitter refuses
-    return memo[key]
+        try:
+            memo[key] = probe()
+        except (Unsupported, NotImplementedError) as e:  # a refusal: kept with the names it was said in
+            memo[key] = _Refusal(type(e), str(e), _names(nodes))
+            raise
+    got = memo[key]
+    if isinstance(got, _Refusal):
+        raise got.again(_names(nodes))
+    return got
+
+
+class _Refusal:
+    """An emitter's refusal of a group, kept to be said again of a group of the same structure,
+    in that group's names (members and the values it reads, by position)."""
+
+    def __init__(self, kind: type[Exception], message: str, names: list[str]):
+        self.kind, self.message, self.names = kind, message, names
+
+    def again(self, names: list[str]) -> Exception:
+        swap = {a: b for a, b in zip(self.names, names) if a != b}
+        if not swap:
+            return self.kind(self.message)
+        pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(swap, key=len, reverse=True))) + r")\b")
+        return self.kind(pattern.sub(lambda m: swap[m.group(1)], self.message))
+
+
+def _names(nodes: list[fx.Node]) -> list[str]:
+    """The group's members' names, then those of the values it reads from outside, in the order
+    ``structure`` meets them."""
+    member = set(nodes)
+    outside = dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in member)
+    return [n.name for n in nodes] + [a.name for a in outside]
