@@ -322,6 +322,40 @@ def _storage_key(v: torch.Tensor) -> Any:
         return id(v)
 
 
+def write_in_place(buffers: dict[str, Buffer], groups: list[Group], pos: dict[fx.Node, int]) -> None:
+    """Each buffer that may be written over an input dying at its producer: ``Buffer.reuses``
+    set to that input's buffer (``inplace_source``, ``group_inplace_source``)."""
+    # one kernel reading and writing several values at different indices may not overwrite
+    # its own inputs, unless it writes one output only, each element after reading it
+    # (``group_inplace_source``)
+    group_of = {n: g for g in groups if g.fused and len(g.nodes) > 1 for n in g.nodes}
+    home = {b.name: _root(b, buffers).name for b in buffers.values() if b.kind == "slice"}
+    reused: set[str] = set()
+    for b in sorted(buffers.values(), key=lambda b: b.start):
+        g = group_of.get(b.producer)
+        if g is not None and not (g.overwrites_inputs and g.outputs == [b.producer]):
+            continue
+        if b.index is None and b.kind != "slice" and not ZERO_COPY.on(b.producer) \
+                and not SYMMETRIC.on(b.producer):
+            src = inplace_source(b.producer, b, buffers, pos, home) if g is None else \
+                group_inplace_source(g, b, buffers, pos, home)
+            if src is None or src.name in reused or SYMMETRIC.on(src.producer):
+                continue  # (symmetric bytes are in another arena)
+            if b.kind == "fresh":
+                # an output written over an arena buffer that dies there: that buffer, and
+                # the in-place chain it ends (each an arena buffer), are allocated fresh
+                # instead and handed to the caller as the output (a tied embedding's
+                # gradient, ``mm + embedding_dense_backward``, then holds two
+                # vocabulary-sized buffers at its end, not three; a table shared by an
+                # encoder and a decoder adds both embeddings' rows into the head's ``mm``)
+                link = src
+                while link is not None:
+                    link.kind = "fresh"
+                    link = buffers[link.reuses] if link.reuses is not None else None
+            b.reuses = src.name
+            reused.add(src.name)
+
+
 def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group], config: Config,
                 kind: str = "graph") -> MemoryPlan:
     """The memory plan of ``gm`` over ``schedule``.  ``kind`` (inference, forward, backward...)
@@ -331,35 +365,7 @@ def plan_memory(gm: fx.GraphModule, schedule: list[fx.Node], groups: list[Group]
     live = liveness(schedule, output_nodes(gm), pos)
     buffers = collect_buffers(gm, groups, pos, live)
     if config.inplace:
-        # one kernel reading and writing several values at different indices may not overwrite
-        # its own inputs, unless it writes one output only, each element after reading it
-        # (``group_inplace_source``)
-        group_of = {n: g for g in groups if g.fused and len(g.nodes) > 1 for n in g.nodes}
-        home = {b.name: _root(b, buffers).name for b in buffers.values() if b.kind == "slice"}
-        reused: set[str] = set()
-        for b in sorted(buffers.values(), key=lambda b: b.start):
-            g = group_of.get(b.producer)
-            if g is not None and not (g.overwrites_inputs and g.outputs == [b.producer]):
-                continue
-            if b.index is None and b.kind != "slice" and not ZERO_COPY.on(b.producer) \
-                    and not SYMMETRIC.on(b.producer):
-                src = inplace_source(b.producer, b, buffers, pos, home) if g is None else \
-                    group_inplace_source(g, b, buffers, pos, home)
-                if src is None or src.name in reused or SYMMETRIC.on(src.producer):
-                    continue  # (symmetric bytes are in another arena)
-                if b.kind == "fresh":
-                    # an output written over an arena buffer that dies there: that buffer, and
-                    # the in-place chain it ends (each an arena buffer), are allocated fresh
-                    # instead and handed to the caller as the output (a tied embedding's
-                    # gradient, ``mm + embedding_dense_backward``, then holds two
-                    # vocabulary-sized buffers at its end, not three; a table shared by an
-                    # encoder and a decoder adds both embeddings' rows into the head's ``mm``)
-                    link = src
-                    while link is not None:
-                        link.kind = "fresh"
-                        link = buffers[link.reuses] if link.reuses is not None else None
-                b.reuses = src.name
-                reused.add(src.name)
+        write_in_place(buffers, groups, pos)
     by_device: dict[str, list[Buffer]] = {}
     symmetric = []
     for b in buffers.values():

@@ -522,6 +522,40 @@ class _Trial:
     where: str
 
 
+class _Plans:
+    """Each choice planned once (``peak``): its step peak, its forward and backward graphs, and
+    what makes the peak (``tried``). The planner's passes rewrite copies; the backends' probes
+    (codegen/probes.py) are shared by every graph planned and the two compiled."""
+
+    def __init__(self, joint: fx.GraphModule, j: Joint, fw0: fx.GraphModule, num_fwd_outputs: int, kwargs: dict,
+                 planner: Planner):
+        self.joint, self.j, self.fw0, self.num_fwd_outputs, self.kwargs = joint, j, fw0, num_fwd_outputs, kwargs
+        self.planner = planner
+        self.tried: dict[frozenset[fx.Node], _Trial] = {}
+        self.probes = SharedProbes()
+
+    def peak(self, recompute: set[fx.Node], graphs: tuple[fx.GraphModule, fx.GraphModule] | None = None) -> int:
+        """The step's peak as the forward's and backward's memory plans lay it out (of ``graphs``,
+        or of the graphs extracted for ``recompute``)."""
+        key = frozenset(recompute)
+        if key not in self.tried:
+            j = self.j
+            f, b = graphs or _extract(self.joint, j, recompute, self.fw0, self.num_fwd_outputs, self.kwargs)
+            fp, bp = self.planner(_copy(f, self.probes), "forward"), self.planner(_copy(b, self.probes), "backward")
+            # (each graph's kept arenas are held while the other runs; the caller holds the outputs)
+            at = [("forward", fp, {"the backward's kept arenas": bp.kept_bytes}),
+                  ("backward", bp, {"the forward's kept arenas": fp.kept_bytes,
+                                    "the forward's outputs the caller holds": j.output_bytes(recompute)})]
+            kind, plan, held = max(at, key=lambda x: x[1].peak_bytes + sum(x[2].values()))
+            self.tried[key] = _Trial(plan.peak_bytes + sum(held.values()), f, b, _where(kind, plan, held))
+        return self.tried[key].peak
+
+    def hand_probes(self, *graphs: fx.GraphModule) -> None:
+        """The graphs handed to the compiler share the probes."""
+        for g in graphs:
+            PROBES.set(g, self.probes)
+
+
 def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callable, budget: int | float,
                            planner: Planner, num_fwd_outputs: int, step_peak_so_far: int = 0,
                            **kwargs) -> tuple[fx.GraphModule, fx.GraphModule, SavePlan]:
@@ -537,37 +571,17 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     # what the base partitioner recomputes: the forward's nodes its backward graph runs again
     recompute0 = {j.by_name[n.name] for n in bw.graph.nodes
                   if n.op == "call_function" and j.by_name.get(n.name) in j.is_forward}
-    # each choice planned once: its step peak and its forward and backward graphs (the planner's
-    # passes rewrite copies); the backends' probes (codegen/probes.py) shared by every graph
-    # planned and the two compiled
-    tried: dict[frozenset[fx.Node], _Trial] = {}
-    probes = SharedProbes()
-
-    def planned(recompute: set[fx.Node], graphs: tuple[fx.GraphModule, fx.GraphModule] | None = None) -> int:
-        """The step's peak as the forward's and backward's memory plans lay it out."""
-        key = frozenset(recompute)
-        if key not in tried:
-            f, b = graphs or _extract(joint, j, recompute, fw, num_fwd_outputs, kwargs)
-            fp, bp = planner(_copy(f, probes), "forward"), planner(_copy(b, probes), "backward")
-            # (each graph's kept arenas are held while the other runs; the caller holds the outputs)
-            at = [("forward", fp, {"the backward's kept arenas": bp.kept_bytes}),
-                  ("backward", bp, {"the forward's kept arenas": fp.kept_bytes,
-                                    "the forward's outputs the caller holds": j.output_bytes(recompute)})]
-            kind, plan, held = max(at, key=lambda x: x[1].peak_bytes + sum(x[2].values()))
-            tried[key] = _Trial(plan.peak_bytes + sum(held.values()), f, b, _where(kind, plan, held))
-        return tried[key].peak
-
-    default_peak = planned(recompute0, (fw, bw))
+    plans = _Plans(joint, j, fw, num_fwd_outputs, kwargs, planner)
+    default_peak = plans.peak(recompute0, (fw, bw))
     want = budget_bytes(budget, max(default_peak, step_peak_so_far))
-    for g in (fw, bw):
-        PROBES.set(g, probes)
+    plans.hand_probes(fw, bw)
     if default_peak <= want:
         return fw, bw, _plan(j, recompute0, want, default_peak, default_peak)
     if split_results(joint):  # (the default's choice again, by name, on the graph with results split)
-        names, default = {n.name for n in recompute0}, tried[frozenset(recompute0)]
-        j = Joint(joint, num_fwd_outputs, compute, bw)
+        names, default = {n.name for n in recompute0}, plans.tried[frozenset(recompute0)]
+        j = plans.j = Joint(joint, num_fwd_outputs, compute, bw)
         recompute0 = {n for n in j.nodes if n.name in names}
-        tried[frozenset(recompute0)] = default
+        plans.tried[frozenset(recompute0)] = default
     # choose on the quick estimate, aimed at the budget less what the plans add to it; check with
     # the plans, aiming lower by what they are still over
     quick0, _ = step_peak(j, recompute0)
@@ -575,7 +589,7 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     best, peak = recompute0, default_peak  # (the least planned peak seen, for the error)
     for _ in range(ATTEMPTS):
         recompute, quick = choose(j, recompute, target)
-        p = planned(recompute)
+        p = plans.peak(recompute)
         log.debug("fxforge: memory budget %d: aimed at %d on the estimate, reached %d; planned %d",
                   want, target, quick, p)
         if p < peak:
@@ -588,18 +602,17 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
         # reach gets), then every storage whose recompute frees bytes on top of the best so far
         for make in (lambda: choose(j, recompute0, 0)[0], lambda: _most_recomputed(j, best)):
             candidate = make()
-            p = planned(candidate)
+            p = plans.peak(candidate)
             if p < peak:
                 best, peak = candidate, p
             if peak <= want:
                 break
         if peak > want:
-            raise MemoryBudgetError(_impossible(want, peak, default_peak, tried[frozenset(best)].where,
+            raise MemoryBudgetError(_impossible(want, peak, default_peak, plans.tried[frozenset(best)].where,
                                                 step_peak(j, best)[1]))
     recompute = best
-    fw, bw = tried[frozenset(recompute)].fw, tried[frozenset(recompute)].bw
-    for g in (fw, bw):
-        PROBES.set(g, probes)
+    fw, bw = plans.tried[frozenset(recompute)].fw, plans.tried[frozenset(recompute)].bw
+    plans.hand_probes(fw, bw)
     plan = _plan(j, recompute, want, default_peak, peak)
     log.info("fxforge: memory budget %d bytes: %d values recomputed in the backward, planned step peak %d "
              "(default %d)", want, len(plan.recomputed), peak, default_peak)
