@@ -610,10 +610,10 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
         if peak > want:
             raise MemoryBudgetError(_impossible(want, peak, default_peak, plans.tried[frozenset(best)].where,
                                                 step_peak(j, best)[1]))
-    recompute = best
-    fw, bw = plans.tried[frozenset(recompute)].fw, plans.tried[frozenset(recompute)].bw
+    chosen = plans.tried[frozenset(best)]
+    fw, bw = chosen.fw, chosen.bw
     plans.hand_probes(fw, bw)
-    plan = _plan(j, recompute, want, default_peak, peak)
+    plan = _plan(j, best, want, default_peak, peak)
     log.info("fxforge: memory budget %d bytes: %d values recomputed in the backward, planned step peak %d "
              "(default %d)", want, len(plan.recomputed), peak, default_peak)
     return fw, bw, plan
