@@ -298,17 +298,21 @@ def scratch_bytes(gm: fx.GraphModule, groups: Iterable[Group], pos: dict[fx.Node
     who: dict[int, str] = {}
     env = shape_env_of(gm)
     for g in groups:
-        if g.backend != FALLBACK_BACKEND:
-            continue
         for n in g.nodes:
-            name = getattr(n.target, "__name__", "").split(".")[0]
-            if SCRATCH_OPS.get(name) == "inputs" and n in pos:
-                nbytes = sum(hint(storage_nbytes(a.meta[VAL]), env) for a in n.all_input_nodes
-                             if isinstance(a.meta.get(VAL), torch.Tensor))
-                at = int(first[pos[n]])
-                if nbytes > out[at]:
-                    out[at], who[at] = nbytes, n.name
+            nbytes = eager_scratch_bytes(n, env) if n in pos else 0
+            at = int(first[pos[n]]) if nbytes else 0
+            if nbytes > out[at]:
+                out[at], who[at] = nbytes, n.name
     return (out[:length] if length else out[:0]), who
+
+
+def eager_scratch_bytes(n: fx.Node, env=None) -> int:
+    """Bytes ``n``'s ATen kernel allocates inside itself at most (``SCRATCH_OPS``; whatever the
+    group's backend: fxforge's own kernels compute none of these ops, every backend calls ATen's)."""
+    name = getattr(n.target, "__name__", "").split(".")[0]
+    if SCRATCH_OPS.get(name) != "inputs":
+        return 0
+    return sum(hint(storage_nbytes(a.meta[VAL]), env) for a in n.all_input_nodes if isinstance(a.meta.get(VAL), torch.Tensor))
 
 
 def _storage_key(v: torch.Tensor) -> Any:

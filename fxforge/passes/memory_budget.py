@@ -46,6 +46,7 @@ from ..core.costs import ComputeModel, compute_model, node_flops, value_bytes
 from ..core.graph import (PROBES, VAL, SharedProbes, aliased_input, is_mutating, output_nodes, peak_live_bytes,
                           storage_root, tensors)
 from ..core.plan import MemoryPlan
+from .memory import eager_scratch_bytes
 
 log = logging.getLogger("fxforge")
 
@@ -210,7 +211,7 @@ class Joint:
 def step_peak(j: Joint, recompute: set[fx.Node]) -> tuple[int, list[tuple[fx.Node, int, str]]]:
     """The step's peak of live bytes with this recompute set, every value its own buffer (quick:
     what the choice runs on), and what is live there: (node, bytes, "forward" | "saved" |
-    "gradient" | "output" | "backward" | "recomputed")."""
+    "gradient" | "output" | "backward" | "recomputed" | "workspace")."""
     kept = j.saved(recompute)
     saved = [s for s in kept if isinstance(s.meta.get(VAL), torch.Tensor)]
     saved_roots = {j.root[s] for s in saved}
@@ -234,6 +235,8 @@ def step_peak(j: Joint, recompute: set[fx.Node]) -> tuple[int, list[tuple[fx.Nod
             keep = n in saved_roots or n in user_outs
             kind = "output" if n in user_outs else "saved" if n in saved_roots else "forward"
             ranges.append((fpos[n], last if keep else ends.get(n, fpos[n]), b, n, kind))
+        if eager_scratch_bytes(n):  # (a convolution's own scratch, while it runs)
+            ranges.append((fpos[n], fpos[n], eager_scratch_bytes(n), n, "workspace"))
     fwd_peak, fwd_at = _peak(ranges)
     # backward: saved values and user outputs live from the start; recomputed values are made just
     # before their first reader, in the backward's order
@@ -278,6 +281,8 @@ def step_peak(j: Joint, recompute: set[fx.Node]) -> tuple[int, list[tuple[fx.Nod
         if b:
             kind = "gradient" if n in grads else "recomputed" if n in recompute else "backward"
             branges.append((bpos[n], blast if n in grads else bends.get(n, bpos[n]), b, n, kind))
+        if eager_scratch_bytes(n):
+            branges.append((bpos[n], bpos[n], eager_scratch_bytes(n), n, "workspace"))
     bwd_peak, bwd_at = _peak(branges)
     return (fwd_peak, fwd_at) if fwd_peak > bwd_peak else (bwd_peak, bwd_at)
 
@@ -663,7 +668,8 @@ def _impossible(want: int, least: int, default_peak: int, where: str, live: list
     names = {"saved": "saved values that cannot be recomputed (random ops' results, mutated or "
                       "side-effecting ops' inputs) or whose recompute frees nothing",
              "gradient": "gradients", "output": "the graph's outputs", "forward": "forward intermediates",
-             "backward": "backward intermediates", "recomputed": "recomputed values"}
+             "backward": "backward intermediates", "recomputed": "recomputed values",
+             "workspace": "an eager op's own scratch"}
     parts = ", ".join(f"{names[k]} {_mib(b)}" for k, b in sorted(by_kind.items(), key=lambda kv: -kv[1])
                       if b >= 2 ** 16)
     big = max(live, key=lambda x: x[1], default=None)
