@@ -302,7 +302,7 @@ class Emitter:
         inner = sympy.Integer(1)
         for d in reversed(range(len(shape))):
             s = shape[d]
-            if s == 1:
+            if s == 1 or inner == 0:  # (an inner dim of size 0: the shape has no element to place)
                 exprs.append(sympy.Integer(0))
             elif d == 0 or all(x == 1 for x in shape[:d]):
                 folded = self.fold_index(index, inner, None)  # (a sympy 0 is falsy: compare with None)
