@@ -108,6 +108,8 @@ class Joint:
         self.order = {n: i for i, n in enumerate(self.nodes)}
         self.by_name = {n.name: n for n in self.nodes}
         self.root = {n: storage_root(n) for n in self.nodes}  # (the storage each value lives in)
+        # what eager ops (convolutions) allocate inside themselves while they run
+        self.scratch = {n: b for n in self.nodes if (b := eager_scratch_bytes(n))}
         tangents = [n for n in self.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
         # the backward: every node that reads an incoming gradient, directly or not
         back: set[fx.Node] = set(tangents)
@@ -235,8 +237,8 @@ def step_peak(j: Joint, recompute: set[fx.Node]) -> tuple[int, list[tuple[fx.Nod
             keep = n in saved_roots or n in user_outs
             kind = "output" if n in user_outs else "saved" if n in saved_roots else "forward"
             ranges.append((fpos[n], last if keep else ends.get(n, fpos[n]), b, n, kind))
-        if eager_scratch_bytes(n):  # (a convolution's own scratch, while it runs)
-            ranges.append((fpos[n], fpos[n], eager_scratch_bytes(n), n, "workspace"))
+        if n in j.scratch:  # (a convolution's own scratch, while it runs)
+            ranges.append((fpos[n], fpos[n], j.scratch[n], n, "workspace"))
     fwd_peak, fwd_at = _peak(ranges)
     # backward: saved values and user outputs live from the start; recomputed values are made just
     # before their first reader, in the backward's order
@@ -281,8 +283,8 @@ def step_peak(j: Joint, recompute: set[fx.Node]) -> tuple[int, list[tuple[fx.Nod
         if b:
             kind = "gradient" if n in grads else "recomputed" if n in recompute else "backward"
             branges.append((bpos[n], blast if n in grads else bends.get(n, bpos[n]), b, n, kind))
-        if eager_scratch_bytes(n):
-            branges.append((bpos[n], bpos[n], eager_scratch_bytes(n), n, "workspace"))
+        if n in j.scratch:
+            branges.append((bpos[n], bpos[n], j.scratch[n], n, "workspace"))
     bwd_peak, bwd_at = _peak(branges)
     return (fwd_peak, fwd_at) if fwd_peak > bwd_peak else (bwd_peak, bwd_at)
 
@@ -546,7 +548,9 @@ class _Plans:
         if key not in self.tried:
             j = self.j
             f, b = graphs or _extract(self.joint, j, recompute, self.fw0, self.num_fwd_outputs, self.kwargs)
-            fp, bp = self.planner(_copy(f, self.probes), "forward"), self.planner(_copy(b, self.probes), "backward")
+            fc, bc = _copy(f), _copy(b)
+            self.hand_probes(fc, bc)
+            fp, bp = self.planner(fc, "forward"), self.planner(bc, "backward")
             # (each graph's kept arenas are held while the other runs; the caller holds the outputs)
             at = [("forward", fp, {"the backward's kept arenas": bp.kept_bytes}),
                   ("backward", bp, {"the forward's kept arenas": fp.kept_bytes,
@@ -556,7 +560,7 @@ class _Plans:
         return self.tried[key].peak
 
     def hand_probes(self, *graphs: fx.GraphModule) -> None:
-        """The graphs handed to the compiler share the probes."""
+        """The graphs (planned, or handed to the compiler) share the probes."""
         for g in graphs:
             PROBES.set(g, self.probes)
 
@@ -685,14 +689,11 @@ def _mib(b: int) -> str:
     return f"{b / 2 ** 20:.1f} MiB"
 
 
-def _copy(gm: fx.GraphModule, probes: SharedProbes) -> fx.GraphModule:
-    """A copy of ``gm`` for the planner's passes to rewrite (nodes' meta copied shallowly),
-    sharing the backends' memo ``probes``."""
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` for the planner's passes to rewrite (nodes' meta copied shallowly)."""
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
-    out = _LazyGraphModule(gm, copy.deepcopy(gm.graph))  # (its Python code made if it runs: never)
-    PROBES.set(out, probes)
-    return out
+    return _LazyGraphModule(gm, copy.deepcopy(gm.graph))  # (its Python code made if it runs: never)
 
 
 def _extract(joint: fx.GraphModule, j: Joint, recompute: set[fx.Node], fw0: fx.GraphModule, num_fwd_outputs: int,
