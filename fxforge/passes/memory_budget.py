@@ -722,7 +722,46 @@ def _extract(joint: fx.GraphModule, j: Joint, recompute: set[fx.Node], fw0: fx.G
                                             **extra)
         fw.graph.eliminate_dead_code(is_impure_node=p.is_not_collective)
         bw.graph.eliminate_dead_code(is_impure_node=p.is_not_collective)
-        bw = p.reordering_to_mimic_autograd_engine(bw)
+        backward_order(bw.graph)
         fw.recompile()
         bw.recompile()
     return fw, bw
+
+
+def backward_order(graph: fx.Graph) -> None:
+    """Order a backward graph as the autograd engine would run it, in place: from the first node
+    that reads a tangent on, each node comes after what it reads, and a recomputed forward value
+    is made just before the first node that needs it (a partitioner leaves recomputation at the
+    top of the backward, where all of it would be live at once). Nodes before the first tangent
+    read that nothing after it needs are dropped, but for ``copy_`` (a mutation kept)."""
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    reads = [u for n in nodes if n.op == "placeholder" and n.name.startswith("tangents") for u in n.users]
+    if not reads:
+        return
+    first = order[min(reads, key=order.__getitem__)]
+    placed = {n for n in nodes if n.op == "placeholder"}
+    new: list[fx.Node] = []
+
+    def place(n: fx.Node) -> None:
+        todo, stack = set(), [n]
+        while stack:
+            m = stack.pop()
+            if m not in placed and m not in todo:
+                todo.add(m)
+                stack.extend(m.all_input_nodes)
+        new.extend(sorted(todo, key=order.__getitem__))
+        placed.update(todo)
+
+    for n in nodes[:first]:
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default:
+            place(n)
+    for n in nodes[first:]:
+        place(n)
+    for n in reversed(nodes):  # (what nothing placed needs)
+        if n not in placed:
+            graph.erase_node(n)
+    at = max(placed - set(new), key=order.__getitem__)  # (the last placeholder; a tangent is one)
+    for n in new:
+        at.append(n)
+        at = n
