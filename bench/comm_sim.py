@@ -72,7 +72,7 @@ def predict(model: str, parallel: str, world: int, batch: int, links: dict, step
 
     import fxforge
     from dist_models import batch as make_batch
-    from dist_models import build, placements
+    from dist_models import build, compute_placements, placements
     from distributed import _comm_schedule, _profile
     from fxforge.core.dtensor import local_shard
 
@@ -86,8 +86,9 @@ def predict(model: str, parallel: str, world: int, batch: int, links: dict, step
         idx, tgt = make_batch(batch * dp)
         joint = _export_forward_backward(torch.export.export(m, (idx, tgt)))
         pl = placements(m, parallel)
-        plain = fxforge.partition(joint, mesh, pl, config=fxforge.Config(comm_overlap=False))
-        p = fxforge.partition(joint, mesh, pl, config=fxforge.Config())
+        gathered = compute_placements(m, parallel)
+        plain = fxforge.partition(joint, mesh, pl, config=fxforge.Config(comm_overlap=False), compute_placements=gathered)
+        p = fxforge.partition(joint, mesh, pl, config=fxforge.Config(), compute_placements=gathered)
         shards = tuple(local_shard(t, mesh, pl[n]) for n, t in (("idx", idx), ("targets", tgt)))
         p(*shards)
         traces = sorted((_profile(lambda: p(*shards))[0] for _ in range(steps)),

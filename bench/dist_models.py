@@ -8,6 +8,8 @@ Placements for ``fxforge.partition``: ``fsdp`` shards every parameter on dim 0 o
 batch too); ``fsdp_tp`` runs on a (data, model) mesh: every parameter ``Shard(0)`` on the data
 dim, and on the model dim the attention and MLP projections Megatron-style (into the block:
 column-parallel, ``Shard(0)``; out of it: row-parallel, ``Shard(1)``), the rest replicated.
+Either way a parameter is read whole on the data dim (``compute_placements``: FSDP gathers it
+before use and reduce-scatters its gradient).
 """
 
 from __future__ import annotations
@@ -115,3 +117,13 @@ def placements(model: nn.Module, parallel: str) -> dict:
             out[name] = [Shard(0), tp]
     data = [Shard(0)] if parallel == "fsdp" else [Shard(0), Replicate()]
     return {**out, "idx": data, "targets": data}
+
+
+def compute_placements(model: nn.Module, parallel: str) -> dict:
+    """``compute_placements`` for ``fxforge.partition``: FSDP reads every parameter whole on the
+    data-parallel dim (all-gathered before it is read; its gradient reduce-scattered back),
+    as ``placements`` on the model dim."""
+    from torch.distributed.tensor import Replicate
+
+    stored = placements(model, parallel)
+    return {name: [Replicate(), *stored[name][1:]] for name, _ in model.named_parameters()}

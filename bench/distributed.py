@@ -72,7 +72,7 @@ def run_case(rank: int, world: int) -> dict:
 
     import fxforge
     import fxforge.entry.spmd as spmd
-    from dist_models import batch, build, placements
+    from dist_models import batch, build, compute_placements, placements
     from fxforge.core.costs import calibrate
     from fxforge.core.dtensor import local_shard
     from measure import fresh_inductor, identical, peak_bytes
@@ -88,7 +88,7 @@ def run_case(rank: int, world: int) -> dict:
     idx, tgt = batch(case["batch"] * dp)
     ref = model(idx, tgt).item()
     joint = _export_forward_backward(torch.export.export(model, (idx, tgt)))
-    pl = placements(model, parallel)
+    pl, gathered = placements(model, parallel), compute_placements(model, parallel)
     shards = tuple(local_shard(t, mesh, pl[n]) for n, t in (("idx", idx), ("targets", tgt)))
 
     captured = []
@@ -107,7 +107,7 @@ def run_case(rank: int, world: int) -> dict:
                 continue
             config = config.replace(comm_model=link)
             t0 = time.perf_counter()
-            p = fxforge.partition(joint, mesh, pl, config=config)
+            p = fxforge.partition(joint, mesh, pl, config=config, compute_placements=gathered)
             seconds = time.perf_counter() - t0
             comm = p.stats["comm"]
             steps_fn[name] = (lambda p=p: p(*shards))

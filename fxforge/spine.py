@@ -38,7 +38,7 @@ from .passes.bucketing import BucketCollectives
 from .passes.fusion import FuseGroups, verify_groups
 from .passes.memory import plan_memory, verify_memory_plan
 from .passes.padcat import ZeroCopyCatPad
-from .passes.overlap import bound_in_flight, comm_figures, overlap
+from .passes.overlap import bound_in_flight, comm_figures, overlap, wait_at_once
 from .passes.schedule import peak_bytes, program_order, schedule as make_schedule
 from .passes.symmetric import LowerAllReduceToSymmetric, PlaceSymmetric
 from .infra.pass_manager import PassError, PassManager, pass_name
@@ -316,6 +316,8 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
         sched, moved = overlap(gm, sched, fused, config)
         if moved:
             sched_stats["overlap"] = moved
+    else:
+        sched = wait_at_once(sched)
     sched, early = bound_in_flight(sched, config.max_collectives_in_flight)
     if early:
         sched_stats.setdefault("overlap", {})["waits_for_in_flight_bound"] = early

@@ -78,3 +78,48 @@ def gpt_fsdp_training(rank: int, world: int) -> dict:
     for fqn, g in grads.items():
         close(g, local_shard(params[fqn].grad, mesh, [Shard(0)]), f"gradient of {fqn}")
     return {"digest": p.stats["comm"]["order_digest"], "count": p.stats["comm"]["count"]}
+
+
+def gpt_fsdp_gathered(rank: int, world: int) -> dict:
+    """FSDP proper through ``fxforge.partition``: every parameter stored ``Shard(0)`` and read
+    whole (``compute_placements``), the batch ``Shard(0)``: eager's loss and gradients, as traced
+    and with the defaults (buckets, overlap); what the per-rank graph holds and how its schedule
+    places the gradients' reduce-scatters."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.export.experimental import _export_forward_backward
+
+    from fxforge.core.collectives import collective_bytes
+    from fxforge.core.graph import storage_root
+    from fxforge.entry.demo import GPT, GPTConfig
+    from fxforge.passes.overlap import is_collective
+    from partition_cases import close
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(vocab=64, seq=16, d=32, heads=2, layers=2))
+    idx, tgt = torch.randint(0, 64, (4 * world, 16)), torch.randint(0, 64, (4 * world, 16))
+    ref = model(idx, tgt)
+    ref.backward()
+    params = dict(model.named_parameters())
+    stored = {**{n: [Shard(0)] for n in params}, "idx": [Shard(0)], "targets": [Shard(0)]}
+    out = {"params": len(params)}
+    for name, config in (("traced", fxforge.Config(comm_overlap=False, bucket_bytes=0)), ("default", fxforge.Config()),
+                         ("unbucketed", fxforge.Config(bucket_bytes=0))):
+        joint = _export_forward_backward(torch.export.export(model, (idx, tgt)))
+        p = fxforge.partition(joint, mesh, stored, config=config.replace(debug=True),
+                              compute_placements={n: [Replicate()] for n in params})
+        loss, grads = p(local_shard(idx, mesh, [Shard(0)]), local_shard(tgt, mesh, [Shard(0)]))
+        close(loss, ref.detach(), f"loss ({name})")
+        for fqn, g in grads.items():
+            close(g, local_shard(params[fqn].grad, mesh, [Shard(0)]), f"gradient of {fqn} ({name})")
+        schedule = p.compiled.plan.schedule
+        kinds = [collective_bytes(n)[0] for n in schedule if is_collective(n)]
+        at = {n: i for i, n in enumerate(schedule)}
+        mms = [at[n] for n in schedule if n.target in (torch.ops.aten.mm.default, torch.ops.aten.bmm.default)]
+        scatters = [at[n] for n in schedule if is_collective(n) and collective_bytes(n)[0] == "reduce_scatter"]
+        gathered = [storage_root(n.args[0]) for n in schedule if is_collective(n) and collective_bytes(n)[0] == "all_gather"]
+        out[name] = {"kinds": kinds, "gathered_inputs": sorted(r.name for r in gathered if r.op == "placeholder"),
+                     "digest": p.stats["comm"]["order_digest"], "exposed_s": p.stats["comm"]["exposed_s"],
+                     "first_scatter_before_last_matmul": bool(scatters) and min(scatters) < max(mms)}
+    return out

@@ -420,3 +420,54 @@ def test_a_graph_without_collectives_is_left_unchanged():
     from fxforge.report.html import render
 
     assert "-schedule" not in render(on)
+
+
+def test_fsdp_gathers_each_parameter_once_and_scatters_gradients_where_they_are_made():
+    """``compute_placements`` (stored ``Shard(0)``, read ``Replicate()``) on two gloo ranks: each
+    parameter all-gathered once, eager's loss and gradients; with the defaults the gathers and scatters are bucketed and the first gradient
+    bucket is reduce-scattered while the backward still has matmuls to run (its collective is
+    traced where the gradient is made, not at the graph's output)."""
+    from partition_ranks import run_ranks
+
+    from overlap_cases import gpt_fsdp_gathered
+
+    ranks = run_ranks(gpt_fsdp_gathered, 2, timeout=300)
+    traced, default = ranks[0]["traced"], ranks[0]["default"]
+    gathered = traced["gathered_inputs"]
+    assert len(gathered) == len(set(gathered)) == ranks[0]["params"]  # every parameter, once
+    assert traced["kinds"].count("reduce_scatter") >= ranks[0]["params"] - 2  # (a grad may be all-reduced instead)
+    assert len(default["kinds"]) * 3 <= len(traced["kinds"])
+    assert ranks[0]["unbucketed"]["first_scatter_before_last_matmul"]
+    assert default["exposed_s"] < traced["exposed_s"]
+    assert ranks[0]["default"]["digest"] == ranks[1]["default"]["digest"]
+
+
+def test_copy_outs_wait_for_their_readers(fake_group):
+    """A schedule that copies every member out of a gathered bucket at once (as one by live bytes
+    does) is reordered so that each copy-out comes just before what reads it, and the bucket's
+    wait just before the first: the second weight's copy-out follows the first matmul."""
+    from fxforge.passes.bucketing import BucketCollectives
+
+    gm = fsdp_like(fake_group)
+    assert BucketCollectives(fxforge.Config())(gm).modified
+    order = program_order(gm)
+    wait = next(n for n in order if is_wait(n) and waited_collective(n).target is _funcol().all_gather_into_tensor.default)
+    clones = [n for n in order if n.target is torch.ops.aten.clone.default]
+    assert len(clones) == 2
+    chain, todo = set(), [clones[1]]  # (its slice of the gathered rows back to the wait, its view after)
+    while todo:
+        n = todo.pop()
+        if n is not wait and n not in chain:
+            chain.add(n)
+            todo += n.all_input_nodes
+    chain.update(u for u in clones[1].users if u.target is torch.ops.aten.view.default)
+    second = [n for n in order if n in chain]
+    early = [n for n in order if n not in second]
+    early[early.index(wait) + 1:early.index(wait) + 1] = second  # (copied out right after the wait)
+    _check_order(early)
+    new, _ = overlap(gm, early, (), fxforge.Config(prefetch_peak_growth=float("inf")))
+    _check_order(new)
+    at = {n: i for i, n in enumerate(new)}
+    first_mm = min(at[n] for n in new if n.target is torch.ops.aten.mm.default)
+    assert at[clones[1]] > first_mm
+    assert at[wait] < at[clones[0]] and at[wait] > min(at[n] for n in new if n.target is torch.ops.aten.cat.default)

@@ -324,3 +324,30 @@ def test_async_collectives_keep_their_input_alive_until_their_wait(mesh2):
                 checked += 1
     assert checked >= 1, p.source
     assert p.stats["collective_bytes"] == sum(c["bytes"] for c in p.stats["collectives"]) > 0
+
+
+def test_compute_placements_are_checked(mesh2, mlp_ep):
+    """``compute_placements`` names inputs as ``in_placements`` does, with its own name in the
+    error; an input the program mutates cannot be read in other placements than it is stored."""
+    from torch.distributed.tensor import Replicate
+
+    with pytest.raises(ValueError, match="compute_placements names 'fc3.weight', which is not a parameter"):
+        fxforge.partition(mlp_ep, mesh2, {"fc1.weight": [Shard(0)]}, compute_placements={"fc3.weight": [Replicate()]})
+    with pytest.raises(ValueError, match=r"compute_placements\['fc1.weight'\]"):
+        fxforge.partition(mlp_ep, mesh2, {"fc1.weight": [Shard(0)]},
+                          compute_placements={"fc1.weight": [Replicate(), Replicate()]})
+    with pytest.raises(ValueError, match="compute_placements is list"):
+        fxforge.partition(mlp_ep, mesh2, {"fc1.weight": [Shard(0)]}, compute_placements=[Replicate()])
+
+    class Running(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("seen", torch.zeros(4))
+
+        def forward(self, x):
+            self.seen.add_(x.sum(0))
+            return x * 2
+
+    ep = torch.export.export(Running(), (torch.randn(8, 4),))
+    with pytest.raises(ValueError, match="'seen', which the program mutates"):
+        fxforge.partition(ep, mesh2, {"seen": [Shard(0)]}, compute_placements={"seen": [Replicate()]})

@@ -149,6 +149,7 @@ def partition(
     out_placements: Sequence[Any] | Mapping[int, Any] | None = None,
     config: Config | None = None,
     *,
+    compute_placements: Mapping[str, Any] | None = None,
     registry: "Registry | None" = None,
 ) -> Partitioned:
     """This rank's compiled part of ``program`` run over ``mesh`` (call on every rank, SPMD).
@@ -160,6 +161,12 @@ def partition(
     entry per returned value (flattened) or ``{position: placements}``; default Replicate (every
     rank returns the full value); None for an entry keeps what propagation gives.  Gradients of a
     training program (``_export_forward_backward``) come back with their parameter's placements.
+    ``compute_placements``: name -> the placements its readers read it with, when that is not how
+    it is stored. FSDP is parameters stored ``Shard(0)`` and computed ``Replicate()``: each is
+    all-gathered once before it is read (buckets and overlap then apply), and its gradient, a
+    Partial sum over the data-parallel ranks, is reduce-scattered back to ``Shard(0)``; with tensor
+    parallelism too, ``[Shard(0), Shard(0)]`` stored and ``[Replicate(), Shard(0)]`` computed. An
+    input the program mutates cannot have them.
     ``config``: the pipeline the per-rank graph is compiled with.
 
     Raises ``ValueError`` naming the input and the fix for: an unknown name in ``in_placements``,
@@ -179,9 +186,10 @@ def partition(
     if mesh.get_coordinate() is None:
         raise ValueError(f"this rank ({torch.distributed.get_rank()}) is not part of {mesh}; call partition only on "
                          "the mesh's ranks")
-    if in_placements is not None and not isinstance(in_placements, Mapping):
-        raise ValueError(f"in_placements is {type(in_placements).__name__}; expected a dict: name -> placements, "
-                         "e.g. {'fc1.weight': [Shard(0)]}")
+    for what, given in (("in_placements", in_placements), ("compute_placements", compute_placements)):
+        if given is not None and not isinstance(given, Mapping):
+            raise ValueError(f"{what} is {type(given).__name__}; expected a dict: name -> placements, "
+                             "e.g. {'fc1.weight': [Shard(0)]}")
     config = config or Config()
     registry = registry or DEFAULT_REGISTRY
     devices = {t.device.type for t in program.state_dict.values() if isinstance(t, torch.Tensor)} or {"cpu"}
@@ -191,13 +199,17 @@ def partition(
     has_regions = any(n.op == "call_function" and n.target is hop for n in program.graph.nodes)
     # placements are checked on the program as given (decomposing changes no name or shape): a
     # mistake costs no decomposition
-    rank_outputs(program, mesh, out_placements, rank_inputs(program, mesh, in_placements or {}))
+    rank_outputs(program, mesh, out_placements, rank_inputs(program, mesh, in_placements, compute_placements))
     check_regions(program, mesh)
     # Decompose first, as compile_exported does; a program with local_map regions is traced as is
     # (run_decompositions would run the region bodies on global shapes), make_fx decomposes then
     ep = _refuse_mutations(program) if has_regions else program.run_decompositions(table)
-    ins = rank_inputs(ep, mesh, in_placements or {})
+    ins = rank_inputs(ep, mesh, in_placements, compute_placements)
     outs = rank_outputs(ep, mesh, out_placements, ins)
+    mutated = sorted({o.target for o in outs if o.target in (compute_placements or {}) and o.kind not in GRADIENTS})
+    if mutated:
+        raise ValueError(f"compute_placements names {', '.join(map(repr, mutated))}, which the program mutates: a "
+                         "value written in place is read and written as stored; drop it from compute_placements")
     gm, placements = trace_rank(ep, mesh, ins, outs, table)
 
     compiled = compile_graph(gm, config, kind="partition", registry=registry)

@@ -14,8 +14,10 @@ one collective of at most ``Config.bucket_bytes`` (what one rank sends):
   chunk]`` and cat'ed along the chunks (``[ranks, sum of chunks]``), reduce-scattered once; each
   member's result is a slice of this rank's block: a view, no copy-out.
 
-Each bucket is issued where its last member was, waited for where its first member was read
-(``passes/overlap.py`` then moves both).  A member joins a bucket only if its input does not
+Each bucket is issued just after the last of its inputs is made, waited for where its first
+member was read (``passes/overlap.py`` then moves both).  Views of a member's result that only
+pass it on (a gradient viewed in its parameter's shape for the graph's output) are moved down to
+where it is read, so that they do not count as reading it.  A member joins a bucket only if its input does not
 depend on what the bucket waits for (no cycle), and the order of the collectives stays the same
 on every rank: buckets are made the same way from the same graph.  ``stats`` of the pass:
 ``buckets`` (merged collectives made), ``bucketed`` (collectives merged into them).
@@ -30,7 +32,7 @@ import torch
 import torch.fx as fx
 
 from ..core.config import Config
-from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta
+from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta, node_kind
 from ..infra.pass_manager import PassResult
 from ..core.collectives import is_wait
 
@@ -55,6 +57,9 @@ class BucketCollectives:
             return PassResult(gm, False, {})
         make = {f.all_gather_into_tensor.default: (_gather_key, _gather),
                 f.reduce_scatter_tensor.default: (_scatter_key, _scatter)}
+        for n in list(gm.graph.nodes):
+            if n.op == "call_function" and n.target in make and _only_wait(n) is not None:
+                _sink_views(_only_wait(n))
         buckets = _buckets(gm, make, self.config.bucket_bytes)
         for b in buckets:
             make[b.members[0].target][1](gm, mode, b)
@@ -100,6 +105,29 @@ def _buckets(gm: fx.GraphModule, make: dict, limit: int) -> list[_Bucket]:
     return done + [b for b in open_.values() if len(b.members) > 1]
 
 
+def _sink_views(w: fx.Node) -> None:
+    """The views of ``w`` (a wait's result), and theirs, moved down to just before the first node
+    reading one of them that is not such a view: a gradient reduce-scattered where it is made is
+    viewed in its parameter's shape there but read only by the graph's output, and a bucket may
+    wait that long."""
+    chain: list[fx.Node] = []
+    stack = list(w.users)
+    while stack:
+        u = stack.pop()
+        if u not in chain and node_kind(u) == "view" and all(a is w or a in chain for a in u.all_input_nodes):
+            chain.append(u)
+            stack.extend(u.users)
+    if not chain:
+        return
+    order = {n: i for i, n in enumerate(w.graph.nodes)}
+    members = set(chain)
+    first = min((r for u in chain for r in u.users if r not in members), key=order.__getitem__, default=None)
+    if first is None:
+        return
+    for u in sorted(chain, key=order.__getitem__):
+        first.prepend(u)
+
+
 def _contiguous(x: fx.Node) -> bool:
     v = x.meta.get(VAL)
     return isinstance(v, torch.Tensor) and v.is_contiguous()
@@ -128,11 +156,12 @@ def _bytes(x: fx.Node) -> float:
 
 
 def _bucket_at(b: _Bucket) -> fx.Node:
-    """Where the bucket is issued: before the first node now reading one of its members' results
-    (found again when the bucket is made: a reader found earlier may be a collective another
-    bucket has replaced since; inserting before an erased node would lose the new nodes)."""
+    """Where the bucket is issued: just after the last of its members' inputs (the node before
+    which it goes; positions found again: earlier buckets have added nodes), before any member's
+    result is read (``_buckets``). A collective issued where its input is ready stays ahead of
+    those the graph has after it (the overlap keeps the issue order)."""
     order = {n: i for i, n in enumerate(b.members[0].graph.nodes)}
-    return min((u for m in b.members for u in _only_wait(m).users), key=order.__getitem__)
+    return max((m.args[0] for m in b.members), key=order.__getitem__).next
 
 
 def _first_reader(w: fx.Node) -> fx.Node:
@@ -152,12 +181,12 @@ def _gather(gm: fx.GraphModule, mode, b: _Bucket) -> None:
         flat = fake_call(gm, mode, aten.cat.default, (flats,))
         merged = fake_call(gm, mode, f.all_gather_into_tensor.default, (flat, ranks, group))
         done = fake_call(gm, mode, f.wait_tensor.default, (merged,))
-        rows = fake_call(gm, mode, aten.view.default, (done, [ranks, sum(sizes)]))
-    inherit_meta([*flats, flat, merged, done, rows], b.members[0])
+    inherit_meta([*flats, flat, merged, done], b.members[0])
 
-    def copy_out(offset: int, size: int) -> list[fx.Node]:
+    def copy_out(offset: int, size: int) -> list[fx.Node]:  # (each member's own view of the rows: the
+        rows = fake_call(gm, mode, aten.view.default, (done, [ranks, sum(sizes)]))  # wait moves down to the first)
         part = fake_call(gm, mode, aten.slice.Tensor, (rows, 1, offset, offset + size))
-        return [part, fake_call(gm, mode, aten.clone.default, (part,), {"memory_format": torch.contiguous_format})]
+        return [rows, part, fake_call(gm, mode, aten.clone.default, (part,), {"memory_format": torch.contiguous_format})]
 
     _hand_out(gm, mode, b, sizes, copy_out)
 

@@ -76,6 +76,8 @@ def overlap(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int], co
     bound = before * (1.0 + config.prefetch_peak_growth)
     for reach in (1.0, 0.5, 0.0):
         seq = units(order)
+        if reach:
+            _sink_copy_outs(seq)
         waits = _sink_waits(gm, seq, sizes, fused, bound, reach)
         issues = _hoist_issues(gm, seq, sizes, fused, bound, reach)
         new = [n for u in seq for n in u]
@@ -124,6 +126,32 @@ def _sink_waits(gm, seq, sizes, fused, bound: float, reach: float) -> int:
             prof[i:target] = prof[i + 1:target + 1] + extra
             moved += 1
     return moved
+
+
+def _sink_copy_outs(seq: list[list[fx.Node]]) -> None:
+    """What a wait's result feeds alone (a bucket's copy-outs: each member's slice of the gathered
+    buffer copied out, its views) moved down to just before the first unit reading what it makes,
+    the last first: a schedule by live bytes copies every member out at once, and the wait would
+    then stall before all of them rather than before the first value needed."""
+    unit_of = {n: u for u in seq for n in u}
+    for w in [u[0] for u in seq if len(u) == 1 and is_wait(u[0])]:
+        at = {id(u): k for k, u in enumerate(seq)}
+        fed, chain, todo = {w}, [], [unit_of[r] for r in w.users if r in unit_of]
+        while todo:  # (the units reading only what the wait feeds, found through users)
+            u = todo.pop()
+            if any(x is u for x in chain) or _barrier(u) or any(is_collective(n) or is_wait(n) for n in u):
+                continue
+            if all(a in fed or a in u for n in u for a in n.all_input_nodes):
+                fed.update(u)
+                chain.append(u)
+                todo += [unit_of[r] for n in u for r in n.users if r in unit_of]
+        for u in sorted(chain, key=lambda u: -at[id(u)]):
+            i = next(k for k in range(at[id(u)], len(seq)) if seq[k] is u)
+            members = set(u)
+            j = next((k for k in range(i + 1, len(seq)) if any(a in members for n in seq[k] for a in n.all_input_nodes)),
+                     None)
+            if j is not None and j > i + 1:
+                seq.insert(j - 1, seq.pop(i))
 
 
 def _kept_input_bytes(w: fx.Node, sizes: dict) -> int:
@@ -187,6 +215,25 @@ def _hoist(seq, prof, u, floor: int, sizes, bound: float, reach: float) -> tuple
     seq.insert(target, seq.pop(i))
     prof[target + 1:i + 1] = prof[target:i] + out
     return target, True
+
+
+def wait_at_once(order: list[fx.Node]) -> list[fx.Node]:
+    """``order`` with each collective waited for right after it is issued (``Config(comm_overlap=
+    False)``: every collective exposed, as tracing leaves them; a schedule by live bytes may
+    otherwise run compute between the two by chance)."""
+    after: dict[fx.Node, list[fx.Node]] = {}
+    issued = set(order)
+    for n in order:
+        c = waited_collective(n) if is_wait(n) else None
+        if c is not None and c in issued:
+            after.setdefault(c, []).extend(([] if n.args[0] is c else [n.args[0]]) + [n])
+    moved = {x for xs in after.values() for x in xs}
+    out: list[fx.Node] = []
+    for n in order:
+        if n not in moved:
+            out.append(n)
+            out += [x for x in dict.fromkeys(after.get(n, ()))]
+    return out
 
 
 def bound_in_flight(order: list[fx.Node], limit: int) -> tuple[list[fx.Node], int]:

@@ -60,6 +60,7 @@ class RankInput:
     where: str  # how errors name it: "'fc1.weight' (parameter)", "'x' (args[0])"
     val: Any  # the full (global) fake value
     placements: tuple = ()
+    compute: tuple | None = None  # where its readers read it (compute_placements); None: as stored
 
 
 @dataclass
@@ -83,9 +84,10 @@ def local_map_hop():
     return local_map_hop
 
 
-def rank_inputs(ep: ExportedProgram, mesh, in_placements: Mapping[str, Any]) -> list[RankInput]:
-    """Every placeholder of ``ep`` with its placements; unknown names and malformed placements
-    raise ``ValueError``."""
+def rank_inputs(ep: ExportedProgram, mesh, in_placements: Mapping[str, Any],
+                compute_placements: Mapping[str, Any] | None = None) -> list[RankInput]:
+    """Every placeholder of ``ep`` with its placements (and those it is read with); unknown names
+    and malformed placements raise ``ValueError``."""
     dt = dth._dt()
     vals = {n.name: n.meta.get(VAL) for n in ep.graph.nodes if n.op == "placeholder"}
     specs = ep.graph_signature.input_specs
@@ -101,19 +103,20 @@ def rank_inputs(ep: ExportedProgram, mesh, in_placements: Mapping[str, Any]) -> 
             name, where = s.target, f"{s.target!r} ({s.kind.name.lower().replace('_tensor', '')})"
         ins.append(RankInput(s.arg.name, s.kind, name, where, vals.get(s.arg.name)))
     known = {i.name: i for i in ins}
-    in_placements = dict(in_placements or {})
-    unknown = [k for k in in_placements if k not in known]
-    if unknown:
-        state = [i.name for i in ins if i.kind != InputKind.USER_INPUT]
-        user = [i.name for i in ins if i.kind == InputKind.USER_INPUT]
-        close = {k: [n for n in known if n.split(".")[-1] == str(k).split(".")[-1]] for k in unknown}
-        hint = "; ".join(f"did you mean {', '.join(map(repr, c))} for {k!r}?" for k, c in close.items() if c)
-        raise ValueError(
-            f"in_placements names {', '.join(map(repr, unknown))}, which {'is' if len(unknown) == 1 else 'are'} not a "
-            f"parameter, buffer or user input of the program. Parameters and buffers are named by FQN, as in "
-            f"model.state_dict(): {', '.join(state) or '(none)'}; user inputs by argument name: "
-            f"{', '.join(user) or '(none)'}." + (f" {hint}" if hint else "")
-        )
+    in_placements, compute_placements = dict(in_placements or {}), dict(compute_placements or {})
+    for what, given in (("in_placements", in_placements), ("compute_placements", compute_placements)):
+        unknown = [k for k in given if k not in known]
+        if unknown:
+            state = [i.name for i in ins if i.kind != InputKind.USER_INPUT]
+            user = [i.name for i in ins if i.kind == InputKind.USER_INPUT]
+            close = {k: [n for n in known if n.split(".")[-1] == str(k).split(".")[-1]] for k in unknown}
+            hint = "; ".join(f"did you mean {', '.join(map(repr, c))} for {k!r}?" for k, c in close.items() if c)
+            raise ValueError(
+                f"{what} names {', '.join(map(repr, unknown))}, which {'is' if len(unknown) == 1 else 'are'} not a "
+                f"parameter, buffer or user input of the program. Parameters and buffers are named by FQN, as in "
+                f"model.state_dict(): {', '.join(state) or '(none)'}; user inputs by argument name: "
+                f"{', '.join(user) or '(none)'}." + (f" {hint}" if hint else "")
+            )
     for i in ins:
         shape = tuple(i.val.shape) if isinstance(i.val, torch.Tensor) else None
         if isinstance(i.val, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in i.val.shape):
@@ -125,6 +128,8 @@ def rank_inputs(ep: ExportedProgram, mesh, in_placements: Mapping[str, Any]) -> 
             i.placements = dth.check_placements(in_placements[i.name], mesh, f"in_placements[{i.name!r}]", shape)
         else:
             i.placements = tuple(dt.Replicate() for _ in range(mesh.ndim))
+        if i.name in compute_placements:
+            i.compute = dth.check_placements(compute_placements[i.name], mesh, f"compute_placements[{i.name!r}]", shape)
     return ins
 
 
@@ -267,6 +272,7 @@ class _Tracer:
         self._copies: dict[tuple[int, tuple], Any] = {}  # (id(value), placements) -> redistributed value
         self._reduced: dict[int, Any] = {}  # id(Partial value) -> its reduced copy
         self._keep: list[Any] = []  # values whose ids key the dicts above stay alive
+        self._made: dict[int, Any] = {}  # output index -> its local value, redistributed where it was made
 
     # -- helpers
     def _dtensor(self, t: torch.Tensor, placements=None, like=None):
@@ -433,9 +439,20 @@ class _Tracer:
         canon: dict[fx.Node, fx.Node] = {}  # node -> the earlier node computing the same value
         seen: dict[Any, fx.Node] = {}
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        # an output an op makes is redistributed to its out placements as soon as it is made (a
+        # training program's gradients: the collective comes where the gradient is ready, in the
+        # order the gradients are, not all at the end in the outputs' order)
+        values = graph.find_nodes(op="output")[0].args[0]
+        early: dict[fx.Node, list[RankOutput]] = {}
+        for o in self.outs:
+            if isinstance(values[o.index], fx.Node) and values[o.index].op == "call_function":
+                early.setdefault(values[o.index], []).append(o)
+        self._made = {}
         for ph, i, t in zip(placeholders, self.ins, local):
             env[ph] = self._dtensor(t, i.placements, like=i.val) if isinstance(i.val, torch.Tensor) else t
             self._record(ph, env[ph])
+            if i.compute is not None:  # (read as compute_placements: redistributed once, before any reader)
+                env[ph] = self._redistribute(env[ph], i.compute, i.where)
         hop = local_map_hop()
         for node in graph.nodes:
             if node.op == "placeholder":
@@ -455,6 +472,7 @@ class _Tracer:
                 canon[node] = seen[key]
                 env[node] = env[seen[key]]
                 self._record(node, env[node])
+                self._made_outputs(early.pop(node, ()), node, env)
                 continue
             if key is not None:
                 seen[key] = node
@@ -473,7 +491,12 @@ class _Tracer:
                         raise
                     raise self._failure(node, e) from e
             self._record(node, env[node])
+            self._made_outputs(early.pop(node, ()), node, env)
         raise AssertionError("graph without output node")
+
+    def _made_outputs(self, outs: list[RankOutput], node: fx.Node, env: dict) -> None:
+        for o in outs:
+            self._made[o.index] = self._rank_output(o, node, env)
 
     def _region(self, node: fx.Node, args: tuple) -> tuple:
         """A local_map region: inputs redistributed to its in placements, body run on the local
@@ -502,32 +525,33 @@ class _Tracer:
         return tuple(wrapped)
 
     def rank_outputs(self, node: fx.Node, env: dict) -> tuple:
-        dt = dth._dt()
-        results = []
+        """The outputs as this rank returns them, each redistributed to its out placements: those
+        made by the program's ops already were, as soon as they were made (``_made``)."""
         values = node.args[0]
-        for o in self.outs:
-            arg = values[o.index]
-            v = env[arg] if isinstance(arg, fx.Node) else arg
-            if not isinstance(v, dt.DTensor):
-                results.append(v)
-                continue
-            if o.placements is None:
-                partial = [(d, p) for d, p in enumerate(v.placements) if isinstance(p, dt.Partial)]
-                if partial:
-                    d, p = partial[0]
-                    k = o.position
-                    raise ValueError(
-                        f"{o.where} is {dth.describe(v.placements)} after propagation (a {p.reduce_op} not yet "
-                        f"reduced over mesh dim {d}) and out_placements[{k}] is None (keep as propagated), so it "
-                        f"would be returned unreduced. Declare out_placements[{k}] = "
-                        f"{dth.describe([dt.Replicate()] * self.mesh.ndim)} (all-reduce), a Shard(d) placement "
-                        f"(reduce-scatter), or {dth.describe(v.placements)} to return the partial values on purpose."
-                    )
-            elif tuple(v.placements) != tuple(o.placements):
-                wants_partial = any(isinstance(p, dt.Partial) for p in o.placements)
-                v = self._redistribute(v if wants_partial else self._readable(v), o.placements, o.where)
-            results.append(v.to_local())
-        return tuple(results)
+        return tuple(self._made[o.index] if o.index in self._made else self._rank_output(o, values[o.index], env)
+                     for o in self.outs)
+
+    def _rank_output(self, o: RankOutput, arg: Any, env: dict) -> Any:
+        dt = dth._dt()
+        v = env[arg] if isinstance(arg, fx.Node) else arg
+        if not isinstance(v, dt.DTensor):
+            return v
+        if o.placements is None:
+            partial = [(d, p) for d, p in enumerate(v.placements) if isinstance(p, dt.Partial)]
+            if partial:
+                d, p = partial[0]
+                k = o.position
+                raise ValueError(
+                    f"{o.where} is {dth.describe(v.placements)} after propagation (a {p.reduce_op} not yet "
+                    f"reduced over mesh dim {d}) and out_placements[{k}] is None (keep as propagated), so it "
+                    f"would be returned unreduced. Declare out_placements[{k}] = "
+                    f"{dth.describe([dt.Replicate()] * self.mesh.ndim)} (all-reduce), a Shard(d) placement "
+                    f"(reduce-scatter), or {dth.describe(v.placements)} to return the partial values on purpose."
+                )
+        elif tuple(v.placements) != tuple(o.placements):
+            wants_partial = any(isinstance(p, dt.Partial) for p in o.placements)
+            v = self._redistribute(v if wants_partial else self._readable(v), o.placements, o.where)
+        return v.to_local()
 
 
 def _region_outs(out_pl: Any) -> tuple:
