@@ -10,7 +10,8 @@ Each case (model, parallelism, ranks) partitions one training step with ``fxforg
   at once: what they cost when nothing hides them);
 * ``fxforge``: the defaults (buckets of ``Config.bucket_bytes``, overlap within
   ``Config.prefetch_peak_growth``);
-* ``inductor``: TorchInductor's ``compile_fx`` on the same per-rank graph (its defaults).
+* ``inductor``: TorchInductor's ``compile_fx`` on the same per-rank graph (its defaults);
+* ``eager``: that per-rank graph run by torch op by op (the collectives as traced).
 
 Per contender: the median step time (each step's time is the slowest rank's, after a barrier),
 the collectives a step issues, the per-rank peak of allocated bytes (``measure.peak_bytes``, one
@@ -47,7 +48,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from ranks import limited_link, link_name, on_ranks  # noqa: E402
 
-CONTENDERS = ("fxforge-off", "fxforge-bucketed", "fxforge", "inductor")
+CONTENDERS = ("fxforge-off", "fxforge-bucketed", "fxforge", "inductor", "eager")
 
 
 def _configs(buckets=()):
@@ -118,8 +119,11 @@ def run_case(rank: int, world: int) -> dict:
                          "planned_peak": p.stats.get("schedule_peak_bytes")}
     finally:
         spmd.compile_graph = compile_graph
+    graph_args = _graph_args(p, shards)
+    if "eager" in case["contenders"]:
+        steps_fn["eager"] = lambda: captured[0](*graph_args)
+        out["eager"] = {"compile_s": 0.0, "collectives": _count(captured[0])}
     if "inductor" in case["contenders"]:
-        graph_args = _graph_args(p, shards)
         with fresh_inductor():
             from torch._inductor.compile_fx import compile_fx
 
@@ -370,21 +374,23 @@ def write_md(path: str) -> None:
              "Exposed: fxforge's wait over fxforge-bucketed's (the same collectives, each waited for at once). "
              "Simulated: `bench/comm_sim.py` replaying that profiled fxforge step, the collectives under the "
              "model `costs.calibrate` fitted on the link at the start of the case.", "",
-             "| model | parallel | ranks | batch | contender | step (ms) | vs fxforge-off | vs inductor | collectives | "
-             "peak MiB | wait (ms) | exposed | simulated wait (ms) | loss error | bit-equal to off |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | parallel | ranks | batch | contender | step (ms) | vs fxforge-off | vs inductor | vs eager | "
+             "collectives | peak MiB | wait (ms) | exposed | simulated wait (ms) | loss error | bit-equal to off |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["cases"]:
         cs = r["contenders"]
-        off, bucketed, ind = cs["fxforge-off"], cs.get("fxforge-bucketed"), cs.get("inductor")
+        off, bucketed, ind, eager = cs["fxforge-off"], cs.get("fxforge-bucketed"), cs.get("inductor"), cs.get("eager")
         for name, c in cs.items():
             exposed = f"{c['wait_s'] / bucketed['wait_s']:.0%}" if name == "fxforge" and bucketed and bucketed["wait_s"] \
                 else ""
             sim = f"{c['simulated_wait_s'] * 1e3:.0f}" if name == "fxforge" and "simulated_wait_s" in c else ""
             vs_ind = f"{c['step_s'] / ind['step_s']:.2f}" if ind else (
                 "(Inductor crashed)" if r.get("inductor_failed") else "")
-            same = "" if name == "inductor" else {True: "yes", False: "**no**", None: ""}[c.get("same_as_off")]
+            vs_eager = f"{c['step_s'] / eager['step_s']:.2f}" if eager else ""
+            same = "" if name in ("inductor", "eager") else {True: "yes", False: "**no**", None: ""}[c.get("same_as_off")]
             lines.append(f"| {r['model']} | {r['parallel']} | {r['world']} | {r.get('batch', '')} | {name} | "
-                         f"{c['step_s'] * 1e3:.0f} | {c['step_s'] / off['step_s']:.2f} | {vs_ind} | {c['collectives']} | "
+                         f"{c['step_s'] * 1e3:.0f} | {c['step_s'] / off['step_s']:.2f} | {vs_ind} | {vs_eager} | "
+                         f"{c['collectives']} | "
                          f"{c['peak_bytes'] / 2**20:.1f} | {c['wait_s'] * 1e3:.0f} | {exposed} | {sim} | "
                          f"{c['loss_error']:.1e} | {same} |")
     lines += ["", "## Targets", "",

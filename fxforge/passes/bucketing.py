@@ -183,8 +183,9 @@ def _gather(gm: fx.GraphModule, mode, b: _Bucket) -> None:
         done = fake_call(gm, mode, f.wait_tensor.default, (merged,))
     inherit_meta([*flats, flat, merged, done], b.members[0])
 
-    def copy_out(offset: int, size: int) -> list[fx.Node]:  # (each member's own view of the rows: the
-        rows = fake_call(gm, mode, aten.view.default, (done, [ranks, sum(sizes)]))  # wait moves down to the first)
+    def copy_out(offset: int, size: int) -> list[fx.Node]:
+        # (each member views the rows itself: nothing reads the wait before the first copy-out)
+        rows = fake_call(gm, mode, aten.view.default, (done, [ranks, sum(sizes)]))
         part = fake_call(gm, mode, aten.slice.Tensor, (rows, 1, offset, offset + size))
         return [rows, part, fake_call(gm, mode, aten.clone.default, (part,), {"memory_format": torch.contiguous_format})]
 

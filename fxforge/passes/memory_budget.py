@@ -598,12 +598,15 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     best, peak = recompute0, default_peak  # (the least planned peak seen, for the error)
     for _ in range(ATTEMPTS):
         recompute, quick = choose(j, recompute, target)
+        if quick > target:  # (the estimate cannot come down that far: neither would the plans)
+            log.debug("fxforge: memory budget %d: aimed at %d on the estimate, reached %d", want, target, quick)
+            break
         p = plans.peak(recompute)
         log.debug("fxforge: memory budget %d: aimed at %d on the estimate, reached %d; planned %d",
                   want, target, quick, p)
         if p < peak:
             best, peak = set(recompute), p
-        if p <= want or quick > target:
+        if p <= want:
             break
         target = quick - (p - want)  # (below what this choice reached on the estimate)
     if peak > want:

@@ -146,7 +146,7 @@ def _sink_copy_outs(seq: list[list[fx.Node]]) -> None:
                 chain.append(u)
                 todo += [unit_of[r] for n in u for r in n.users if r in unit_of]
         for u in sorted(chain, key=lambda u: -at[id(u)]):
-            i = next(k for k in range(at[id(u)], len(seq)) if seq[k] is u)
+            i = at[id(u)]  # (the units moved so far were after it: it has not moved)
             members = set(u)
             j = next((k for k in range(i + 1, len(seq)) if any(a in members for n in seq[k] for a in n.all_input_nodes)),
                      None)
@@ -232,7 +232,7 @@ def wait_at_once(order: list[fx.Node]) -> list[fx.Node]:
     for n in order:
         if n not in moved:
             out.append(n)
-            out += [x for x in dict.fromkeys(after.get(n, ()))]
+            out.extend(dict.fromkeys(after.get(n, ())))
     return out
 
 

@@ -447,7 +447,6 @@ class _Tracer:
         for o in self.outs:
             if isinstance(values[o.index], fx.Node) and values[o.index].op == "call_function":
                 early.setdefault(values[o.index], []).append(o)
-        self._made = {}
         for ph, i, t in zip(placeholders, self.ins, local):
             env[ph] = self._dtensor(t, i.placements, like=i.val) if isinstance(i.val, torch.Tensor) else t
             self._record(ph, env[ph])
