@@ -52,23 +52,32 @@ def _gaps(schedule) -> list[int]:
             if is_collective(waited_collective(w))]
 
 
-def gpt_fsdp_training(rank: int, world: int) -> dict:
-    """A GPT training step (cross-entropy loss: a sum over ``dim=[]`` in its decomposition) with
-    every parameter and the batch ``Shard(0)``, through ``fxforge.partition``: eager's loss and
-    gradients; what the schedule's ``stats["comm"]`` says."""
+def _small_gpt(world: int, seed: int):
+    """A 1-D mesh over the ranks, a small GPT, a batch for every rank, eager's loss with its
+    gradients made."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
-    from torch.export.experimental import _export_forward_backward
 
     from fxforge.entry.demo import GPT, GPTConfig
-    from partition_cases import close
 
     mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(2)
+    torch.manual_seed(seed)
     model = GPT(GPTConfig(vocab=64, seq=16, d=32, heads=2, layers=2))
     idx, tgt = torch.randint(0, 64, (4 * world, 16)), torch.randint(0, 64, (4 * world, 16))
     ref = model(idx, tgt)
     ref.backward()
+    return mesh, model, idx, tgt, ref
+
+
+def gpt_fsdp_training(rank: int, world: int) -> dict:
+    """A GPT training step (cross-entropy loss: a sum over ``dim=[]`` in its decomposition) with
+    every parameter and the batch ``Shard(0)``, through ``fxforge.partition``: eager's loss and
+    gradients; what the schedule's ``stats["comm"]`` says."""
+    from torch.distributed.tensor import Shard
+    from torch.export.experimental import _export_forward_backward
+
+    from partition_cases import close
+
+    mesh, model, idx, tgt, ref = _small_gpt(world, seed=2)
     params = dict(model.named_parameters())
     joint = _export_forward_backward(torch.export.export(model, (idx, tgt)))
     placements = {**{n: [Shard(0)] for n in params}, "idx": [Shard(0)], "targets": [Shard(0)]}
@@ -85,22 +94,15 @@ def gpt_fsdp_gathered(rank: int, world: int) -> dict:
     whole (``compute_placements``), the batch ``Shard(0)``: eager's loss and gradients, as traced
     and with the defaults (buckets, overlap); what the per-rank graph holds and how its schedule
     places the gradients' reduce-scatters."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
     from torch.export.experimental import _export_forward_backward
 
     from fxforge.core.collectives import collective_bytes
     from fxforge.core.graph import storage_root
-    from fxforge.entry.demo import GPT, GPTConfig
     from fxforge.passes.overlap import is_collective
     from partition_cases import close
 
-    mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(3)
-    model = GPT(GPTConfig(vocab=64, seq=16, d=32, heads=2, layers=2))
-    idx, tgt = torch.randint(0, 64, (4 * world, 16)), torch.randint(0, 64, (4 * world, 16))
-    ref = model(idx, tgt)
-    ref.backward()
+    mesh, model, idx, tgt, ref = _small_gpt(world, seed=3)
     params = dict(model.named_parameters())
     stored = {**{n: [Shard(0)] for n in params}, "idx": [Shard(0)], "targets": [Shard(0)]}
     out = {"params": len(params)}

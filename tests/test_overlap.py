@@ -424,9 +424,10 @@ def test_a_graph_without_collectives_is_left_unchanged():
 
 def test_fsdp_gathers_each_parameter_once_and_scatters_gradients_where_they_are_made():
     """``compute_placements`` (stored ``Shard(0)``, read ``Replicate()``) on two gloo ranks: each
-    parameter all-gathered once, eager's loss and gradients; with the defaults the gathers and scatters are bucketed and the first gradient
-    bucket is reduce-scattered while the backward still has matmuls to run (its collective is
-    traced where the gradient is made, not at the graph's output)."""
+    parameter all-gathered once, eager's loss and gradients; with the defaults the gathers and
+    scatters are bucketed; overlapped, the first gradient is reduce-scattered while the backward
+    still has matmuls to run (its collective is traced where the gradient is made, not at the
+    graph's output)."""
     from partition_ranks import run_ranks
 
     from overlap_cases import gpt_fsdp_gathered
