@@ -404,3 +404,31 @@ def test_random_chains_of_out_variant_ops_match_eager_and_plans_verify(case):
     for c in b.compiled:
         verify_memory_plan(c.plan.memory)
         assert c.stats["fallback_nodes"] == 0
+
+
+@pytest.mark.parametrize("op", ["slice_scatter", "select_scatter", "diagonal_scatter"])
+def test_scatter_ops_write_their_planned_buffer_by_two_copies(op):
+    """A scatter op over planned intermediates runs as ``self`` copied into its planned buffer
+    and ``src`` copied over the view: ATen's own kernel clones ``self``'s whole storage, which for
+    a planned value is its arena, at every call (the rotary backward of a LLaMA-style model ran
+    2.3x slower than eager through it)."""
+    srcs = {"slice_scatter": lambda y: y + 1, "select_scatter": lambda y: (y + 1)[:, 0],
+            "diagonal_scatter": lambda y: (y + 1).sum(1)}
+    args = {"slice_scatter": (1, 2, 6), "select_scatter": (1, 3), "diagonal_scatter": (0, 0, 1)}
+
+    def f(x, y):
+        big = x.exp()  # (a second planned value: the arena is larger than the scatter's self)
+        base = x * 2
+        return getattr(torch, op)(base, srcs[op](y), *args[op]) * 3 + big.sum()
+
+    x, y = torch.randn(8, 8), torch.randn(8, 4)
+    b, g = compiled(f, codegen="torch")
+    torch.testing.assert_close(g(x, y), f(x, y))
+    (c,) = b.compiled
+    x, y = torch.randn(8, 8), torch.randn(8, 4)
+    with AtenCalls() as seen:  # (what the wrapper dispatches in one call)
+        (got,) = c(x, y)
+    torch.testing.assert_close(got, f(x, y))
+    assert seen.ops[f"aten::{op}"] == 0 and seen.ops["aten::copy_"] >= 2, seen.ops
+    assert c.stats["fallback_nodes"] == 0
+    assert f"aten.{op}.default(" not in c.source  # (written into its planned buffer)

@@ -63,9 +63,20 @@ def _device_type(node: fx.Node) -> str:
     return t.device.type
 
 
+# A scatter op's result is its ``self`` with ``src`` written over one view of it: into a planned
+# buffer, two copies. (ATen's own kernels clone ``self``'s whole storage to keep its strides: a
+# planned ``self`` is a view of an arena, and the arena would be copied at every call.)
+_SCATTER_VIEWS = {
+    aten.slice_scatter.default: aten.slice.Tensor,
+    aten.select_scatter.default: aten.select.int,
+    aten.diagonal_scatter.default: aten.diagonal.default,
+}
+
+
 def writes_by_copy(node: fx.Node) -> bool:
-    """``clone`` into a planned buffer is one ``copy_`` (its out= overload copies twice)."""
-    return node.target is torch.ops.aten.clone.default
+    """``clone`` into a planned buffer is one ``copy_`` (its out= overload copies twice); a
+    scatter op (``_SCATTER_VIEWS``) is a copy of ``self`` and one of ``src`` over its view."""
+    return node.target is torch.ops.aten.clone.default or node.target in _SCATTER_VIEWS
 
 
 def allocates(node: fx.Node, config: Config) -> bool:
@@ -139,8 +150,13 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
         body.append(f"# {node.name}: {op_display(op)}")
         found = out_variant(op)
         if writes_by_copy(node):
-            src = format_arg(node.args[0], ref, ctx.const)
-            body.append(f"{param(ctx.buffer(node, None))}.copy_({src})")
+            out, src = param(ctx.buffer(node, None)), format_arg(node.args[0], ref, ctx.const)
+            body.append(f"{out}.copy_({src})")
+            if op in _SCATTER_VIEWS:  # (the view's arguments are the scatter's after self and src)
+                rest = [format_arg(a, ref, ctx.const) for a in node.args[2:]]
+                rest += [f"{k}={format_arg(v, ref, ctx.const)}" for k, v in node.kwargs.items()]
+                body.append(f"{op_source(_SCATTER_VIEWS[op])}({', '.join([out, *rest])})"
+                            f".copy_({format_arg(node.args[1], ref, ctx.const)})")
         elif found is not None:
             head = call(op_source(found.op), node)[:-1]  # reads are bound before the outputs
             outs = [param(ctx.buffer(node, i)) for i in _slots(node)]
