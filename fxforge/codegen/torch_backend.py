@@ -1,10 +1,10 @@
 """The built-in ``torch`` backend: a group runs as calls to ATen ops writing into planned buffers.
 
 Each node calls the op's out variant (``lowering/out_variant.py``) with the planned buffers as
-outputs, custom operators included; an ATen op without a usable one runs functionally and keeps
-its result (``allocates``), a custom operator without one runs as an eager fallback.  An
-``invoke_subgraph`` node whose body the spine compiled (``REGION``) calls that compiled body and
-keeps what it returns.  CPU reference backend, and the default on CPU.
+outputs, custom operators included (``clone`` and the scatter ops copy into them instead); an
+ATen op without a usable one runs functionally and keeps its result (``allocates``), a custom
+operator without one runs as an eager fallback.  An ``invoke_subgraph`` node whose body the
+spine compiled (``REGION``) calls that compiled body and keeps what it returns.  CPU reference backend, and the default on CPU.
 """
 
 from __future__ import annotations
@@ -150,13 +150,7 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
         body.append(f"# {node.name}: {op_display(op)}")
         found = out_variant(op)
         if writes_by_copy(node):
-            out, src = param(ctx.buffer(node, None)), format_arg(node.args[0], ref, ctx.const)
-            body.append(f"{out}.copy_({src})")
-            if op in _SCATTER_VIEWS:  # (the view's arguments are the scatter's after self and src)
-                rest = [format_arg(a, ref, ctx.const) for a in node.args[2:]]
-                rest += [f"{k}={format_arg(v, ref, ctx.const)}" for k, v in node.kwargs.items()]
-                body.append(f"{op_source(_SCATTER_VIEWS[op])}({', '.join([out, *rest])})"
-                            f".copy_({format_arg(node.args[1], ref, ctx.const)})")
+            body += _copies(node, param(ctx.buffer(node, None)), lambda a: format_arg(a, ref, ctx.const), op_source)
         elif found is not None:
             head = call(op_source(found.op), node)[:-1]  # reads are bound before the outputs
             outs = [param(ctx.buffer(node, i)) for i in _slots(node)]
@@ -182,6 +176,15 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
         node_count=sum(1 for n in group.nodes if node_kind(n) == "compute"),
         unique_io_buffers=len(storages),
     )
+
+
+def _copies(node: fx.Node, out: str, arg, op_source) -> list[str]:
+    """``writes_by_copy``: the lines writing ``node``'s result into its planned buffer ``out``."""
+    lines = [f"{out}.copy_({arg(node.args[0])})"]
+    if node.target in _SCATTER_VIEWS:  # (the view's arguments are the scatter's after self and src)
+        rest = [arg(a) for a in node.args[2:]] + [f"{k}={arg(v)}" for k, v in node.kwargs.items()]
+        lines.append(f"{op_source(_SCATTER_VIEWS[node.target])}({', '.join([out, *rest])}).copy_({arg(node.args[1])})")
+    return lines
 
 
 def _region_call(node: fx.Node, ref, ctx: KernelContext) -> list[str]:

@@ -17,9 +17,9 @@ one collective of at most ``Config.bucket_bytes`` (what one rank sends):
 Each bucket is issued just after the last of its inputs is made, waited for where its first
 member was read (``passes/overlap.py`` then moves both).  Views of a member's result that only
 pass it on (a gradient viewed in its parameter's shape for the graph's output) are moved down to
-where it is read, so that they do not count as reading it.  A member joins a bucket only if its input does not
-depend on what the bucket waits for (no cycle), and the order of the collectives stays the same
-on every rank: buckets are made the same way from the same graph.  ``stats`` of the pass:
+where it is read, so that they do not count as reading it.  A member joins a bucket only if its
+input does not depend on what the bucket waits for (no cycle), and the order of the collectives
+stays the same on every rank: buckets are made the same way from the same graph.  ``stats`` of the pass:
 ``buckets`` (merged collectives made), ``bucketed`` (collectives merged into them).
 """
 
@@ -161,7 +161,10 @@ def _bucket_at(b: _Bucket) -> fx.Node:
     result is read (``_buckets``). A collective issued where its input is ready stays ahead of
     those the graph has after it (the overlap keeps the issue order)."""
     order = {n: i for i, n in enumerate(b.members[0].graph.nodes)}
-    return max((m.args[0] for m in b.members), key=order.__getitem__).next
+    at = max((m.args[0] for m in b.members), key=order.__getitem__).next
+    while at.op == "placeholder":  # (inputs stay the graph's first nodes)
+        at = at.next
+    return at
 
 
 def _first_reader(w: fx.Node) -> fx.Node:
