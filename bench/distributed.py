@@ -1,8 +1,9 @@
 """Distributed training steps: what overlapping and bucketing the collectives buys, on gloo ranks.
 
 Each case (model, parallelism, ranks) partitions one training step with ``fxforge.partition``
-(``bench/dist_models.py``: FSDP-style, every parameter ``Shard(0)``; or FSDP + Megatron TP on a
-2 x 2 mesh) and runs these contenders on the same per-rank program, interleaved step by step:
+(``bench/dist_models.py``: FSDP, every parameter stored ``Shard(0)`` and gathered whole before
+use, ``compute_placements``; or FSDP + Megatron TP on a 2 x 2 mesh) and runs these contenders
+on the same per-rank program, interleaved step by step:
 
 * ``fxforge-off``: fxforge with ``comm_overlap=False, bucket_bytes=0`` (the collectives as
   traced, each waited for at once);
