@@ -237,7 +237,7 @@ def main() -> int:
         if rc is not None:
             return rc
     path = os.path.join(args.out, f"{args.tag}.json")
-    data = json.load(open(path)) if os.path.exists(path) else {"cases": []}
+    data = _with_command(json.load(open(path)) if os.path.exists(path) else {"cases": []})
     from comm_sim import simulate
 
     for model in args.models:
@@ -315,8 +315,21 @@ def simulate_worlds(args) -> int:
                 print(f"{model} {parallel} x{world}: compute {r['compute_s'] * 1e3:.0f} ms, " + ", ".join(
                     f"{k} comm {v['comm_s'] * 1e3:.0f} ms exposed {v['wait_s'] * 1e3:.0f} ms"
                     for k, v in r["links"].items()), flush=True)
-    write_md(os.path.join(args.out, f"{args.tag}.json"))
+    main_path = os.path.join(args.out, f"{args.tag}.json")
+    if os.path.exists(main_path):
+        with open(main_path) as f:
+            data = _with_command(json.load(f))
+        with open(main_path, "w") as f:
+            json.dump(data, f, indent=1)
+    write_md(main_path)
     return 0
+
+
+def _with_command(data: dict) -> dict:
+    """``data`` with this run's command last among those that made its results."""
+    command = "python bench/distributed.py " + " ".join(sys.argv[1:])
+    data["commands"] = [c for c in data.get("commands", []) if c != command] + [command]
+    return data
 
 
 def _crash(text: str) -> str:
@@ -363,9 +376,9 @@ def _bucket_md(data: dict) -> list[str]:
 
 def write_md(path: str) -> None:
     data = json.load(open(path)) if os.path.exists(path) else {"cases": []}
+    made = " then ".join(f"`{c}`" for c in data.get("commands", [])) or "`python bench/distributed.py --link 1gbit`"
     lines = ["# Distributed training steps (bench/distributed.py)", "",
-             "`python bench/distributed.py --link 1gbit` then `python bench/distributed.py --simulate 2 4 8 16 64` on "
-             "this machine: 2 cores, gloo ranks of one thread each, the ranks' loopback limited to 1 Gbit/s in a "
+             f"{made} on this machine: 2 cores, gloo ranks of one thread each, the ranks' loopback limited to 1 Gbit/s in a "
              "network namespace (shared by all ranks). `fxforge.partition` of one training step "
              "(`bench/dist_models.py`), `batch` sequences of 128 tokens per data-parallel rank. Step: median over "
              "the steps of the slowest rank's time. Peak: bytes allocated during one step, at most at once "
