@@ -613,13 +613,18 @@ def peak_live_bytes(ranges: Iterable[tuple[int, int, int]]) -> int:
     return peak
 
 
+def is_tangent(n: fx.Node) -> bool:
+    """An incoming gradient of an AOTAutograd backward or joint graph (a ``tangents_*`` input)."""
+    return n.op == "placeholder" and n.name.startswith("tangents")
+
+
 def inputs_freed_at_last_use(gm: fx.GraphModule) -> list[fx.Node]:
     """The placeholders whose storage the call frees at its last use (the wrapper drops its
     references then), a guess from AOTAutograd's names: in a backward graph (it has
     ``tangents_*`` inputs) the saved activations and incoming grads; ``primals_*`` (weights and
     user inputs) are held by the caller, as is every input of any other graph."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if not any(n.name.startswith("tangents_") for n in placeholders):
+    if not any(is_tangent(n) for n in placeholders):
         return []
     return [n for n in placeholders if not n.name.startswith("primals_")]
 

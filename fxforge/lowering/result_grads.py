@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..core.graph import is_tangent
 from ..infra.pass_manager import PassResult
 
 aten = torch.ops.aten
@@ -84,7 +85,7 @@ RULES = {
 def backward_nodes(gm: fx.GraphModule) -> set[fx.Node]:
     """The nodes of a joint graph computed from the incoming gradients (``tangents_*``)."""
     seen: set[fx.Node] = set()
-    todo = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    todo = [n for n in gm.graph.nodes if is_tangent(n)]
     while todo:
         n = todo.pop()
         if n not in seen:

@@ -57,9 +57,11 @@ class BucketCollectives:
             return PassResult(gm, False, {})
         make = {f.all_gather_into_tensor.default: (_gather_key, _gather),
                 f.reduce_scatter_tensor.default: (_scatter_key, _scatter)}
+        # (positions read once: a wait's views and their readers are not moved by another wait's)
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
         for n in list(gm.graph.nodes):
             if n.op == "call_function" and n.target in make and _only_wait(n) is not None:
-                _sink_views(_only_wait(n))
+                _sink_views(_only_wait(n), order)
         buckets = _buckets(gm, make, self.config.bucket_bytes)
         for b in buckets:
             make[b.members[0].target][1](gm, mode, b)
@@ -105,7 +107,7 @@ def _buckets(gm: fx.GraphModule, make: dict, limit: int) -> list[_Bucket]:
     return done + [b for b in open_.values() if len(b.members) > 1]
 
 
-def _sink_views(w: fx.Node) -> None:
+def _sink_views(w: fx.Node, order: dict[fx.Node, int]) -> None:
     """The views of ``w`` (a wait's result), and theirs, moved down to just before the first node
     reading one of them that is not such a view: a gradient reduce-scattered where it is made is
     viewed in its parameter's shape there but read only by the graph's output, and a bucket may
@@ -119,7 +121,6 @@ def _sink_views(w: fx.Node) -> None:
             stack.extend(u.users)
     if not chain:
         return
-    order = {n: i for i, n in enumerate(w.graph.nodes)}
     members = set(chain)
     first = min((r for u in chain for r in u.users if r not in members), key=order.__getitem__, default=None)
     if first is None:

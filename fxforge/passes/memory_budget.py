@@ -43,8 +43,8 @@ import torch.fx as fx
 
 from ..core.collectives import is_collective, is_wait
 from ..core.costs import ComputeModel, compute_model, node_flops, value_bytes
-from ..core.graph import (PROBES, VAL, SharedProbes, aliased_input, is_mutating, output_nodes, peak_live_bytes,
-                          storage_root, tensors)
+from ..core.graph import (PROBES, VAL, SharedProbes, aliased_input, is_mutating, is_tangent, output_nodes,
+                          peak_live_bytes, storage_root, tensors)
 from ..core.plan import MemoryPlan
 from .memory import eager_scratch_bytes
 
@@ -110,7 +110,7 @@ class Joint:
         self.root = {n: storage_root(n) for n in self.nodes}  # (the storage each value lives in)
         # what eager ops (convolutions) allocate inside themselves while they run
         self.scratch = {n: b for n in self.nodes if (b := eager_scratch_bytes(n))}
-        tangents = [n for n in self.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+        tangents = [n for n in self.nodes if is_tangent(n)]
         # the backward: every node that reads an incoming gradient, directly or not
         back: set[fx.Node] = set(tangents)
         for n in self.nodes:
@@ -136,7 +136,7 @@ class Joint:
         """The step's inputs it computes a gradient for (the joint graph's outputs past the
         forward's are one per input, None where there is none)."""
         out = next(n for n in reversed(self.nodes) if n.op == "output").args[0]
-        primals = [n for n in self.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
+        primals = [n for n in self.nodes if n.op == "placeholder" and not is_tangent(n)]
         grads = list(out[self.num_fwd_outputs:]) if isinstance(out, (tuple, list)) else []
         if len(grads) != len(primals):
             return set()
@@ -739,7 +739,7 @@ def backward_order(graph: fx.Graph) -> None:
     read that nothing after it needs are dropped, but for ``copy_`` (a mutation kept)."""
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
-    reads = [u for n in nodes if n.op == "placeholder" and n.name.startswith("tangents") for u in n.users]
+    reads = [u for n in nodes if is_tangent(n) for u in n.users]
     if not reads:
         return
     first = order[min(reads, key=order.__getitem__)]

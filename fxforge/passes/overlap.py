@@ -217,16 +217,23 @@ def _hoist(seq, prof, u, floor: int, sizes, bound: float, reach: float) -> tuple
     return target, True
 
 
+def waits_of(order: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+    """Each collective's waits in ``order``, in order."""
+    waits: dict[fx.Node, list[fx.Node]] = {}
+    for n in order:
+        c = waited_collective(n) if is_wait(n) else None
+        if c is not None:
+            waits.setdefault(c, []).append(n)
+    return waits
+
+
 def wait_at_once(order: list[fx.Node]) -> list[fx.Node]:
     """``order`` with each collective waited for right after it is issued (``Config(comm_overlap=
     False)``: every collective exposed, as tracing leaves them; a schedule by live bytes may
     otherwise run compute between the two by chance)."""
-    after: dict[fx.Node, list[fx.Node]] = {}
     issued = set(order)
-    for n in order:
-        c = waited_collective(n) if is_wait(n) else None
-        if c is not None and c in issued:
-            after.setdefault(c, []).extend(([] if n.args[0] is c else [n.args[0]]) + [n])
+    after = {c: [x for w in ws for x in ([] if w.args[0] is c else [w.args[0]]) + [w]]  # (a coalesced one's getitem)
+             for c, ws in waits_of(order).items() if c in issued}
     moved = {x for xs in after.values() for x in xs}
     out: list[fx.Node] = []
     for n in order:
@@ -245,11 +252,7 @@ def bound_in_flight(order: list[fx.Node], limit: int) -> tuple[list[fx.Node], in
     their order.  Returns the order and how many collectives or waits moved."""
     if not limit:
         return order, 0
-    waits: dict[fx.Node, list[fx.Node]] = {}
-    for n in order:
-        c = waited_collective(n) if is_wait(n) else None
-        if c is not None:
-            waits.setdefault(c, []).append(n)
+    waits = waits_of(order)
     out: list[fx.Node] = []
     done: set[fx.Node] = set()
     in_flight: list[fx.Node] = []
