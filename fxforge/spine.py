@@ -22,8 +22,8 @@ from .artifact import graph_cache
 from .artifact.compiled import Compiled, KernelInfo
 from .core.config import Config
 from .core.costs import comm_model, compute_model
-from .core.graph import (BACKEND, FALLBACK, FALLBACK_BACKEND, GROUP, GUARD_INPUTS, REGION, VAL, count_compute_nodes,
-                         output_nodes, region_body)
+from .core.graph import (BACKEND, FALLBACK, FALLBACK_BACKEND, GRAPH_META_KEYS, GROUP, GUARD_INPUTS, HEAD_START, PROBES,
+                         REGION, SAVE_PLAN, VAL, count_compute_nodes, output_nodes, region_body)
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.conv_layout import ConvLayout
 from .lowering.crops import LowerCrops
@@ -330,16 +330,69 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
     return Plan(sched, groups, memory), sched_stats
 
 
-def planned_memory(gm: fx.GraphModule, config: Config, kind: str, registry: Registry) -> MemoryPlan:
-    """The memory plan of ``gm`` compiled by the default passes, no code emitted. The passes
-    rewrite ``gm``: hand in a graph made for this."""
+@dataclass
+class HeadStart:
+    """A graph's passes, schedule and memory plan run before the graph reached the compiler (the
+    memory-budget partitioner plans each choice it weighs, ``plan_ahead``); ``_emit`` goes on from
+    them where the graph meets the compile as it met them (``fits``)."""
+
+    config: Config
+    kind: str
+    meta: dict  # the graph's fxforge metadata the passes ran under (``_pass_meta``)
+    gm: fx.GraphModule  # after the passes
+    records: list
+    recorder: PassRecorder
+    plan: Plan
+    sched_stats: dict
+    seconds: dict  # each stage's
+
+    @property
+    def memory(self) -> MemoryPlan:
+        return self.plan.memory
+
+    # A copy of the graph (AOTAutograd copies a backward before compiling it) shares its head
+    # start, which its compile takes over whole; a pickled one drops it.
+    def __copy__(self) -> "HeadStart":
+        return self
+
+    def __deepcopy__(self, memo) -> "HeadStart":
+        return self
+
+    def __reduce__(self):
+        return (_dropped, ())
+
+    def fits(self, gm: fx.GraphModule, config: Config, kind: str) -> bool:
+        """The compile of ``gm`` would run the same passes on the same graph: same Config, kind and
+        metadata (a backward's input strides are the forward's compiled outputs' only then)."""
+        return config == self.config and kind == self.kind and _pass_meta(gm) == self.meta
+
+
+def _dropped() -> None:
+    return None
+
+
+def _pass_meta(gm: fx.GraphModule) -> dict:
+    """The graph metadata fxforge's passes and wrapper read (all of it but what a head start or
+    the memory budget keep beside it)."""
+    return {k: v for k, v in gm.meta.items() if k in GRAPH_META_KEYS and k not in (PROBES, SAVE_PLAN, HEAD_START)}
+
+
+def plan_ahead(gm: fx.GraphModule, config: Config, kind: str, registry: Registry) -> HeadStart:
+    """``gm`` through the default passes, schedule and memory plan, no code emitted: its memory
+    plan (``HeadStart.memory``), and where ``gm`` is later compiled with this head start
+    (``HEAD_START``), what the compile goes on from. The passes rewrite ``gm``: hand in a graph
+    made for this."""
     progress = Progress(kind, count_compute_nodes(gm), enabled=False)
+    meta = _pass_meta(gm)
     try:
-        gm, _ = _run_passes(gm, config, kind, registry, None, progress, lambda name, g: None)
-        plan, _ = _plan(gm, config, kind, registry, _Stages(progress))
+        stages = _Stages(progress)
+        recorder = PassRecorder()
+        gm, records = _run_passes(gm, config, kind, registry, None, progress, recorder)
+        stages.done("passes")
+        plan, sched_stats = _plan(gm, config, kind, registry, stages)
     finally:
         progress.close()
-    return plan.memory
+    return HeadStart(config, kind, meta, gm, records, recorder, plan, sched_stats, dict(stages.seconds))
 
 
 @dataclass
@@ -376,10 +429,20 @@ def _emit(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, pas
         stages.done("regions")
     graph_id = next(_graph_ids)
     label = f"{kind}-region-{graph_id}" if region else f"{kind}-{graph_id}"
-    recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
-    gm, records = _run_passes(gm, config, kind, registry, passes, progress, recorder)
-    stages.done("passes")
-    plan, sched_stats = _plan(gm, config, kind, registry, stages)
+    head = HEAD_START.get(gm)
+    HEAD_START.clear(gm)
+    if head is not None and passes is None and not regions and head.fits(gm, config, kind):
+        # (the passes, schedule and plan ran ahead, on a copy of this graph: the stages' seconds are those)
+        log.debug("fxforge: the %s graph's passes and plan ran ahead (memory budget); its compile goes on from them",
+                  kind)
+        gm, records, recorder, plan, sched_stats = head.gm, head.records, head.recorder, head.plan, head.sched_stats
+        stages.seconds.update(head.seconds)
+        stages.clock = time.perf_counter()
+    else:
+        recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
+        gm, records = _run_passes(gm, config, kind, registry, passes, progress, recorder)
+        stages.done("passes")
+        plan, sched_stats = _plan(gm, config, kind, registry, stages)
     w = wrapper.generate(gm, plan, registry, config, graph=label)
     stages.done("codegen")
     return _Emitted(gm, config, kind, registry, region, t0, nodes_in, eager_peak, stages, regions, graph_id, label,

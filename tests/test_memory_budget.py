@@ -211,28 +211,34 @@ def test_the_report_lists_what_is_saved_and_recomputed():
         assert f"<code>{name}</code>" in html
 
 
+def _conv_net(channels: int = 16) -> tuple[torch.nn.Module, torch.Tensor]:
+    """Convolutions with batch norms (training) and a classifier, and a batch for it."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Conv2d(3, channels, 3, padding=1), torch.nn.BatchNorm2d(channels), torch.nn.ReLU()]
+    for _ in range(3):
+        layers += [torch.nn.Conv2d(channels, channels, 3, padding=1), torch.nn.BatchNorm2d(channels), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(channels, 10))
+    return model, torch.randn(64, 3, 16, 16)
+
+
+def _conv_step(m: torch.nn.Module, x: torch.Tensor):
+    for p in m.parameters():
+        p.grad = None
+    loss = m(x).square().mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in m.parameters()]
+
+
 def test_batch_norm_results_are_recomputed_from_batch_statistics():
     """A training-mode batch norm's result is recomputed from the batch statistics it saved; it
     updates its running statistics in the forward, which the backward must never read (saved,
     they would be the updated tensors)."""
-    torch.manual_seed(0)
-    layers = [torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU()]
-    for _ in range(3):
-        layers += [torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
-    x = torch.randn(64, 3, 16, 16)
-
-    def step(m):
-        for p in m.parameters():
-            p.grad = None
-        loss = m(x).square().mean()
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in m.parameters()]
-
+    model, x = _conv_net()
     eager = copy.deepcopy(model)
-    loss, grads = step(eager)
+    loss, grads = _conv_step(eager, x)
     cm, b = _compiled(model, 0.85)
-    got, got_grads = step(cm)
+    got, got_grads = _conv_step(cm, x)
     plan = b.compiled[0].stats["memory_budget"]
     assert plan["planned_peak_bytes"] <= plan["budget_bytes"] < plan["default_peak_bytes"]
     assert any(name.startswith("relu") for name in plan["recomputed"])  # from the batch norm's statistics
@@ -336,3 +342,49 @@ def test_the_backward_orders_recomputation_as_the_autograd_engine_would(monkeypa
     assert any(ref_order != before for _, ref_order, before in compared)  # (something was moved)
     for got_order, ref_order, _ in compared:
         assert got_order == ref_order
+
+
+def test_the_chosen_graphs_compile_from_their_plans(monkeypatch):
+    """The partitioner plans each choice it weighs (passes, schedule, memory plan); the forward
+    and backward it hands over are compiled from those plans, not passed again (the forward
+    planned with its saved values' layouts free, the backward with them as the forward lays them
+    out, as the compile has them), and the step is eager's. A plan made under other metadata, kind
+    or Config is not taken."""
+    import dataclasses
+
+    from fxforge import spine
+    from fxforge.core.graph import INPUT_STRIDES
+
+    monkeypatch.setenv("FXFORGE_GRAPH_CACHE", "0")  # (a graph loaded from the cache runs no passes)
+    ahead, passes = [], []
+    plan_ahead, run_passes = spine.plan_ahead, spine._run_passes
+
+    def counted_plan_ahead(gm, config, kind, registry):
+        ahead.append(plan_ahead(gm, config, kind, registry))
+        return ahead[-1]
+
+    def counted_run_passes(gm, config, kind, *args):
+        passes.append(kind)
+        return run_passes(gm, config, kind, *args)
+
+    monkeypatch.setattr(spine, "plan_ahead", counted_plan_ahead)
+    monkeypatch.setattr(spine, "_run_passes", counted_run_passes)
+    model, x = _conv_net(channels=12)
+    loss, grads = _conv_step(copy.deepcopy(model), x)
+    cm, b = _compiled(model, 0.85)
+    got, got_grads = _conv_step(cm, x)
+    torch.testing.assert_close(got, loss, rtol=1e-4, atol=1e-5)
+    for g, r in zip(got_grads, grads):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-4)
+    assert len(ahead) >= 4 and len(passes) == len(ahead), (len(ahead), passes)  # the compiles ran none
+    for c in b.compiled:
+        assert any(c.graph is h.gm for h in ahead), c.stats["graph"]
+    backward = next(h for h in ahead if any(c.graph is h.gm for c in b.compiled) and h.kind == "backward")
+    assert INPUT_STRIDES.get(backward.gm), "the forward lays saved values out otherwise than traced"
+    g = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    g.meta.update(backward.meta)
+    assert backward.fits(g, backward.config, "backward")
+    assert not backward.fits(g, backward.config, "forward")
+    assert not backward.fits(g, dataclasses.replace(backward.config, max_fusion_size=1), "backward")
+    INPUT_STRIDES.set(g, {})
+    assert not backward.fits(g, backward.config, "backward")

@@ -139,9 +139,14 @@ SAVE_PLAN: MetaKey[Any] = MetaKey(
     "fxforge_save_plan", "passes.memory_budget.SavePlan: on a training forward and backward partitioned under "
     "Config.memory_budget, what the step saves and recomputes and its planned peak (entry/dynamo.py)", graph=True)
 
+HEAD_START: MetaKey[Any] = MetaKey(
+    "fxforge_head_start", "spine.HeadStart: the graph's passes, schedule and memory plan, run before it was handed "
+    "to the compiler (the memory-budget partitioner planned the forward and backward it chose); the compile goes "
+    "on from them where they ran under the graph's metadata and Config (spine.plan_ahead)", graph=True)
+
 _KEYS = (GROUP, BACKEND, FALLBACK, BUFFER, ALLOCATES, SLICE_OF, ZERO_COPY, SYMMETRIC, REGION, OUTPUT_ALIASES, PROBES,
          INPUT_STRIDES, FREE_OUTPUTS, CUSTOM_OP_DISPATCH, BODY_RETURNS, GUARD_INPUTS,
-         SAVE_PLAN)
+         SAVE_PLAN, HEAD_START)
 META_KEYS = {VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
              **{k: k.doc for k in _KEYS if not k.graph}}
 GRAPH_META_KEYS = {k: k.doc for k in _KEYS if k.graph}  # the keys fxforge writes in a GraphModule's own meta

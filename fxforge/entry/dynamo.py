@@ -198,11 +198,13 @@ def _partitioner(config: Config, splits: tuple[str, ...], registry: Registry, co
         if config.memory_budget is None:
             return partition(joint, joint_inputs, **kwargs)
         from ..passes.memory_budget import partition_under_budget
-        from ..spine import planned_memory
+        from ..spine import plan_ahead
 
+        # (the forward is planned with its saved values free to keep their layouts, as compile_one
+        # has it: the chosen graphs' compiles then go on from their plans)
         fw, bw, plan = partition_under_budget(
-            joint, joint_inputs, base=partition, budget=config.memory_budget,
-            planner=lambda gm, kind: planned_memory(gm, config, kind, registry),
+            joint, joint_inputs, base=partition, budget=config.memory_budget, free_outputs=True,
+            planner=lambda gm, kind: plan_ahead(gm, config, kind, registry),
             step_peak_so_far=max((c.stats["memory_budget"]["default_peak_bytes"] for c in compiled
                                   if "memory_budget" in c.stats), default=0), **kwargs)
         SAVE_PLAN.set(fw, plan)

@@ -12,7 +12,10 @@ peak is over the budget, stops saving values, which the backward then recomputes
   the caller holding the outputs through the backward). The choice itself runs on a quick
   estimate (``step_peak``: the joint graph's values in order, each recomputed one made just before
   its first read in the backward), aimed lower by what the plans add, and is made again while the
-  plans are over. Parameters and inputs are not counted: they exist before the step.
+  plans are over. Parameters and inputs are not counted: they exist before the step. The graphs
+  are planned as they will be compiled (the forward's saved values free to keep the layouts its
+  passes give them, the backward taking them in those), and the two chosen are compiled from
+  their plans (``HEAD_START``): a choice costs its planning, the chosen one nothing more.
 * **The cost** of recomputing is fxforge's compute model's time (``core.costs``): a matmul or a
   convolution costs its FLOPs, a reduction its bytes, a pointwise op or a view about nothing (it
   fuses into the backward kernel that reads it).
@@ -43,8 +46,8 @@ import torch.fx as fx
 
 from ..core.collectives import is_collective, is_wait
 from ..core.costs import ComputeModel, compute_model, node_flops, value_bytes
-from ..core.graph import (PROBES, VAL, SharedProbes, aliased_input, is_mutating, is_tangent, output_nodes,
-                          peak_live_bytes, storage_root, tensors)
+from ..core.graph import (FREE_OUTPUTS, HEAD_START, INPUT_STRIDES, PROBES, VAL, SharedProbes, aliased_input,
+                          is_mutating, is_tangent, output_nodes, peak_live_bytes, storage_root, tensors)
 from ..core.plan import MemoryPlan
 from .memory import eager_scratch_bytes
 
@@ -514,30 +517,42 @@ RESULT_RULES: dict[Any, Callable] = {
 # --------------------------------------------------------------------------- the partition
 
 
-# A graph's memory plan: ``spine.planned_memory`` with the entry point's Config and registry,
-# given the graph and its kind ("forward" or "backward").
-Planner = Callable[[fx.GraphModule, str], MemoryPlan]
+# A graph's passes and memory plan: ``spine.plan_ahead`` with the entry point's Config and registry,
+# given the graph and its kind ("forward" or "backward"); what it returns has the plan as ``memory``,
+# and is handed to the compile of the graph planned (``HEAD_START``) where that graph is chosen.
+Planner = Callable[[fx.GraphModule, str], Any]
 
 
 @dataclass
 class _Trial:
-    """A choice as the memory plans lay it out: the step's peak, the graphs, what makes the peak."""
+    """A choice as the memory plans lay it out: the step's peak, the graphs, what makes the peak,
+    and the graphs' plans (each graph's head start to its compile)."""
 
     peak: int
     fw: fx.GraphModule
     bw: fx.GraphModule
     where: str
+    ahead: tuple[Any, Any]
+
+    def hand_over(self) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """The forward and backward, each with its planned passes as its compile's head start."""
+        HEAD_START.set(self.fw, self.ahead[0])
+        HEAD_START.set(self.bw, self.ahead[1])
+        return self.fw, self.bw
 
 
 class _Plans:
     """Each choice planned once (``peak``): its step peak, its forward and backward graphs, and
     what makes the peak (``tried``). The planner's passes rewrite copies; the backends' probes
-    (codegen/probes.py) are shared by every graph planned and the two compiled."""
+    (codegen/probes.py) are shared by every graph planned and the two compiled. A forward's outputs
+    past ``num_fwd_outputs`` are planned free to keep the layouts the passes give them
+    (``FREE_OUTPUTS``, as the compile has them where ``free_outputs``), and its backward to take
+    its saved values in them (``INPUT_STRIDES``)."""
 
     def __init__(self, joint: fx.GraphModule, j: Joint, fw0: fx.GraphModule, num_fwd_outputs: int, kwargs: dict,
-                 planner: Planner):
+                 planner: Planner, free_outputs: bool):
         self.joint, self.j, self.fw0, self.num_fwd_outputs, self.kwargs = joint, j, fw0, num_fwd_outputs, kwargs
-        self.planner = planner
+        self.planner, self.free_outputs = planner, free_outputs
         self.tried: dict[frozenset[fx.Node], _Trial] = {}
         self.probes = SharedProbes()
 
@@ -550,13 +565,20 @@ class _Plans:
             f, b = graphs or _extract(self.joint, j, recompute, self.fw0, self.num_fwd_outputs, self.kwargs)
             fc, bc = _copy(f), _copy(b)
             self.hand_probes(fc, bc)
-            fp, bp = self.planner(fc, "forward"), self.planner(bc, "backward")
+            if self.free_outputs:
+                FREE_OUTPUTS.set(fc, self.num_fwd_outputs)
+            fa = self.planner(fc, "forward")
+            given = _given_strides(f, fa.gm, b, self.num_fwd_outputs)
+            if given:
+                INPUT_STRIDES.set(bc, given)
+            ba = self.planner(bc, "backward")
+            fp, bp = fa.memory, ba.memory
             # (each graph's kept arenas are held while the other runs; the caller holds the outputs)
             at = [("forward", fp, {"the backward's kept arenas": bp.kept_bytes}),
                   ("backward", bp, {"the forward's kept arenas": fp.kept_bytes,
                                     "the forward's outputs the caller holds": j.output_bytes(recompute)})]
             kind, plan, held = max(at, key=lambda x: x[1].peak_bytes + sum(x[2].values()))
-            self.tried[key] = _Trial(plan.peak_bytes + sum(held.values()), f, b, _where(kind, plan, held))
+            self.tried[key] = _Trial(plan.peak_bytes + sum(held.values()), f, b, _where(kind, plan, held), (fa, ba))
         return self.tried[key].peak
 
     def hand_probes(self, *graphs: fx.GraphModule) -> None:
@@ -565,9 +587,29 @@ class _Plans:
             PROBES.set(g, self.probes)
 
 
+def _given_strides(fw: fx.GraphModule, planned_fw: fx.GraphModule, bw: fx.GraphModule,
+                   num_fwd_outputs: int) -> dict[str, tuple]:
+    """The backward's saved inputs whose strides the planned forward lays out otherwise than
+    traced: name -> strides (what AOTAutograd gives the backward's compiler once the forward
+    reports its outputs' strides; ``entry/dynamo.caller_layouts``)."""
+    def outs(gm: fx.GraphModule) -> list:
+        out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    inputs = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
+    given = {}
+    for o, p in zip(outs(fw)[num_fwd_outputs:], outs(planned_fw)[num_fwd_outputs:]):
+        n = inputs.get(o.name) if isinstance(o, fx.Node) else None
+        v, w = (n.meta.get(VAL) if n is not None else None), (p.meta.get(VAL) if isinstance(p, fx.Node) else None)
+        if (isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor) and v.shape == w.shape
+                and all(type(s) is int for s in (*v.shape, *w.stride())) and v.stride() != w.stride()):
+            given[n.name] = tuple(w.stride())
+    return given
+
+
 def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callable, budget: int | float,
                            planner: Planner, num_fwd_outputs: int, step_peak_so_far: int = 0,
-                           **kwargs) -> tuple[fx.GraphModule, fx.GraphModule, SavePlan]:
+                           free_outputs: bool = False, **kwargs) -> tuple[fx.GraphModule, fx.GraphModule, SavePlan]:
     """Partition ``joint`` with ``base`` (an AOTAutograd partitioner); where the step's planned
     peak is over ``budget`` (``Config.memory_budget``), recompute more in the backward until the
     memory plans fit. A fraction is of the largest default peak among this graph's and
@@ -580,11 +622,12 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     # what the base partitioner recomputes: the forward's nodes its backward graph runs again
     recompute0 = {j.by_name[n.name] for n in bw.graph.nodes
                   if n.op == "call_function" and j.by_name.get(n.name) in j.is_forward}
-    plans = _Plans(joint, j, fw, num_fwd_outputs, kwargs, planner)
+    plans = _Plans(joint, j, fw, num_fwd_outputs, kwargs, planner, free_outputs)
     default_peak = plans.peak(recompute0, (fw, bw))
     want = budget_bytes(budget, max(default_peak, step_peak_so_far))
     plans.hand_probes(fw, bw)
     if default_peak <= want:
+        fw, bw = plans.tried[frozenset(recompute0)].hand_over()
         return fw, bw, _plan(j, recompute0, want, default_peak, default_peak)
     if split_results(joint):  # (the default's choice again, by name, on the graph with results split)
         names, default = {n.name for n in recompute0}, plans.tried[frozenset(recompute0)]
@@ -622,8 +665,7 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
         if peak > want:
             raise MemoryBudgetError(_impossible(want, peak, default_peak, plans.tried[frozenset(best)].where,
                                                 step_peak(j, best)[1]))
-    chosen = plans.tried[frozenset(best)]
-    fw, bw = chosen.fw, chosen.bw
+    fw, bw = plans.tried[frozenset(best)].hand_over()
     plans.hand_probes(fw, bw)
     plan = _plan(j, best, want, default_peak, peak)
     log.info("fxforge: memory budget %d bytes: %d values recomputed in the backward, planned step peak %d "
