@@ -140,7 +140,7 @@ def compile_graph(
     """Compile an ATen-level GraphModule whose nodes carry ``meta["val"]`` (``region``: the name
     of the ``invoke_subgraph`` body it is, called from a graph of this ``kind``), or load it from
     the compiled-graph cache (``artifact/graph_cache.py``; ``cache=False``: compile it here)."""
-    with _older_objects_frozen():  # (the key, the load and the compile each make many objects)
+    with older_objects_frozen():  # (the key, the load and the compile each make many objects)
         return _start(gm, config, kind, registry or DEFAULT_REGISTRY, passes, region, cache)()
 
 
@@ -180,7 +180,7 @@ def _start(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, pa
 
 def _compile(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None, region: str,
              announce: bool = True) -> Compiled:
-    with _older_objects_frozen():  # (also where a loaded graph's plan is made on demand)
+    with older_objects_frozen():  # (also where a loaded graph's plan is made on demand)
         return _compile_steps(gm, config, kind, registry, passes, region, announce)()
 
 
@@ -253,7 +253,7 @@ _NEXT_STAGE = {"regions": "passes", "passes": "schedule", "schedule": "memory pl
 
 
 @contextlib.contextmanager
-def _older_objects_frozen():
+def older_objects_frozen():
     """Python's cyclic garbage collector leaves the objects that existed before the compile alone
     while it runs (``gc.freeze``), and takes them back after.  A compile makes many objects that
     live until it ends; as they age, the collector's full passes would walk the whole heap
@@ -271,7 +271,7 @@ def _older_objects_frozen():
         gc.unfreeze()
 
 
-# Set while a compile of this context froze the older objects (``_older_objects_frozen``).
+# Set while a compile of this context froze the older objects (``older_objects_frozen``).
 _FROZEN: contextvars.ContextVar[bool] = contextvars.ContextVar("fxforge_gc_frozen", default=False)
 
 
@@ -385,11 +385,12 @@ def plan_ahead(gm: fx.GraphModule, config: Config, kind: str, registry: Registry
     progress = Progress(kind, count_compute_nodes(gm), enabled=False)
     meta = _pass_meta(gm)
     try:
-        stages = _Stages(progress)
-        recorder = PassRecorder()
-        gm, records = _run_passes(gm, config, kind, registry, None, progress, recorder)
-        stages.done("passes")
-        plan, sched_stats = _plan(gm, config, kind, registry, stages)
+        with older_objects_frozen():  # (as in a compile: the collector leaves the older objects alone)
+            stages = _Stages(progress)
+            recorder = PassRecorder()
+            gm, records = _run_passes(gm, config, kind, registry, None, progress, recorder)
+            stages.done("passes")
+            plan, sched_stats = _plan(gm, config, kind, registry, stages)
     finally:
         progress.close()
     return HeadStart(config, kind, meta, gm, records, recorder, plan, sched_stats, dict(stages.seconds))

@@ -198,15 +198,16 @@ def _partitioner(config: Config, splits: tuple[str, ...], registry: Registry, co
         if config.memory_budget is None:
             return partition(joint, joint_inputs, **kwargs)
         from ..passes.memory_budget import partition_under_budget
-        from ..spine import plan_ahead
+        from ..spine import older_objects_frozen, plan_ahead
 
         # (the forward is planned with its saved values free to keep their layouts, as compile_one
         # has it: the chosen graphs' compiles then go on from their plans)
-        fw, bw, plan = partition_under_budget(
-            joint, joint_inputs, base=partition, budget=config.memory_budget, free_outputs=True,
-            planner=lambda gm, kind: plan_ahead(gm, config, kind, registry),
-            step_peak_so_far=max((c.stats["memory_budget"]["default_peak_bytes"] for c in compiled
-                                  if "memory_budget" in c.stats), default=0), **kwargs)
+        with older_objects_frozen():  # (the plans make many objects, as a compile does)
+            fw, bw, plan = partition_under_budget(
+                joint, joint_inputs, base=partition, budget=config.memory_budget, free_outputs=True,
+                planner=lambda gm, kind: plan_ahead(gm, config, kind, registry),
+                step_peak_so_far=max((c.stats["memory_budget"]["default_peak_bytes"] for c in compiled
+                                      if "memory_budget" in c.stats), default=0), **kwargs)
         SAVE_PLAN.set(fw, plan)
         SAVE_PLAN.set(bw, plan)
         return fw, bw
