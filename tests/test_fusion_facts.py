@@ -187,3 +187,35 @@ def test_a_fill_reads_only_its_operands_shape():
     got = torch.compile(f, backend=b, fullgraph=True)(x, w)
     for a, e in zip(got, f(x, w)):
         torch.testing.assert_close(a, e)
+
+
+def test_per_node_answers_are_read_again_after_a_rewrite():
+    """A node's kept answers (``graph.per_node``: node_kind, aliased_input, schema_bind,
+    reduction_of, read_nodes) are read again once a pass changes its arguments or target, and a
+    copy of the node answers for itself."""
+    from fxforge.codegen.ir.aten import read_nodes
+    from fxforge.core.graph import aliased_input
+    from fxforge.core.iteration import reduction_of, schema_bind
+
+    def f(x, y):
+        return (x + y).sum(0), x.t()
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 4), torch.randn(4, 4))
+    x, y = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    add, s, t = [next(n for n in gm.graph.nodes if n.target is op) for op in
+                 (torch.ops.aten.add.Tensor, torch.ops.aten.sum.dim_IntList, torch.ops.aten.t.default)]
+    assert node_kind(t) == "view" and aliased_input(t) is x
+    assert reduction_of(s).dims == [0] and read_nodes(add) == [x, y] and schema_bind(add)["other"] is y
+    t.args = (y,)
+    assert aliased_input(t) is y
+    s.args = (add, [1])
+    assert reduction_of(s).dims == [1]
+    add.args = (y, x)
+    assert read_nodes(add) == [y, x] and schema_bind(add)["other"] is x
+    t.target = torch.ops.aten.clone.default
+    assert aliased_input(t) is None and node_kind(t) == "compute"
+    g = fx.Graph()
+    z = g.placeholder("z")
+    z.meta["val"] = x.meta["val"]
+    s2 = g.node_copy(s, lambda a: z)
+    assert reduction_of(s2).inp is z and reduction_of(s).inp is add

@@ -144,9 +144,13 @@ HEAD_START: MetaKey[Any] = MetaKey(
     "to the compiler (the memory-budget partitioner planned the forward and backward it chose); the compile goes "
     "on from them where they ran under the graph's metadata and Config (spine.plan_ahead)", graph=True)
 
+MEMO: MetaKey[Any] = MetaKey(
+    "fxforge_memo", "graph.NodeMemo: answers of per-node queries about an ATen op node (node_kind, aliased_input, "
+    "schema_bind), each kept with the target, arguments and value it was read from (graph.per_node)")
+
 _KEYS = (GROUP, BACKEND, FALLBACK, BUFFER, ALLOCATES, SLICE_OF, ZERO_COPY, SYMMETRIC, REGION, OUTPUT_ALIASES, PROBES,
          INPUT_STRIDES, FREE_OUTPUTS, CUSTOM_OP_DISPATCH, BODY_RETURNS, GUARD_INPUTS,
-         SAVE_PLAN, HEAD_START)
+         SAVE_PLAN, HEAD_START, MEMO)
 META_KEYS = {VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the node computes (set by tracing)",
              **{k: k.doc for k in _KEYS if not k.graph}}
 GRAPH_META_KEYS = {k: k.doc for k in _KEYS if k.graph}  # the keys fxforge writes in a GraphModule's own meta
@@ -335,10 +339,54 @@ def op_display(op: Any) -> str:
     return getattr(op, "__qualname__", None) or getattr(op, "__name__", None) or repr(op)
 
 
+class NodeMemo(dict):
+    """A node's ``MEMO``: query name -> (target, args, kwargs, value, answer).  A copy of the node
+    (its meta copied) starts with none, and a pickled one drops it."""
+
+    def __copy__(self) -> "NodeMemo":
+        return NodeMemo()
+
+    def __deepcopy__(self, memo) -> "NodeMemo":
+        return NodeMemo()
+
+    def __reduce__(self):
+        return (NodeMemo, ())
+
+
+def per_node(fn):
+    """``fn(node)`` for an ATen op node (an ``OpOverload`` target), kept in the node's meta
+    (``MEMO``) while the node's target, arguments and value are the ones it was read from: the
+    passes ask the same nodes the same questions many times (fusion's candidate merges), and a
+    pass that rewrites a node gives it a new argument tuple (or target, or value), which asks
+    again.  Other nodes (getitems, higher-order ops, placeholders) are answered every time: their
+    answers read other nodes."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def memoized(node: fx.Node):
+        if node.op != "call_function" or type(node.target) is not torch._ops.OpOverload:
+            return fn(node)
+        meta = node.meta
+        memo = meta.get(MEMO)
+        if memo is None:
+            memo = meta[MEMO] = NodeMemo()
+        val = meta.get(VAL)
+        hit = memo.get(name)
+        if hit is not None and hit[0] is node.target and hit[1] is node._args and hit[2] is node._kwargs \
+                and hit[3] is val:
+            return hit[4]
+        answer = fn(node)
+        memo[name] = (node.target, node._args, node._kwargs, val, answer)
+        return answer
+
+    return memoized
+
+
 def op_schema(node: fx.Node):
     return getattr(node.target, "_schema", None) if node.op == "call_function" else None
 
 
+@per_node
 def aliased_input(node: fx.Node) -> fx.Node | None:
     """The input whose storage ``node``'s output shares, else None.
 
@@ -643,6 +691,7 @@ def count_compute_nodes(gm: fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op == "call_function")
 
 
+@per_node
 def node_kind(node: fx.Node) -> str:
     """How the wrapper treats a node.
 

@@ -19,7 +19,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from .graph import VAL, expr, node_kind
+from .graph import VAL, expr, node_kind, per_node
 
 aten = torch.ops.aten
 
@@ -79,7 +79,10 @@ class Reduction:
     correction: float = 0.0
 
 
+@per_node
 def schema_bind(node: fx.Node) -> dict[str, Any]:
+    """The node's arguments by their schema names, defaults filled in (kept: ``per_node``; do not
+    change the dict returned)."""
     schema = node.target._schema
     out: dict[str, Any] = {}
     for i, a in enumerate(schema.arguments):
@@ -102,6 +105,7 @@ _REDUCTIONS = {
 }
 
 
+@per_node
 def reduction_of(node: fx.Node) -> Reduction | None:
     op = node.target
     if not isinstance(op, torch._ops.OpOverload):

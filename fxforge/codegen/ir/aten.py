@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K, elementwise_dtypes
 
-from ...core.graph import VAL
+from ...core.graph import VAL, per_node
 from ...core.iteration import schema_bind
 from . import values as v
 from .values import LOW_PRECISION, Const, Unsupported, Value, compute_dtype, const
@@ -264,9 +264,10 @@ def _fill_value(key: str, b: dict) -> Any:
     return {"zeros_like.default": 0, "ones_like.default": 1}.get(key, b.get("fill_value", b.get("value", b.get("s"))))
 
 
+@per_node
 def read_nodes(n: fx.Node) -> list[fx.Node] | None:
     """The nodes ``lower`` reads for ``n`` (its operands, and a fill's runtime value), or None
-    where ``n`` has no semantics here."""
+    where ``n`` has no semantics here (kept: ``per_node``; do not change the list returned)."""
     if not isinstance(n.target, torch._ops.OpOverload):
         return None
     key = op_key(n.target)
