@@ -146,7 +146,8 @@ HEAD_START: MetaKey[Any] = MetaKey(
 
 MEMO: MetaKey[Any] = MetaKey(
     "fxforge_memo", "graph.NodeMemo: answers of per-node queries about an ATen op node (node_kind, aliased_input, "
-    "schema_bind), each kept with the target, arguments and value it was read from (graph.per_node)")
+    "iteration.schema_bind and reduction_of, ir.aten.read_nodes), each kept with the target, arguments and value "
+    "it was read from (graph.per_node)")
 
 _KEYS = (GROUP, BACKEND, FALLBACK, BUFFER, ALLOCATES, SLICE_OF, ZERO_COPY, SYMMETRIC, REGION, OUTPUT_ALIASES, PROBES,
          INPUT_STRIDES, FREE_OUTPUTS, CUSTOM_OP_DISPATCH, BODY_RETURNS, GUARD_INPUTS,

@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import logging
 import operator
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -77,6 +78,9 @@ class SavePlan:
     planned_peak_bytes: int  # the same with this choice
     saved: dict[str, int] = field(default_factory=dict)  # forward value -> bytes saved for the backward
     recomputed: dict[str, dict] = field(default_factory=dict)  # forward value -> {"bytes", "flops", "seconds"}
+    # seconds the budget took in the partitioner (its plans and choices; the chosen graphs' plans
+    # are their compiles' head start)
+    plan_seconds: float = 0.0
 
     @property
     def saved_bytes(self) -> int:
@@ -90,7 +94,7 @@ class SavePlan:
         return {"budget_bytes": self.budget_bytes, "default_peak_bytes": self.default_peak_bytes,
                 "planned_peak_bytes": self.planned_peak_bytes, "saved_bytes": self.saved_bytes,
                 "recomputed_flops": self.recomputed_flops, "saved": dict(self.saved),
-                "recomputed": {k: dict(v) for k, v in self.recomputed.items()}}
+                "recomputed": {k: dict(v) for k, v in self.recomputed.items()}, "plan_seconds": self.plan_seconds}
 
 
 def budget_bytes(budget: int | float, default_peak: int) -> int:
@@ -618,6 +622,7 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     compute = compute_model("cuda" if "cuda" in devices else "cpu")
 
     fw, bw = base(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    t0 = time.perf_counter()
     j = Joint(joint, num_fwd_outputs, compute, bw)
     # what the base partitioner recomputes: the forward's nodes its backward graph runs again
     recompute0 = {j.by_name[n.name] for n in bw.graph.nodes
@@ -628,7 +633,7 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     plans.hand_probes(fw, bw)
     if default_peak <= want:
         fw, bw = plans.tried[frozenset(recompute0)].hand_over()
-        return fw, bw, _plan(j, recompute0, want, default_peak, default_peak)
+        return fw, bw, _plan(j, recompute0, want, default_peak, default_peak, t0)
     if split_results(joint):  # (the default's choice again, by name, on the graph with results split)
         names, default = {n.name for n in recompute0}, plans.tried[frozenset(recompute0)]
         j = plans.j = Joint(joint, num_fwd_outputs, compute, bw)
@@ -667,7 +672,7 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
                                                 step_peak(j, best)[1]))
     fw, bw = plans.tried[frozenset(best)].hand_over()
     plans.hand_probes(fw, bw)
-    plan = _plan(j, best, want, default_peak, peak)
+    plan = _plan(j, best, want, default_peak, peak, t0)
     log.info("fxforge: memory budget %d bytes: %d values recomputed in the backward, planned step peak %d "
              "(default %d)", want, len(plan.recomputed), peak, default_peak)
     return fw, bw, plan
@@ -689,7 +694,7 @@ def _most_recomputed(j: Joint, recompute: set[fx.Node]) -> set[fx.Node]:
                 taken.update(cone)
 
 
-def _plan(j: Joint, recompute: set[fx.Node], want: int, default_peak: int, peak: int) -> SavePlan:
+def _plan(j: Joint, recompute: set[fx.Node], want: int, default_peak: int, peak: int, t0: float) -> SavePlan:
     plan = SavePlan(budget_bytes=want, default_peak_bytes=default_peak, planned_peak_bytes=peak)
     for r in _by_storage(j, j.saved(recompute)):  # (a storage once, however many views of it are saved)
         if j.nbytes(r):
@@ -697,6 +702,7 @@ def _plan(j: Joint, recompute: set[fx.Node], want: int, default_peak: int, peak:
     for n in sorted(recompute, key=j.order.__getitem__):
         if n.target is not operator.getitem:
             plan.recomputed[n.name] = {"bytes": j.nbytes(n), "flops": node_flops(n), "seconds": j.cost(n)}
+    plan.plan_seconds = time.perf_counter() - t0
     return plan
 
 
