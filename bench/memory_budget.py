@@ -1,8 +1,9 @@
 """Training under a memory budget: fxforge's ``Config(memory_budget=f)`` beside Inductor's
 ``activation_memory_budget``, per model, as (measured step peak, step time) points.
 
-For each model (training, CPU; each model in a process of its own): eager once (the reference loss and gradients); fxforge with no
-budget (its default step peak, the base of the fractions) and at each ``--budgets`` fraction;
+For each model (training, CPU; each model in a process of its own): eager once (the reference
+loss and gradients); fxforge with no budget (its default step peak, the base of the fractions)
+and at each ``--budgets`` fraction;
 Inductor at each ``--inductor-budgets`` value of ``torch._functorch.config.activation_memory_budget``.
 Per point: the measured step peak (``measure.peak_bytes``, allocation events, plus what fxforge's
 graphs hold between calls), the median step time, the first call's time (compile included;
@@ -347,10 +348,9 @@ def svg(results: list[dict]) -> str:
 
 
 def _in_own_process(name: str, argv: list[str]) -> dict:
-    """``run_model`` for model ``name`` in a new process, as a user's first call meets it: a
-    process that compiled other models first makes a budgeted first call slower than a fresh one
-    (ViT at 0.6, one thread: 1.86x its unbudgeted first call after three other models, 1.2x
-    alone)."""
+    """``run_model`` for model ``name`` in a new process, as a user's first call meets it (a
+    process that compiled other models first makes a budgeted first call slower than a fresh
+    one does)."""
     import subprocess
     import tempfile
 
@@ -369,11 +369,12 @@ def main(argv=None) -> int:
     corpus.IMAGE_BATCH = args.image_batch
     if args.model_out:  # (one model, in a process of its own: ``_in_own_process``)
         (name,) = args.models
-        r = run_model(models(args)[name], args)
-        with open(args.model_out, "w") as f:
-            json.dump(r, f)
-        for d in measure.SCRATCH_DIRS:
-            shutil.rmtree(d, ignore_errors=True)
+        try:
+            with open(args.model_out, "w") as f:
+                json.dump(run_model(models(args)[name], args), f)
+        finally:
+            for d in measure.SCRATCH_DIRS:  # the cold-compile cache dirs
+                shutil.rmtree(d, ignore_errors=True)
         return 0
     results = []
     for name in args.models:
@@ -394,8 +395,6 @@ def main(argv=None) -> int:
     with open(out + ".svg", "w") as f:
         f.write(svg(results))
     print(open(out + ".md").read())
-    for d in measure.SCRATCH_DIRS:  # the cold-compile cache dirs
-        shutil.rmtree(d, ignore_errors=True)
     return 0
 
 

@@ -23,7 +23,7 @@ from .artifact.compiled import Compiled, KernelInfo
 from .core.config import Config
 from .core.costs import comm_model, compute_model
 from .core.graph import (BACKEND, FALLBACK, FALLBACK_BACKEND, GRAPH_META_KEYS, GROUP, GUARD_INPUTS, HEAD_START, PROBES,
-                         REGION, SAVE_PLAN, VAL, count_compute_nodes, output_nodes, region_body)
+                         REGION, SAVE_PLAN, VAL, KeptWhole, count_compute_nodes, output_nodes, region_body)
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.conv_layout import ConvLayout
 from .lowering.crops import LowerCrops
@@ -330,11 +330,13 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
     return Plan(sched, groups, memory), sched_stats
 
 
-@dataclass
-class HeadStart:
+@dataclass(eq=False)
+class HeadStart(KeptWhole):
     """A graph's passes, schedule and memory plan run before the graph reached the compiler (the
     memory-budget partitioner plans each choice it weighs, ``plan_ahead``); ``_emit`` goes on from
-    them where the graph meets the compile as it met them (``fits``)."""
+    them where the graph meets the compile as it met them (``fits``).  A copy of the graph
+    (AOTAutograd copies a backward before compiling it) shares its head start; a pickled one
+    drops it."""
 
     config: Config
     kind: str
@@ -350,25 +352,10 @@ class HeadStart:
     def memory(self) -> MemoryPlan:
         return self.plan.memory
 
-    # A copy of the graph (AOTAutograd copies a backward before compiling it) shares its head
-    # start, which its compile takes over whole; a pickled one drops it.
-    def __copy__(self) -> "HeadStart":
-        return self
-
-    def __deepcopy__(self, memo) -> "HeadStart":
-        return self
-
-    def __reduce__(self):
-        return (_dropped, ())
-
     def fits(self, gm: fx.GraphModule, config: Config, kind: str) -> bool:
         """The compile of ``gm`` would run the same passes on the same graph: same Config, kind and
         metadata (a backward's input strides are the forward's compiled outputs' only then)."""
         return config == self.config and kind == self.kind and _pass_meta(gm) == self.meta
-
-
-def _dropped() -> None:
-    return None
 
 
 def _pass_meta(gm: fx.GraphModule) -> dict:
@@ -384,13 +371,12 @@ def plan_ahead(gm: fx.GraphModule, config: Config, kind: str, registry: Registry
     made for this."""
     progress = Progress(kind, count_compute_nodes(gm), enabled=False)
     meta = _pass_meta(gm)
-    try:
-        with older_objects_frozen():  # (as in a compile: the collector leaves the older objects alone)
-            stages = _Stages(progress)
-            recorder = PassRecorder()
-            gm, records = _run_passes(gm, config, kind, registry, None, progress, recorder)
-            stages.done("passes")
-            plan, sched_stats = _plan(gm, config, kind, registry, stages)
+    try:  # (the caller freezes the older objects around its plans: older_objects_frozen)
+        stages = _Stages(progress)
+        recorder = PassRecorder()
+        gm, records = _run_passes(gm, config, kind, registry, None, progress, recorder)
+        stages.done("passes")
+        plan, sched_stats = _plan(gm, config, kind, registry, stages)
     finally:
         progress.close()
     return HeadStart(config, kind, meta, gm, records, recorder, plan, sched_stats, dict(stages.seconds))

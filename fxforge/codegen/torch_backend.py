@@ -4,7 +4,8 @@ Each node calls the op's out variant (``lowering/out_variant.py``) with the plan
 outputs, custom operators included (``clone`` and the scatter ops copy into them instead); an
 ATen op without a usable one runs functionally and keeps its result (``allocates``), a custom
 operator without one runs as an eager fallback.  An ``invoke_subgraph`` node whose body the
-spine compiled (``REGION``) calls that compiled body and keeps what it returns.  CPU reference backend, and the default on CPU.
+spine compiled (``REGION``) calls that compiled body and keeps what it returns.  CPU reference
+backend, and the default on CPU.
 """
 
 from __future__ import annotations

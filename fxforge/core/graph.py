@@ -95,25 +95,43 @@ PROBES: MetaKey[dict] = MetaKey(
     "(passes/memory_budget.py's trials) (codegen/probes.py, codegen/ir/facts.py)", graph=True)
 
 
-class SharedProbes(dict):
-    """A ``PROBES`` memo handed in with graphs compiled together (a partitioner's trials and the
-    forward and backward it chooses): a copy of such a graph shares it (its entries are facts of
-    group structures, true in every copy), and a pickled one drops it."""
+class KeptWhole:
+    """Graph metadata that a copy of its graph shares rather than copies, and that a pickled one
+    drops (it pickles as ``dropped()``)."""
 
-    def __copy__(self) -> "SharedProbes":
+    dropped: Any = type(None)
+
+    def __copy__(self):
         return self
 
-    def __deepcopy__(self, memo) -> "SharedProbes":
+    def __deepcopy__(self, memo):
         return self
 
     def __reduce__(self):
-        return (dict, ())
+        return (type(self).dropped, ())
+
+
+class SharedProbes(KeptWhole, dict):
+    """A ``PROBES`` memo handed in with graphs compiled together (a partitioner's trials and the
+    forward and backward it chooses): a copy of such a graph shares it (its entries are facts of
+    group structures, true in every copy), and a pickled one drops it (an empty dict)."""
+
+    dropped = dict
 
 
 INPUT_STRIDES: MetaKey[dict] = MetaKey(
     "fxforge_input_strides", "dict[str, tuple[int, ...]]: placeholder name -> the strides its caller passes where "
     "they differ from the traced value's (a training forward's saved activations, laid out by its passes; "
     "entry/dynamo.py), adopted by lowering/conv_layout.py", graph=True)
+def given_strides(traced: Any, given: Any) -> tuple[int, ...] | None:
+    """The strides of tensor ``given`` where they differ from those of ``traced`` (a placeholder's
+    value) at the same static sizes: what ``INPUT_STRIDES`` records for that placeholder; else None."""
+    if (isinstance(traced, torch.Tensor) and isinstance(given, torch.Tensor) and traced.shape == given.shape
+            and all(type(s) is int for s in (*traced.shape, *given.stride())) and traced.stride() != given.stride()):
+        return tuple(given.stride())
+    return None
+
+
 FREE_OUTPUTS: MetaKey[int] = MetaKey(
     "fxforge_free_outputs", "int: the graph's outputs from this index on may keep the layout the passes give them "
     "(a training forward's saved activations, whose strides are reported to AOTAutograd; entry/dynamo.py)",

@@ -18,7 +18,7 @@ from ..artifact.compiled import Compiled
 from ..spine import compile_graph
 from ..core.config import Config
 from ..custom_ops import inline_winners
-from ..core.graph import CUSTOM_OP_DISPATCH, FREE_OUTPUTS, INPUT_STRIDES, SAVE_PLAN, VAL
+from ..core.graph import CUSTOM_OP_DISPATCH, FREE_OUTPUTS, INPUT_STRIDES, SAVE_PLAN, VAL, given_strides
 from ..lowering.decompose import aot_table
 
 log = logging.getLogger("fxforge")
@@ -128,10 +128,9 @@ def caller_layouts(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str)
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
         given = {}
         for n, x in zip(phs, example_inputs):
-            v = n.meta.get(VAL)
-            if (isinstance(v, torch.Tensor) and isinstance(x, torch.Tensor) and v.shape == x.shape
-                    and all(type(s) is int for s in (*v.shape, *x.stride())) and v.stride() != x.stride()):
-                given[n.name] = tuple(x.stride())
+            strides = given_strides(n.meta.get(VAL), x)
+            if strides is not None:
+                given[n.name] = strides
         if given:
             INPUT_STRIDES.set(gm, given)
 

@@ -48,7 +48,8 @@ import torch.fx as fx
 from ..core.collectives import is_collective, is_wait
 from ..core.costs import ComputeModel, compute_model, node_flops, value_bytes
 from ..core.graph import (FREE_OUTPUTS, HEAD_START, INPUT_STRIDES, PROBES, VAL, SharedProbes, aliased_input,
-                          is_mutating, is_tangent, output_nodes, peak_live_bytes, storage_root, tensors)
+                          given_strides, is_mutating, is_tangent, output_nodes, peak_live_bytes, storage_root,
+                          tensors)
 from ..core.plan import MemoryPlan
 from .memory import eager_scratch_bytes
 
@@ -604,10 +605,10 @@ def _given_strides(fw: fx.GraphModule, planned_fw: fx.GraphModule, bw: fx.GraphM
     given = {}
     for o, p in zip(outs(fw)[num_fwd_outputs:], outs(planned_fw)[num_fwd_outputs:]):
         n = inputs.get(o.name) if isinstance(o, fx.Node) else None
-        v, w = (n.meta.get(VAL) if n is not None else None), (p.meta.get(VAL) if isinstance(p, fx.Node) else None)
-        if (isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor) and v.shape == w.shape
-                and all(type(s) is int for s in (*v.shape, *w.stride())) and v.stride() != w.stride()):
-            given[n.name] = tuple(w.stride())
+        if n is not None and isinstance(p, fx.Node):
+            strides = given_strides(n.meta.get(VAL), p.meta.get(VAL))
+            if strides is not None:
+                given[n.name] = strides
     return given
 
 
