@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import torch
 import torch.fx as fx
 
 from .infra import logs
@@ -21,9 +20,10 @@ from .codegen.registry import DEFAULT_REGISTRY, Registry
 from .artifact import graph_cache
 from .artifact.compiled import Compiled, KernelInfo
 from .core.config import Config
-from .core.costs import comm_model, compute_model
+from .core.costs import graph_models
 from .core.graph import (BACKEND, FALLBACK, FALLBACK_BACKEND, GRAPH_META_KEYS, GROUP, GUARD_INPUTS, HEAD_START, PROBES,
-                         REGION, SAVE_PLAN, VAL, KeptWhole, count_compute_nodes, output_nodes, region_body)
+                         REGION, SAVE_PLAN, KeptWhole, count_compute_nodes, device_types, output_nodes,
+                         region_body)
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.conv_layout import ConvLayout
 from .lowering.crops import LowerCrops
@@ -51,16 +51,6 @@ from .report.record import PassRecorder
 log = logging.getLogger("fxforge")
 
 _graph_ids = itertools.count()  # one per compile: names its traceback file and its report; no other state
-
-
-def device_types(gm: fx.GraphModule) -> set[str]:
-    out = set()
-    for n in gm.graph.nodes:
-        v = n.meta.get(VAL)
-        for t in v if isinstance(v, (list, tuple)) else [v]:
-            if isinstance(t, torch.Tensor):
-                out.add(t.device.type)
-    return out or {"cpu"}
 
 
 def default_passes(config: Config, registry: Registry, gm: fx.GraphModule, kind: str = "graph") -> list:
@@ -476,12 +466,7 @@ def _finish(e: _Emitted, announce: bool = True) -> Compiled:
 def _comm(gm: fx.GraphModule, plan: Plan, config: Config) -> dict:
     """``stats["comm"]``: the schedule's collectives replayed under the cost models (passes/overlap.py)."""
     fused = {g.id for g in plan.groups if g.fused}
-    backend = None
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        backend = torch.distributed.get_backend()
-    device = "cuda" if "cuda" in device_types(gm) else "cpu"
-    return comm_figures(gm, plan.schedule, fused, comm_model(config.comm_model, backend),
-                        compute_model(device, config.threads))
+    return comm_figures(gm, plan.schedule, fused, *graph_models(gm, config.comm_model, config.threads))
 
 
 def _finish_region(r: Region, config: Config) -> None:

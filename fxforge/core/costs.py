@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import torch
 import torch.fx as fx
 
-from .graph import VAL, node_kind, tensors
+from .graph import VAL, device_types, node_kind, tensors
 
 # latencies a ring collective over n ranks pays
 STEPS = {"all_gather": lambda n: n - 1, "reduce_scatter": lambda n: n - 1, "all_to_all": lambda n: n - 1,
@@ -161,6 +161,22 @@ def compute_model(device_type: str, threads: int | None = None) -> ComputeModel:
     if device_type == "cuda":
         return COMPUTE_PRESETS["h100"]
     return COMPUTE_PRESETS["cpu"].scaled(threads or torch.get_num_threads())
+
+
+def graph_models(gm: fx.GraphModule, comm_spec: Any = "auto", threads: int | None = None) -> tuple[CommModel, ComputeModel]:
+    """The models a graph's collectives and kernels are estimated under: ``comm_spec``
+    (``Config.comm_model``) for the default process group's backend where one is initialized,
+    and the compute preset of the graph's device on ``threads`` (``Config.threads``)."""
+    backend = None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        backend = torch.distributed.get_backend()
+    return comm_model(comm_spec, backend), compute_model("cuda" if "cuda" in device_types(gm) else "cpu", threads)
+
+
+def node_time(n: fx.Node, compute: ComputeModel) -> float:
+    """A node's estimated time alone (not fused with others) under ``compute``."""
+    flops, nbytes = node_flops(n), node_bytes(n)
+    return compute.time(flops, nbytes) if (flops or nbytes) else 0.0
 
 
 _MATMULS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}

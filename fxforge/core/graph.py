@@ -180,6 +180,17 @@ FALLBACK_BACKEND = "fallback"
 # --------------------------------------------------------------------------- values
 
 
+def device_types(gm: fx.GraphModule) -> set[str]:
+    """The device types of a graph's values ({"cpu"} where it has none)."""
+    out = set()
+    for n in gm.graph.nodes:
+        v = n.meta.get(VAL)
+        for t in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(t, torch.Tensor):
+                out.add(t.device.type)
+    return out or {"cpu"}
+
+
 def tensors(v: Any) -> list[torch.Tensor]:
     """The tensors of a value (a tensor, or a tuple/list with tensors among other things)."""
     return [t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)]

@@ -34,7 +34,8 @@ import torch.fx as fx
 from ..core.config import Config
 from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta, node_kind
 from ..infra.pass_manager import PassResult
-from ..core.collectives import is_wait
+from ..core.collectives import collective_bytes, group_size_of, is_collective, is_wait
+from ..core.costs import CommModel, ComputeModel, graph_models, node_time
 
 
 def _funcol():
@@ -62,8 +63,11 @@ class BucketCollectives:
         for n in list(gm.graph.nodes):
             if n.op == "call_function" and n.target in make and _only_wait(n) is not None:
                 _sink_views(_only_wait(n), order)
-        buckets = _buckets(gm, make, self.config.bucket_bytes)
-        for b in buckets:
+        buckets = _buckets(gm, make, self.config.bucket_bytes,
+                           *graph_models(gm, self.config.comm_model, self.config.threads))
+        # (the last issued first: a bucket reading another's results, a gathered weight reduce-scattered,
+        # is made while they are where the graph waits for them; the other's copy-outs then go before it)
+        for b in sorted(buckets, key=lambda b: -b.ready_at):
             make[b.members[0].target][1](gm, mode, b)
             for m in b.members:  # (their waits' readers read the bucket's results now)
                 for w in list(m.users):
@@ -80,31 +84,105 @@ class _Bucket:
     nbytes: int
 
 
-def _buckets(gm: fx.GraphModule, make: dict, limit: int) -> list[_Bucket]:
-    """Runs of collectives of one kind, group, size (and reduction) and dtype, in program order,
-    each of at most ``limit`` bytes of input, every member's input computed before any member's
-    result is read (so the merged collective can run where the first of them is needed)."""
+@dataclass(frozen=True)
+class _Member:
+    """A collective a bucket may take, as the partition sees it."""
+    node: fx.Node
+    ready_at: int  # positions: its input's, its first reader's
+    read_at: int
+    nbytes: float  # its input's bytes (what the bucket limit counts)
+    sent: int  # the bytes this rank sends for it (what the link model prices)
+    ready_s: float  # the compute before its input is made, and before its result is read
+    due_s: float
+
+
+def _buckets(gm: fx.GraphModule, make: dict, limit: int, comm: CommModel, compute: ComputeModel) -> list[_Bucket]:
+    """The buckets of ``gm``'s collectives: per kind, group, size (and reduction) and dtype, its
+    collectives in program order cut into runs (``_partition``), each of at most ``limit`` bytes
+    of input, every member's input computed before any member's result is read (so the merged
+    collective can run where the first of them is needed)."""
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    open_: dict[tuple, _Bucket] = {}
-    done: list[_Bucket] = []
+    clock = _compute_clock(gm, compute)
+    runs: dict[tuple, list[_Member]] = {}
     for n in gm.graph.nodes:
         x = n.args[0] if n.op == "call_function" and n.target in make else None
         if not isinstance(x, fx.Node) or _only_wait(n) is None or not _contiguous(x):
             continue
-        key = make[n.target][0](n)
         reader = min(_only_wait(n).users, key=position.__getitem__)
-        nbytes, ready = _bytes(n.args[0]), position[n.args[0]]
-        b = open_.get(key)
-        if b is not None and b.nbytes + nbytes <= limit and max(b.ready_at, ready) < min(b.read_at, position[reader]):
-            b.members.append(n)
-            b.nbytes += nbytes
-            b.ready_at = max(b.ready_at, ready)
-            b.read_at = min(b.read_at, position[reader])
-            continue
-        if b is not None and len(b.members) > 1:
-            done.append(b)
-        open_[key] = _Bucket([n], position[reader], ready, nbytes)
-    return done + [b for b in open_.values() if len(b.members) > 1]
+        runs.setdefault(make[n.target][0](n), []).append(
+            _Member(n, position[x], position[reader], _bytes(x), collective_bytes(n)[1], clock[x.next], clock[reader]))
+    out: list[_Bucket] = []
+    for members in runs.values():
+        kind, ranks = collective_bytes(members[0].node)[0], group_size_of(members[0].node)
+        for run in _partition(members, limit, lambda sent: comm.time(kind, sent, ranks)):
+            if len(run) > 1:
+                out.append(_Bucket([m.node for m in run], min(m.read_at for m in run), max(m.ready_at for m in run),
+                                   sum(m.nbytes for m in run)))
+    return out
+
+
+def _compute_clock(gm: fx.GraphModule, compute: ComputeModel) -> dict[fx.Node, float]:
+    """Each node's start in program order, its compute nodes run one after another at their
+    estimated times (collectives and waits take none here)."""
+    clock, t = {}, 0.0
+    for n in gm.graph.nodes:
+        clock[n] = t
+        if n.op == "call_function" and not is_collective(n) and not is_wait(n):
+            t += node_time(n, compute)
+    return clock
+
+
+def _partition(members: list[_Member], limit: float, seconds) -> list[list[_Member]]:
+    """``members`` (one bucket key's, in program order) cut into runs for the least estimated
+    stall: each run is sent as one collective (``seconds(sent)`` under the link model) when the
+    last of its inputs is made and the runs before it are done, one after another; the compute
+    stalls where a run is not done when the first of its results is read.  A run of one more
+    member pays less latency but is sent later than its first member alone would be: a graph's
+    first gathers, read at once, go in a small run, and the gradients made last go in a small
+    run of their own, which is all the compute waits for at the end.
+
+    Dynamic programming over the cut points; a state after a prefix is the stall so far and how
+    far the link's work lags the stalled compute (the next runs' stalls depend on nothing else),
+    and only states no other beats in stall, lag and runs at once are kept (``_FRONT`` of them);
+    of the cuts with the least stall, the one of fewest runs."""
+    fronts: list[list[tuple[float, float, int, int, int]]] = [[(0.0, 0.0, 0, -1, -1)]]  # (stall, lag, runs, cut, state)
+    for i in range(1, len(members) + 1):
+        found = []
+        nbytes = sent = 0
+        ready, due = 0.0, math.inf
+        read_at, ready_at = math.inf, -1
+        for j in range(i - 1, -1, -1):  # the run members[j:i]
+            m = members[j]
+            nbytes, sent = nbytes + m.nbytes, sent + m.sent
+            ready, due = max(ready, m.ready_s), min(due, m.due_s)
+            ready_at, read_at = max(ready_at, m.ready_at), min(read_at, m.read_at)
+            if j < i - 1 and (nbytes > limit or ready_at >= read_at):
+                break  # (a longer run only adds bytes, and reads earlier or readies later)
+            t = seconds(sent)
+            for k, (stall, lag, runs, _, _) in enumerate(fronts[j]):
+                done = max(ready, lag) + t
+                waited = max(0.0, done - due)
+                found.append((stall + waited, done - waited, runs + 1, j, k))
+        fronts.append(_pareto(found))
+    cuts, i, k = [], len(members), 0
+    while i > 0:
+        *_, j, k = fronts[i][k]
+        cuts.append(members[j:i])
+        i = j
+    return cuts[::-1]
+
+
+_FRONT = 16
+
+
+def _pareto(states: list[tuple]) -> list[tuple]:
+    """The states no other beats in stall, lag and runs at once (the fewer runs, the fewer
+    collectives to issue and wait for), the least stall first, at most ``_FRONT`` of them."""
+    out: list[tuple] = []
+    for s in sorted(states, key=lambda s: (s[0], s[2], s[1])):
+        if not any(o[1] <= s[1] and o[2] <= s[2] for o in out):
+            out.append(s)
+    return out[:_FRONT]
 
 
 def _sink_views(w: fx.Node, order: dict[fx.Node, int]) -> None:
