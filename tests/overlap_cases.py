@@ -11,11 +11,13 @@ from fxforge.core.dtensor import local_shard
 def fsdp_training(rank: int, world: int) -> dict:
     """An FSDP-style training step (every parameter ``Shard(0)``, the batch too) of the MLP block
     through ``fxforge.partition``, with the collectives overlapped and without: both give eager's
-    loss and gradients; returns what each schedule's ``stats["comm"]`` says."""
+    loss and gradients; returns what each schedule's ``stats["comm"]`` says, and the link model
+    ``costs.calibrate`` fitted."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
     from torch.export.experimental import _export_forward_backward
 
+    from fxforge.core.costs import calibrate
     from partition_cases import MLPLoss, close
 
     mesh = init_device_mesh("cpu", (world,))
@@ -26,10 +28,12 @@ def fsdp_training(rank: int, world: int) -> dict:
     ref.backward()
     params = dict(model.named_parameters())
     placements = {**{n: [Shard(0)] for n in params}, "x": [Shard(0)], "target": [Shard(0)]}
-    out = {}
-    for overlap in (True, False):  # (as fxforge compiles by default; the graph as traced)
+    link = calibrate(sizes=(1 << 10, 1 << 16), repeats=3)  # (the buckets are cut by it: one model on every rank)
+    out = {"link": (link.alpha_s, link.beta_s_per_byte)}
+    for overlap in (True, False):  # (as fxforge compiles by default, on the link as measured; the graph as traced)
         joint = _export_forward_backward(torch.export.export(model, (x, target)))
-        config = fxforge.Config(debug=True) if overlap else fxforge.Config(comm_overlap=False, bucket_bytes=0, debug=True)
+        config = fxforge.Config(debug=True, comm_model=link) if overlap else \
+            fxforge.Config(comm_overlap=False, bucket_bytes=0, debug=True)
         p = fxforge.partition(joint, mesh, placements, config=config)
         loss, grads = p(local_shard(x, mesh, [Shard(0)]), local_shard(target, mesh, [Shard(0)]))
         close(loss, ref.detach(), f"loss (overlap {overlap})")

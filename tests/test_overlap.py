@@ -284,6 +284,7 @@ def test_two_gloo_ranks_overlap_in_the_same_order_and_match_eager():
     ranks = run_ranks(fsdp_training, 2, timeout=300)
     on = [r[True] for r in ranks]
     off = [r[False] for r in ranks]
+    assert ranks[0]["link"] == ranks[1]["link"]  # calibrated: one model on both ranks
     assert on[0]["digest"] == on[1]["digest"] and off[0]["digest"] == off[1]["digest"]  # one issue order on both
     assert on[0]["order"] == on[1]["order"]  # one schedule on both ranks
     assert 0 < on[0]["count"] < off[0]["count"]  # buckets

@@ -128,10 +128,11 @@ class Config:
     # an all-gather's prefetched tensor), as a fraction of the peak without overlap.
     prefetch_peak_growth: float = 0.1
     # All-gathers (reduce-scatters) of one process group and dtype merged into one collective over
-    # a flat buffer, in program order, up to this many bytes of input each (passes/bucketing.py);
-    # 0: never.
+    # a flat buffer, in program order, up to this many bytes of input each, the runs cut where the
+    # compute waits least under comm_model (passes/bucketing.py); 0: never.
     bucket_bytes: int = 4 << 20
-    # The link stats["comm"] estimates collectives on (core/costs.py): "auto" (nvlink for NCCL,
+    # The link buckets are cut for and stats["comm"] estimates collectives on, the same on every
+    # rank (core/costs.py): "auto" (nvlink for NCCL,
     # gloo-loopback otherwise), a preset's name (costs.COMM_PRESETS), a costs.CommModel, or
     # {"alpha_s": seconds per step, "bandwidth": bytes per second}.
     comm_model: Any = "auto"

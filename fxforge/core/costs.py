@@ -104,7 +104,10 @@ def calibrate(group=None, sizes: tuple[int, ...] = (1 << 10, 1 << 14, 1 << 17, 1
               name: str = "calibrated") -> CommModel:
     """α and β fitted to all-reduces and all-gathers of ``sizes`` bytes on ``group`` (every rank
     of it must call this with the same arguments): least squares on the relative error of the
-    median times, so small collectives weigh as much as large ones."""
+    median times, so small collectives weigh as much as large ones.  Each time is the slowest
+    rank's (a collective ends for all when it ends for the last), and the fit is the group's
+    first rank's, broadcast: every rank gets the same model, so the choices made from it (the
+    buckets, ``passes/bucketing.py``) and with them the collectives are the same on every rank."""
     import torch.distributed as dist
 
     n = dist.get_world_size(group)
@@ -125,8 +128,11 @@ def calibrate(group=None, sizes: tuple[int, ...] = (1 << 10, 1 << 14, 1 << 17, 1
             rows.append((STEPS[collective](n), sent))
             times.append(sorted(ts)[len(ts) // 2])
     t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     a = torch.tensor(rows, dtype=torch.float64) / t.unsqueeze(1)
-    alpha, beta = torch.linalg.lstsq(a, torch.ones_like(t).unsqueeze(1)).solution.squeeze(1).tolist()
+    fit = torch.linalg.lstsq(a, torch.ones_like(t).unsqueeze(1)).solution.squeeze(1)
+    dist.broadcast(fit, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    alpha, beta = fit.tolist()
     return CommModel(name, max(alpha, 0.0), max(beta, 1e-15),
                      reduce_scatter_as_all_reduce=dist.get_backend(group) == "gloo")
 
