@@ -33,7 +33,7 @@ def fsdp_training(rank: int, world: int) -> dict:
     for overlap in (True, False):  # (as fxforge compiles by default, on the link as measured; the graph as traced)
         joint = _export_forward_backward(torch.export.export(model, (x, target)))
         config = fxforge.Config(debug=True, comm_model=link) if overlap else \
-            fxforge.Config(comm_overlap=False, bucket_bytes=0, debug=True)
+            fxforge.Config(comm_overlap=False, bucket_bytes=0, debug=True, comm_model=link)
         p = fxforge.partition(joint, mesh, placements, config=config)
         loss, grads = p(local_shard(x, mesh, [Shard(0)]), local_shard(target, mesh, [Shard(0)]))
         close(loss, ref.detach(), f"loss (overlap {overlap})")

@@ -231,6 +231,46 @@ def check_training(mesh, placements: dict, data: list | None = None, batch: int 
     return {"collectives": collectives(p), "collective_bytes": p.stats["collective_bytes"]}
 
 
+class Halves(torch.nn.Module):
+    """A projection whose halves are swapped and one negated (as rotary positions do): its
+    backward scatters each half's gradient into zeros (``slice_scatter``)."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, x, target):
+        h = self.proj(x)
+        a, b = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2:]
+        return F.mse_loss(h * 0.5 + torch.cat([-b, a], dim=-1), target)
+
+
+def check_sliced_backward(mesh, batch: int = 4) -> dict:
+    """FSDP (parameters stored ``Shard(0)``, read whole; the batch ``Shard(0)``) of ``Halves``: the
+    loss and gradients equal eager's, and the only collectives are the parameters' gathers, the
+    gradients' reduce-scatters and the loss's all-reduce: no activation is gathered (the
+    backward's scatters into zeros are pads, which keep the batch sharded)."""
+    from torch.export.experimental import _export_forward_backward
+
+    Shard, Replicate, _ = _dt()
+    torch.manual_seed(3)
+    model = Halves()
+    x, target = torch.randn(batch, 3, 16), torch.randn(batch, 3, 16)
+    joint = _export_forward_backward(torch.export.export(model, (x, target)))
+    names = [n for n, _ in model.named_parameters()]
+    p = fxforge.partition(joint, mesh, {**{n: [Shard(0)] for n in names}, "x": [Shard(0)], "target": [Shard(0)]},
+                          compute_placements={n: [Replicate()] for n in names}, config=fxforge.Config(bucket_bytes=0))
+    loss, grads = p(local_shard(x, mesh, [Shard(0)]), local_shard(target, mesh, [Shard(0)]))
+    ref = model(x, target)
+    ref.backward()
+    close(loss, ref.detach(), "loss")
+    for fqn, g in grads.items():
+        close(g, local_shard(dict(model.named_parameters())[fqn].grad, mesh, [Shard(0)]), f"gradient of {fqn}")
+    kinds = sorted(c for c, _ in collectives(p))
+    assert kinds == ["all_gather", "all_gather", "all_reduce", "reduce_scatter", "reduce_scatter"], kinds
+    return {"collectives": collectives(p)}
+
+
 def _attention_body(q, k, v):
     """Attention over the heads this rank holds: written on local shapes."""
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -365,6 +405,7 @@ def two_ranks(rank: int, world: int) -> dict:
         "collectives": check_collectives(mesh),
         "training": check_training(mesh, tp("block.")),
         "local_map": check_local_map(mesh),
+        "sliced": check_sliced_backward(mesh),
     }
     run_readme_example()  # last: it ends the process group, as a script does
     return figures

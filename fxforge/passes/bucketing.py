@@ -235,15 +235,17 @@ def _bytes(x: fx.Node) -> float:
 
 
 def _bucket_at(b: _Bucket) -> fx.Node:
-    """Where the bucket is issued: just after the last of its members' inputs (the node before
-    which it goes; positions found again: earlier buckets have added nodes), before any member's
-    result is read (``_buckets``). A collective issued where its input is ready stays ahead of
-    those the graph has after it (the overlap keeps the issue order)."""
+    """Where the bucket is issued (the node before which it goes; positions found again: earlier
+    buckets have added nodes): where its first member was, or just after the last of its
+    members' inputs if that is later; before any member's result is read (``_buckets``).  So the
+    collectives keep the order of their first members: the order ``_partition`` cut them in,
+    which the overlap keeps (a gathered weight read first is not issued after the buckets of
+    weights read later)."""
     order = {n: i for i, n in enumerate(b.members[0].graph.nodes)}
     at = max((m.args[0] for m in b.members), key=order.__getitem__).next
     while at.op == "placeholder":  # (inputs stay the graph's first nodes)
         at = at.next
-    return at
+    return max(at, b.members[0], key=order.__getitem__)
 
 
 def _first_reader(w: fx.Node) -> fx.Node:

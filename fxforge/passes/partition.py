@@ -256,15 +256,50 @@ def _all_dims(op: Any, args: tuple) -> tuple:
     return args
 
 
+_ZERO_FILLS = {torch.ops.aten.full.default: 1, torch.ops.aten.full_like.default: 1, torch.ops.aten.new_full.default: 2,
+               torch.ops.aten.zeros.default: None, torch.ops.aten.zeros_like.default: None,
+               torch.ops.aten.new_zeros.default: None}  # (the fill value's argument, None: zeros)
+
+
+def _scatter_as_pad(node: fx.Node, args: tuple) -> tuple | None:
+    """A ``slice_scatter`` of ``src`` into a zero-filled tensor (autograd's slice backward) as
+    ``(constant_pad_nd, (src, pad, 0))``: the same values.  DTensor's strategy for
+    ``slice_scatter`` follows the placements of the tensor written into, and one the graph fills
+    is Replicate: every rank gathered ``src`` whole (a LLaMA's rotary backward gathered four
+    activations a layer under FSDP); a pad keeps ``src``'s sharding on every dim it does not pad.
+    None where the rule does not hold (a step, a fill not zero, sizes not static, kwargs)."""
+    if node.target is not torch.ops.aten.slice_scatter.default or node.kwargs:
+        return None
+    base, out = node.args[0], node.meta.get(VAL)
+    if not isinstance(base, fx.Node) or base.target not in _ZERO_FILLS or not isinstance(out, torch.Tensor) \
+            or (base.kwargs.get("dtype") not in (None, out.dtype)):
+        return None
+    at = _ZERO_FILLS[base.target]
+    if at is not None and not (len(base.args) > at and isinstance(base.args[at], (int, float)) and base.args[at] == 0):
+        return None
+    dim, start, end, step = (list(node.args[2:]) + [0, None, None, 1][len(node.args) - 2:])[:4]
+    size = out.shape[dim] if isinstance(dim, int) and -out.ndim <= dim < out.ndim else None
+    src = node.args[1].meta.get(VAL) if isinstance(node.args[1], fx.Node) else None
+    if step != 1 or not isinstance(size, int) or not isinstance(src, torch.Tensor) or src.dtype != out.dtype \
+            or not all(isinstance(x, (int, type(None))) for x in (start, end)):
+        return None
+    dim %= out.ndim
+    start, end, _ = slice(start, end).indices(size)
+    if src.shape[dim] != max(0, end - start):
+        return None
+    return torch.ops.aten.constant_pad_nd.default, (args[1], [0, 0] * (out.ndim - 1 - dim) + [start, size - end], 0)
+
+
 class _Tracer:
     """Runs the program's graph on DTensors (under make_fx) and records placements.
 
-    Beyond DTensor's per-op dispatch, three rules keep communication down, each
+    Beyond DTensor's per-op dispatch, four rules keep communication down, each
     semantics-preserving: a pure op repeated on the same inputs (autograd recomputes forward
     values in the backward) is computed once; a value is redistributed at most once to each
     placement (the redistributed copy is reused by later readers); once a Partial value has been
     reduced, later readers read the reduced copy (a Replicate value becomes any placement
-    without communication, a Partial one needs a reduction every time)."""
+    without communication, a Partial one needs a reduction every time); a slice's gradient
+    scattered into zeros is a pad (``_scatter_as_pad``)."""
 
     def __init__(self, ep: ExportedProgram, mesh, ins: list[RankInput], outs: list[RankOutput]):
         self.ep, self.mesh, self.ins, self.outs = ep, mesh, ins, outs
@@ -482,9 +517,10 @@ class _Tracer:
             elif node.target is operator.getitem:
                 env[node] = env[node.args[0]][node.args[1]]
             else:
+                op, args = _scatter_as_pad(node, args) or (node.target, _all_dims(node.target, args))
                 try:
-                    args, kwargs = self._prepare(node.target, _all_dims(node.target, args), kwargs)
-                    env[node] = self._wrap(node.target(*args, **kwargs))
+                    args, kwargs = self._prepare(op, args, kwargs)
+                    env[node] = self._wrap(op(*args, **kwargs))
                 except (RuntimeError, NotImplementedError) as e:
                     if isinstance(e, InputError):
                         raise
