@@ -7,7 +7,9 @@ and waits in order (``("issue", kind, ranks, bytes)`` / ``("wait", k)``) and a
 (kernels, fallbacks, the host time between them, the issue calls) and replaces each collective's
 transfer by the model's time, on one stream per rank, in issue order; a wait stalls the thread
 until its collective is done.  Returns ``wait_s`` (the stalls: the exposed communication),
-``comm_s`` (the collectives' modelled time) and ``step_s``.
+``comm_s`` (the collectives' modelled time) and ``step_s``.  ``simulate_ranks(traces, schedules,
+link)`` replays every rank's step together: a collective starts when the last rank has issued
+it, so a rank that gets there first waits for the others too (what a measured wait holds).
 
 ``predict(...)`` does the same for a schedule compiled for more ranks than this machine runs
 (``bench/distributed.py --simulate``): its compute is measured on this machine running the
@@ -28,31 +30,65 @@ def _model(link: Any) -> CommModel:
 
 
 def simulate(trace: list, schedule: list, link: Any) -> dict:
+    """One rank's step replayed alone (``simulate_ranks`` of one rank)."""
+    return simulate_ranks([trace], [schedule], link)[0]
+
+
+def simulate_ranks(traces: list, schedules: list, link: Any) -> list[dict]:
+    """Every rank's profiled step replayed at once, each from the barrier before it: a
+    collective starts when the last rank has issued it and the one before it is done (a ring
+    moves when every rank has joined), so a rank that reaches a collective early waits for the
+    others as well as for the link.  Per rank: ``wait_s``, ``comm_s``, ``step_s``, ``matched``."""
     model = _model(link)
-    issues = [r for r in schedule if r[0] == "issue"]
-    waits = [r[1] for r in schedule if r[0] == "wait"]
-    clock = stream = comm = stalled = 0.0
+    ranks = [_Replay(trace, schedule) for trace, schedule in zip(traces, schedules)]
+    issues = [r for r in schedules[0] if r[0] == "issue"]
     done: dict[int, float] = {}
-    k_issue = k_wait = 0
-    prev_end = trace[0][1] if trace else 0.0
-    for name, start, dur in trace:
-        clock += max(0.0, start - prev_end) * 1e-6  # host time between operations
-        prev_end = max(prev_end, start + dur)
-        if name == WAIT and k_wait < len(waits):
-            c = waits[k_wait]
-            k_wait += 1
-            if c in done and done[c] > clock:
-                stalled += done[c] - clock
-                clock = done[c]
-            continue
-        clock += dur * 1e-6
-        if name.startswith("_c10d_functional::") and k_issue < len(issues):
-            _, kind, ranks, sent = issues[k_issue]
-            t = model.time(kind, sent, ranks)
-            comm += t
-            stream = done[k_issue] = max(clock, stream) + t
-            k_issue += 1
-    return {"wait_s": stalled, "comm_s": comm, "step_s": clock, "matched": k_issue == len(issues) and k_wait == len(waits)}
+    stream = comm = 0.0
+    for k, (_, kind, n, sent) in enumerate(issues):
+        joined = [r.until_issue(k, done) for r in ranks]
+        if any(t is None for t in joined):
+            break
+        t = model.time(kind, sent, n)
+        comm += t
+        stream = done[k] = max(max(joined), stream) + t
+    for r in ranks:
+        r.until_issue(None, done)
+    return [{"wait_s": r.stalled, "comm_s": comm, "step_s": r.clock,
+             "matched": r.issued == len(issues) == len(done) and r.waited == len(r.waits)} for r in ranks]
+
+
+class _Replay:
+    """One rank's trace, replayed up to a point: ``clock`` (its thread's time, stalls included),
+    ``stalled`` (the time its waits stalled)."""
+
+    def __init__(self, trace: list, schedule: list):
+        self.trace, self.waits = trace, [r[1] for r in schedule if r[0] == "wait"]
+        self.n_issues = sum(1 for r in schedule if r[0] == "issue")
+        self.at = self.issued = self.waited = 0
+        self.clock = self.stalled = 0.0
+        self.prev_end = trace[0][1] if trace else 0.0
+
+    def until_issue(self, k: int | None, done: dict[int, float]) -> float | None:
+        """Replay up to and including the ``k``-th collective's issue (None: to the end); the
+        clock when it is issued, or None if the trace ends first."""
+        while self.at < len(self.trace):
+            name, start, dur = self.trace[self.at]
+            self.at += 1
+            self.clock += max(0.0, start - self.prev_end) * 1e-6  # host time between operations
+            self.prev_end = max(self.prev_end, start + dur)
+            if name == WAIT and self.waited < len(self.waits):
+                c = self.waits[self.waited]
+                self.waited += 1
+                if c in done and done[c] > self.clock:
+                    self.stalled += done[c] - self.clock
+                    self.clock = done[c]
+                continue
+            self.clock += dur * 1e-6
+            if name.startswith("_c10d_functional::") and self.issued < self.n_issues:
+                self.issued += 1
+                if k is not None and self.issued == k + 1:
+                    return self.clock
+        return None
 
 
 # --------------------------------------------------------------------------- predictions
@@ -60,10 +96,11 @@ def simulate(trace: list, schedule: list, link: Any) -> dict:
 
 def predict(model: str, parallel: str, world: int, batch: int, links: dict, steps: int = 3) -> dict:
     """The exposed communication of one training step on ``world`` ranks, per link: this rank's
-    part compiled by ``fxforge.partition`` against torch's fake process group (its collectives
-    return at once), run and profiled here (the median of ``steps`` profiled steps, by step time),
-    and replayed under each link's model; also the schedule's planned peak of live bytes with
-    the collectives overlapped (prefetching) and without."""
+    part compiled by ``fxforge.partition`` (its buckets cut for the first of ``links``,
+    ``Config.comm_model``) against torch's fake process group (its collectives return at once),
+    run and profiled here (the median of ``steps`` profiled steps, by step time), and replayed
+    under each link's model; also the schedule's planned peak of live bytes with the
+    collectives overlapped (prefetching) and without."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -87,8 +124,10 @@ def predict(model: str, parallel: str, world: int, batch: int, links: dict, step
         joint = _export_forward_backward(torch.export.export(m, (idx, tgt)))
         pl = placements(m, parallel)
         gathered = compute_placements(m, parallel)
-        plain = fxforge.partition(joint, mesh, pl, config=fxforge.Config(comm_overlap=False), compute_placements=gathered)
-        p = fxforge.partition(joint, mesh, pl, config=fxforge.Config(), compute_placements=gathered)
+        cut_for = next(iter(links.values()))  # (the buckets are cut for the first link; the others replay them)
+        plain = fxforge.partition(joint, mesh, pl, config=fxforge.Config(comm_overlap=False, comm_model=cut_for),
+                                  compute_placements=gathered)
+        p = fxforge.partition(joint, mesh, pl, config=fxforge.Config(comm_model=cut_for), compute_placements=gathered)
         shards = tuple(local_shard(t, mesh, pl[n]) for n, t in (("idx", idx), ("targets", tgt)))
         p(*shards)
         traces = sorted((_profile(lambda: p(*shards))[0] for _ in range(steps)),

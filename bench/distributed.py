@@ -20,9 +20,10 @@ step), and the communication a step waits for: the time spent in ``wait_tensor``
 the slowest rank).  ``exposed`` is fxforge's wait time over ``fxforge-bucketed``'s (the same
 collectives, none hidden).  Every contender's loss is checked against eager on one process.
 
-The **simulator** (``bench/comm_sim.py``) replays the profiled ``fxforge`` step: its measured
-compute between collectives, the collectives under the cost model fitted on this link at the
-start of the case (``costs.calibrate``); its predicted wait is compared with the measured one.
+The **simulator** (``bench/comm_sim.py``) replays every rank's profiled ``fxforge`` step together:
+their measured compute between collectives, each collective started when the last rank issued
+it, under the cost model fitted on this link at the start of the case (``costs.calibrate``); its
+predicted wait is compared with the measured one.
 
     python bench/distributed.py [--models gpt llama] [--cases fsdp:2 fsdp:4 fsdp_tp:4] \
         [--link 1gbit|loopback] [--steps 6] [--bucket-bytes N ...] [--tag distributed]
@@ -238,7 +239,7 @@ def main() -> int:
             return rc
     path = os.path.join(args.out, f"{args.tag}.json")
     data = _with_command(json.load(open(path)) if os.path.exists(path) else {"cases": []})
-    from comm_sim import simulate
+    from comm_sim import simulate_ranks
 
     for model in args.models:
         for spec in args.cases:
@@ -277,7 +278,7 @@ def main() -> int:
                 if "order_digest" in per[0]:
                     c["same_order"] = len({r["order_digest"] for r in per}) == 1
                     c["estimated_s"] = per[0]["estimated_s"]
-                    sims = [simulate(r["trace"], r["schedule"], ranks[0]["link"]) for r in per]
+                    sims = simulate_ranks([r["trace"] for r in per], [r["schedule"] for r in per], ranks[0]["link"])
                     c["simulated_wait_s"] = max(s["wait_s"] for s in sims)
                     c["simulated_comm_s"] = max(s["comm_s"] for s in sims)
                     c["simulated_matched"] = all(s["matched"] for s in sims)
@@ -391,8 +392,9 @@ def write_md(path: str) -> None:
              "those allocated during the step (`measure.peak_bytes`) and fxforge's arenas, kept between calls "
              "(`kept_arena_bytes`). Wait: time in `wait_tensor` in a profiled step (slowest rank). "
              "Exposed: fxforge's wait over fxforge-bucketed's (the same collectives, each waited for at once). "
-             "Simulated: `bench/comm_sim.py` replaying that profiled fxforge step, the collectives under the "
-             "model `costs.calibrate` fitted on the link at the start of the case.", "",
+             "Simulated: `bench/comm_sim.py` replaying every rank's profiled fxforge step together (a collective "
+             "starts when the last rank has issued it), the collectives under the model `costs.calibrate` fitted "
+             "on the link at the start of the case.", "",
              "| model | parallel | ranks | batch | contender | step (ms) | vs fxforge-off | vs inductor | vs eager | "
              "collectives | peak MiB | wait (ms) | exposed | simulated wait (ms) | loss error | bit-equal to off |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -432,8 +434,9 @@ def write_md(path: str) -> None:
         rows = json.load(open(sim_path))
         links = list(rows[0]["links"]) if rows else []
         lines += ["", "## Predicted at more ranks (simulator)", "",
-                  "Each rank's part compiled for N ranks against torch's fake process group, run and profiled here "
-                  "(one thread: its compute is this machine's), the collectives replayed under each link's model "
+                  "Each rank's part compiled for N ranks (its buckets cut for `loopback-1gbit`) against torch's "
+                  "fake process group, run and profiled here "
+                  "(one thread: its compute is this machine's), the collectives replayed under the link's model "
                   "(`fxforge.core.costs.COMM_PRESETS`; `loopback-1gbit` is the 1 Gbit/s link as measured per rank "
                   "with two ranks). Exposed communication (ms) / the collectives' time (ms):", "",
                   "| model | parallel | ranks | batch | collectives | MB sent | planned peak, prefetch / none | compute (ms) | "

@@ -182,3 +182,27 @@ def test_breakdown_rows_categories_and_table(bench_modules):
     md = breakdown.markdown(res)
     assert "| matmul and convolution (ATen) | 4.00 | 3.00 |" in md and "| generated kernels | 1.50 | 0.25 |" in md
     assert "| minor faults per step | 100 | 7 |" in md and "| 1.500 | `fxforge forward [c] gelu` |" in md
+
+
+def test_the_simulator_waits_for_the_last_rank_to_issue():
+    """bench/comm_sim.simulate_ranks: a collective starts when the last rank has issued it, so
+    the rank that issues first waits for the other as well as for the link; one rank alone
+    waits for the link only (``simulate``)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from comm_sim import WAIT, simulate, simulate_ranks
+    finally:
+        sys.path.remove(str(BENCH))
+    link = {"name": "test", "alpha_s": 0.0, "beta_s_per_byte": 1e-6}  # 1 ms per kB
+    schedule = [("issue", "all_gather", 2, 1000), ("wait", 0)]
+
+    def trace(compute_before_us):  # (name, start_us, duration_us): compute, the issue, compute, the wait
+        return [("mm", 0, compute_before_us), ("_c10d_functional::all_gather_into_tensor", compute_before_us, 10),
+                ("mm", compute_before_us + 10, 500), (WAIT, compute_before_us + 510, 1)]
+
+    alone = simulate(trace(0), schedule, link)
+    assert alone["wait_s"] == pytest.approx(1e-3 - 500e-6) and alone["matched"]
+    early, late = simulate_ranks([trace(0), trace(3000)], [schedule, schedule], link)
+    assert late["wait_s"] == pytest.approx(1e-3 - 500e-6)  # the link only: the other had issued already
+    assert early["wait_s"] == pytest.approx(3e-3 + 1e-3 - 500e-6)  # the other rank's 3 ms, then the link
+    assert early["matched"] and late["matched"]

@@ -141,11 +141,15 @@ def _partition(members: list[_Member], limit: float, seconds) -> list[list[_Memb
     first gathers, read at once, go in a small run, and the gradients made last go in a small
     run of their own, which is all the compute waits for at the end.
 
-    Dynamic programming over the cut points; a state after a prefix is the stall so far and how
-    far the link's work lags the stalled compute (the next runs' stalls depend on nothing else),
-    and only states no other beats in stall, lag and runs at once are kept (``_FRONT`` of them);
-    of the cuts with the least stall, the one of fewest runs."""
-    fronts: list[list[tuple[float, float, int, int, int]]] = [[(0.0, 0.0, 0, -1, -1)]]  # (stall, lag, runs, cut, state)
+    Each run also costs the compute one collective's latency (``seconds(0)``: its issue and its
+    wait, a copy in and out, what the stall model leaves out), so a cut must save more stall
+    than that: the buckets stay few where splitting them gains next to nothing.
+
+    Dynamic programming over the cut points; a state after a prefix is its cost so far (stall and
+    runs) and how far the link's work lags the stalled compute (the next runs' stalls depend on
+    nothing else), and only states no other beats in both are kept (``_FRONT`` of them)."""
+    per_run = seconds(0)
+    fronts: list[list[tuple[float, float, int, int]]] = [[(0.0, 0.0, -1, -1)]]  # (cost, lag, cut, its state)
     for i in range(1, len(members) + 1):
         found = []
         nbytes = sent = 0
@@ -159,10 +163,10 @@ def _partition(members: list[_Member], limit: float, seconds) -> list[list[_Memb
             if j < i - 1 and (nbytes > limit or ready_at >= read_at):
                 break  # (a longer run only adds bytes, and reads earlier or readies later)
             t = seconds(sent)
-            for k, (stall, lag, runs, _, _) in enumerate(fronts[j]):
+            for k, (cost, lag, _, _) in enumerate(fronts[j]):
                 done = max(ready, lag) + t
                 waited = max(0.0, done - due)
-                found.append((stall + waited, done - waited, runs + 1, j, k))
+                found.append((cost + waited + per_run, done - waited, j, k))
         fronts.append(_pareto(found))
     cuts, i, k = [], len(members), 0
     while i > 0:
@@ -176,11 +180,11 @@ _FRONT = 16
 
 
 def _pareto(states: list[tuple]) -> list[tuple]:
-    """The states no other beats in stall, lag and runs at once (the fewer runs, the fewer
-    collectives to issue and wait for), the least stall first, at most ``_FRONT`` of them."""
+    """The states no other beats in both cost and lag, the least cost first, at most ``_FRONT``
+    of them (ties: the first found, the shortest run)."""
     out: list[tuple] = []
-    for s in sorted(states, key=lambda s: (s[0], s[2], s[1])):
-        if not any(o[1] <= s[1] and o[2] <= s[2] for o in out):
+    for s in sorted(states, key=lambda s: (s[0], s[1])):
+        if not out or s[1] < out[-1][1]:
             out.append(s)
     return out[:_FRONT]
 
