@@ -15,9 +15,10 @@ on the same per-rank program, interleaved step by step:
 * ``eager``: that per-rank graph run by torch op by op (the collectives as traced).
 
 Per contender: the median step time (each step's time is the slowest rank's, after a barrier),
-the collectives a step issues, the per-rank peak of allocated bytes (``measure.peak_bytes``, one
-step), and the communication a step waits for: the time spent in ``wait_tensor`` (profiled step,
-the slowest rank).  ``exposed`` is fxforge's wait time over ``fxforge-bucketed``'s (the same
+the collectives a step issues, the per-rank peak (bytes allocated in one step,
+``measure.peak_bytes``, and the arenas fxforge keeps between calls), and the communication a step
+waits for: the time spent in ``wait_tensor`` (the median of ``PROFILED`` profiled steps, each the
+slowest rank's).  ``exposed`` is fxforge's wait time over ``fxforge-bucketed``'s (the same
 collectives, none hidden).  Every contender's loss is checked against eager on one process.
 
 The **simulator** (``bench/comm_sim.py``) replays every rank's profiled ``fxforge`` step together:
@@ -51,6 +52,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from ranks import limited_link, link_name, on_ranks  # noqa: E402
 
 CONTENDERS = ("fxforge-off", "fxforge-bucketed", "fxforge", "inductor", "eager")
+PROFILED = 3  # profiled steps per contender (interleaved): the wait reported is their median
 
 
 def _configs(buckets=()):
@@ -152,8 +154,13 @@ def run_case(rank: int, world: int) -> dict:
         out[name]["step_s"] = times[name]
         dist.barrier()
         out[name]["peak_bytes"] = peak_bytes(fn)["peak_bytes"]
-        dist.barrier()
-        out[name]["trace"], out[name]["wait_s"] = _profile(fn)
+        out[name]["traces"], out[name]["waits"] = [], []
+    for _ in range(PROFILED):  # (interleaved, as the timed steps are)
+        for name, fn in steps_fn.items():
+            dist.barrier()
+            trace, wait = _profile(fn)
+            out[name]["traces"].append(trace)
+            out[name]["waits"].append(wait)
     return {"contenders": out, "link": {"name": link.name, "alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
                                         "reduce_scatter_as_all_reduce": link.reduce_scatter_as_all_reduce},
             "params": sum(p.numel() for p in model.parameters()), "tensors": len(list(model.parameters())),
@@ -267,9 +274,10 @@ def main() -> int:
             for name in ranks[0]["contenders"]:
                 per = [r["contenders"][name] for r in ranks]
                 steps = [max(r["step_s"][i] for r in per) for i in range(len(per[0]["step_s"]))]
-                waits = [r["wait_s"] for r in per]
+                waits = [max(r["waits"][i] for r in per) for i in range(PROFILED)]  # each step's slowest rank's
+                mid = sorted(range(PROFILED), key=waits.__getitem__)[PROFILED // 2]  # the median profiled step
                 c = {"step_s": statistics.median(steps), "steps": steps, "collectives": per[0]["collectives"],
-                     "peak_bytes": max(r["peak_bytes"] for r in per), "wait_s": max(waits),
+                     "peak_bytes": max(r["peak_bytes"] for r in per), "wait_s": waits[mid], "waits": waits,
                      "loss_error": max(r["loss_error"] for r in per), "compile_s": max(r["compile_s"] for r in per),
                      "same_as_off": all(r["same_as_off"] for r in per) if per[0]["same_as_off"] is not None else None}
                 if "kept_bytes" in per[0]:
@@ -278,7 +286,8 @@ def main() -> int:
                 if "order_digest" in per[0]:
                     c["same_order"] = len({r["order_digest"] for r in per}) == 1
                     c["estimated_s"] = per[0]["estimated_s"]
-                    sims = simulate_ranks([r["trace"] for r in per], [r["schedule"] for r in per], ranks[0]["link"])
+                    sims = simulate_ranks([r["traces"][mid] for r in per], [r["schedule"] for r in per],
+                                          ranks[0]["link"])
                     c["simulated_wait_s"] = max(s["wait_s"] for s in sims)
                     c["simulated_comm_s"] = max(s["comm_s"] for s in sims)
                     c["simulated_matched"] = all(s["matched"] for s in sims)
@@ -390,7 +399,8 @@ def write_md(path: str) -> None:
              "(`bench/dist_models.py`), `batch` sequences of 128 tokens per data-parallel rank. Step: median over "
              "the steps of the slowest rank's time. Peak: the rank's bytes at most at once in one step: "
              "those allocated during the step (`measure.peak_bytes`) and fxforge's arenas, kept between calls "
-             "(`kept_arena_bytes`). Wait: time in `wait_tensor` in a profiled step (slowest rank). "
+             "(`kept_arena_bytes`). Wait: time in `wait_tensor`, the median of 3 profiled steps (each the slowest "
+             "rank's). "
              "Exposed: fxforge's wait over fxforge-bucketed's (the same collectives, each waited for at once). "
              "Simulated: `bench/comm_sim.py` replaying every rank's profiled fxforge step together (a collective "
              "starts when the last rank has issued it), the collectives under the model `costs.calibrate` fitted "
