@@ -271,8 +271,7 @@ def _scatter_as_pad(node: fx.Node, args: tuple) -> tuple | None:
     if node.target is not torch.ops.aten.slice_scatter.default or node.kwargs:
         return None
     base, out = node.args[0], node.meta.get(VAL)
-    if not isinstance(base, fx.Node) or base.target not in _ZERO_FILLS or not isinstance(out, torch.Tensor) \
-            or (base.kwargs.get("dtype") not in (None, out.dtype)):
+    if not isinstance(base, fx.Node) or base.target not in _ZERO_FILLS or not isinstance(out, torch.Tensor):
         return None
     at = _ZERO_FILLS[base.target]
     if at is not None and not (len(base.args) > at and isinstance(base.args[at], (int, float)) and base.args[at] == 0):
