@@ -3,7 +3,8 @@
 A training step sharded FSDP-style gathers every parameter and reduce-scatters every gradient
 on its own: each collective pays the link's latency (``core/costs.py``: ``(n-1)`` steps of
 ``alpha``) for a few kilobytes.  ``BucketCollectives`` merges runs of them, in program order, into
-one collective of at most ``Config.bucket_bytes`` (what one rank sends):
+one collective of at most ``Config.bucket_bytes`` (what one rank sends), the runs cut where the
+compute waits least under the cost models (``_partition``):
 
 * **all-gathers** of one process group, size and dtype: their inputs are flattened and cat'ed
   into one buffer (the copy-in: written in place by the kernels producing them where they can,
@@ -14,8 +15,9 @@ one collective of at most ``Config.bucket_bytes`` (what one rank sends):
   chunk]`` and cat'ed along the chunks (``[ranks, sum of chunks]``), reduce-scattered once; each
   member's result is a slice of this rank's block: a view, no copy-out.
 
-Each bucket is issued just after the last of its inputs is made, waited for where its first
-member was read (``passes/overlap.py`` then moves both).  Views of a member's result that only
+Each bucket is issued where its first member was, or just after the last of its inputs is made
+if that is later, and waited for where its first member was read (``passes/overlap.py`` then
+moves both).  Views of a member's result that only
 pass it on (a gradient viewed in its parameter's shape for the graph's output) are moved down to
 where it is read, so that they do not count as reading it.  A member joins a bucket only if its
 input does not depend on what the bucket waits for (no cycle), and the order of the collectives
