@@ -399,7 +399,7 @@ def write_md(path: str) -> None:
              "(`bench/dist_models.py`), `batch` sequences of 128 tokens per data-parallel rank. Step: median over "
              "the steps of the slowest rank's time. Peak: the rank's bytes at most at once in one step: "
              "those allocated during the step (`measure.peak_bytes`) and fxforge's arenas, kept between calls "
-             "(`kept_arena_bytes`). Wait: time in `wait_tensor`, the median of 3 profiled steps (each the slowest "
+             f"(`kept_arena_bytes`). Wait: time in `wait_tensor`, the median of {PROFILED} profiled steps (each the slowest "
              "rank's). "
              "Exposed: fxforge's wait over fxforge-bucketed's (the same collectives, each waited for at once). "
              "Simulated: `bench/comm_sim.py` replaying every rank's profiled fxforge step together (a collective "

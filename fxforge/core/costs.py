@@ -176,7 +176,12 @@ def graph_models(gm: fx.GraphModule, comm_spec: Any = "auto", threads: int | Non
     backend = None
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         backend = torch.distributed.get_backend()
-    return comm_model(comm_spec, backend), compute_model("cuda" if "cuda" in device_types(gm) else "cpu", threads)
+    return comm_model(comm_spec, backend), graph_compute_model(gm, threads)
+
+
+def graph_compute_model(gm: fx.GraphModule, threads: int | None = None) -> ComputeModel:
+    """The compute preset of a graph's device (``compute_model``) on ``threads``."""
+    return compute_model("cuda" if "cuda" in device_types(gm) else "cpu", threads)
 
 
 def node_time(n: fx.Node, compute: ComputeModel) -> float:

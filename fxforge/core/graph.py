@@ -123,6 +123,8 @@ INPUT_STRIDES: MetaKey[dict] = MetaKey(
     "fxforge_input_strides", "dict[str, tuple[int, ...]]: placeholder name -> the strides its caller passes where "
     "they differ from the traced value's (a training forward's saved activations, laid out by its passes; "
     "entry/dynamo.py), adopted by lowering/conv_layout.py", graph=True)
+
+
 def given_strides(traced: Any, given: Any) -> tuple[int, ...] | None:
     """The strides of tensor ``given`` where they differ from those of ``traced`` (a placeholder's
     value) at the same static sizes: what ``INPUT_STRIDES`` records for that placeholder; else None."""

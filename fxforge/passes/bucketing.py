@@ -81,9 +81,7 @@ class BucketCollectives:
 @dataclass
 class _Bucket:
     members: list[fx.Node]  # the collectives, in program order
-    read_at: int  # the position of the earliest node reading one of their results
     ready_at: int  # the position of the last of their inputs
-    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -118,8 +116,7 @@ def _buckets(gm: fx.GraphModule, make: dict, limit: int, comm: CommModel, comput
         kind, ranks = collective_bytes(members[0].node)[0], group_size_of(members[0].node)
         for run in _partition(members, limit, lambda sent: comm.time(kind, sent, ranks)):
             if len(run) > 1:
-                out.append(_Bucket([m.node for m in run], min(m.read_at for m in run), max(m.ready_at for m in run),
-                                   sum(m.nbytes for m in run)))
+                out.append(_Bucket([m.node for m in run], max(m.ready_at for m in run)))
     return out
 
 

@@ -46,7 +46,7 @@ import torch
 import torch.fx as fx
 
 from ..core.collectives import is_collective, is_wait
-from ..core.costs import ComputeModel, compute_model, node_flops, value_bytes
+from ..core.costs import ComputeModel, graph_compute_model, node_flops, value_bytes
 from ..core.graph import (FREE_OUTPUTS, HEAD_START, INPUT_STRIDES, PROBES, VAL, SharedProbes, aliased_input,
                           given_strides, is_mutating, is_tangent, output_nodes, peak_live_bytes, storage_root,
                           tensors)
@@ -619,8 +619,7 @@ def partition_under_budget(joint: fx.GraphModule, joint_inputs, *, base: Callabl
     peak is over ``budget`` (``Config.memory_budget``), recompute more in the backward until the
     memory plans fit. A fraction is of the largest default peak among this graph's and
     ``step_peak_so_far`` (the step's other graphs', with graph breaks)."""
-    devices = {t.device.type for n in joint.graph.nodes for t in tensors(n.meta.get(VAL))}
-    compute = compute_model("cuda" if "cuda" in devices else "cpu")
+    compute = graph_compute_model(joint)
 
     fw, bw = base(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
     t0 = time.perf_counter()
