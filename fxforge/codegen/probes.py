@@ -108,9 +108,14 @@ class _Refusal:
         return self.kind(pattern.sub(lambda m: swap[m.group(1)], self.message))
 
 
+def outside_of(nodes: list[fx.Node]) -> list[fx.Node]:
+    """The nodes outside the group ``nodes`` that its members read, in the order ``structure``
+    meets them (its ``("o", i)`` is the i-th)."""
+    member = set(nodes)
+    return list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in member))
+
+
 def _names(nodes: list[fx.Node]) -> list[str]:
     """The group's members' names, then those of the values it reads from outside, in the order
     ``structure`` meets them."""
-    member = set(nodes)
-    outside = dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in member)
-    return [n.name for n in nodes] + [a.name for a in outside]
+    return [n.name for n in nodes] + [a.name for a in outside_of(nodes)]

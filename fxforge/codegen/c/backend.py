@@ -30,6 +30,7 @@ from ..registry import C_MAX_KERNEL_ARGS
 from .build import CUnit, compiler
 from .launcher import refusal
 from .kernel import CEmitter
+from .reuse import Emitted
 from .schedule import frame_refusal
 from .dtypes import CTYPE
 from .templates import template_of
@@ -93,14 +94,17 @@ def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     computed = [n for n in group.nodes if node_kind(n) == "compute"]
     template = template_of(computed[0]) if len(computed) == 1 else None
     threads = ctx.config.threads or torch.get_num_threads()
-    if template is not None:
-        k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout, threads)
-    else:
-        k = CEmitter(ctx.name, ctx.ref, ctx.buffer, group.nodes, group.outputs or None, layout=ctx.layout,
-                     threads=threads).emit()
     unit = ctx.units.get("c")
     if unit is None:
         unit = ctx.units["c"] = CUnit(debug=ctx.config.debug, background=True)
+    if unit.emitted is None:
+        unit.emitted = Emitted(ctx.config.debug)
+    if template is not None:
+        k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout, threads)
+    else:
+        outputs = group.outputs or None
+        k = unit.emitted.emit(group.nodes, outputs, ctx, threads, lambda: CEmitter(
+            ctx.name, ctx.ref, ctx.buffer, group.nodes, outputs, layout=ctx.layout, threads=threads))
     unit.add(k)
     return Kernel(name=k.name, source=k.launch_source, args=list(k.args), node_count=k.node_count,
                   unique_io_buffers=k.unique_io_buffers, launch_args=len(k.params), backend="c")

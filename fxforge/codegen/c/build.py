@@ -45,6 +45,7 @@ import subprocess
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import sympy
 import torch
@@ -229,6 +230,7 @@ class CUnit:
     kernels: list[CEmitted] = field(default_factory=list)
     debug: bool = False  # each kernel checks its tensors' layouts before it runs (``launcher.layout_check``)
     background: bool = False  # compile each unit as soon as it ends (``add``)
+    emitted: Any = None  # the emitter's kernels by group structure (``reuse.Emitted``), while it adds them
 
     def __post_init__(self):
         self._seen: set[str] = set()

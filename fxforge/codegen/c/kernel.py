@@ -41,6 +41,15 @@ from .schedule import (COLUMN_BLOCK_MIN, COLUMN_CHUNK_MIN_ELEMENTS, COLUMN_ROW_B
                        accumulator, block_rows, chunks, column_folds, columns_by_rows, flat_index, frame_refusal,
                        parallel_min_work, split, tile_move)
 
+def launch_head(name: str, reduction: bool, value_names: list[tuple[str, str]], lines: list[str]) -> list[str]:
+    """The comment heading a C kernel's launch source: what it is, which node each value local
+    holds (``CEmitter.value_name``), and its C function."""
+    head = [f"# C kernel {name}_c ({'reduction' if reduction else 'pointwise'}; helpers: fxforge/codegen/c/prelude.py)"]
+    if value_names:
+        head.append("# values: " + ", ".join(f"{v} = {n}" for v, n in value_names))
+    return head + ["# " + l for l in lines]
+
+
 class CEmitter(Emitter):
     SIG_DTYPE = SIG_DTYPE
 
@@ -61,6 +70,7 @@ class CEmitter(Emitter):
         self.tile_axes: tuple[str, int, str, int] | None = None  # the rows' loop and size, the elements' (TILE_ROWS)
         self.tiles: dict[tuple, str] = {}  # (pointer, offset of the block's first row, stride, stored) -> tile
         self.value_names: list[tuple[str, str]] = []  # (local, the node whose value it holds)
+        self.launch_prologue: list[str] = []  # the launch function's lines before the call (``launch``)
         self.scratch = Scratch()  # the kernel's local arrays
 
     def persistent(self) -> bool:
@@ -578,12 +588,9 @@ class CEmitter(Emitter):
             stmts = [split(top, outer, condition)]
         body = CStatements(self.values).lines(stmts, "    ")
         symbol, lines = c_function(self.params, body, self.scratch.heap)
-        head = [f"# C kernel {self.name}_c ({'reduction' if self.frame.reduction else 'pointwise'}; "
-                "helpers: fxforge/codegen/c/prelude.py)"]
-        if self.value_names:
-            head.append("# values: " + ", ".join(f"{v} = {n}" for v, n in self.value_names))
-        head += ["# " + l for l in lines]
-        launch = launch_source(self.name, self.args, self.params, self.prologue(), head)
+        self.launch_prologue = self.prologue()
+        head = launch_head(self.name, bool(self.frame.reduction), self.value_names, lines)
+        launch = launch_source(self.name, self.args, self.params, self.launch_prologue, head)
         return CEmitted(symbol, "\n".join(lines) + "\n", launch, self.name, list(self.args), list(self.params),
                         len(self.nodes), len(self.storages), self.specs,
                         quick=bool(work.is_Integer and int(work) < QUICK_BUILD_MAX_WORK))
