@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from ..core.graph import PROBES, VAL, expr
+from ..core.graph import PROBES, VAL, expr, per_node
 from .ir.values import Unsupported
 
 
@@ -40,6 +40,13 @@ def _value_key(v: Any) -> Any:
     if isinstance(v, float):
         return ("float", repr(v))  # -0.0 == 0.0, and nan != nan
     return (type(v).__name__, v) if v is None or isinstance(v, (bool, int, str)) else ("?", repr(v))
+
+
+@per_node
+def node_value_key(n: fx.Node) -> Any:
+    """``_value_key`` of the node's traced value (kept: ``per_node``, read at every probe of a
+    group holding or reading it)."""
+    return _value_key(n.meta.get(VAL))
 
 
 def _sizes(sizes) -> tuple:
@@ -61,7 +68,7 @@ def structure(nodes: list[fx.Node], outputs: list[fx.Node] | None) -> tuple:
                 outside[a] = len(outside)
                 source = a.args[0] if a.target is operator.getitem and a.args else None
                 described.append(("item", member[source], a.args[1]) if source in member
-                                 else ("read", _value_key(a.meta.get(VAL))))
+                                 else ("read", node_value_key(a)))
             return ("o", outside[a])
         if isinstance(a, (list, tuple)):
             return (type(a).__name__, tuple(arg(x) for x in a))
@@ -69,7 +76,7 @@ def structure(nodes: list[fx.Node], outputs: list[fx.Node] | None) -> tuple:
             return ("dict", tuple((k, arg(x)) for k, x in a.items()))
         return _value_key(a)  # a constant (dtypes, devices...: by their repr)
 
-    body = tuple((n.op, n.target, arg(n.args), arg(n.kwargs), _value_key(n.meta.get(VAL))) for n in nodes)
+    body = tuple((n.op, n.target, arg(n.args), arg(n.kwargs), node_value_key(n)) for n in nodes)
     return body, tuple(described), None if outputs is None else tuple(member.get(n, -1) for n in outputs)
 
 

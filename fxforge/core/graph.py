@@ -247,10 +247,16 @@ def has_val(node: fx.Node) -> bool:
     return schema is not None and not schema.returns  # ops returning nothing (asserts) have no value
 
 
+@functools.lru_cache(maxsize=4096)
+def _integer(x: int) -> sympy.Integer:
+    """``sympy.Integer(x)``, a fifth of the time where sizes repeat (sympy's own cache costs more)."""
+    return sympy.Integer(x)
+
+
 def expr(x: Any) -> sympy.Expr:
     """A size, stride or scalar as a sympy expression (SymInts give their symbolic expression)."""
     if type(x) is int:  # the common case first: static sizes (asked for by every kernel probe)
-        return sympy.Integer(x)
+        return _integer(x)
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         env = getattr(x.node, "shape_env", None)
         # replacements: symbols the ShapeEnv proved equal to others (s77 == s33) are rewritten
@@ -319,7 +325,10 @@ def free_symbols(v: Any) -> set[sympy.Symbol]:
     out: set[sympy.Symbol] = set()
     for t in _flatten([v]):
         if isinstance(t, torch.Tensor):
-            for x in (*t.shape, *t.stride(), t.storage_offset()):
+            sizes = (*t.shape, *t.stride(), t.storage_offset())
+            if all(type(x) is int for x in sizes):  # static (most tensors)
+                continue
+            for x in sizes:
                 if isinstance(x, torch.SymInt):
                     out |= expr(x).free_symbols
         elif isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -396,17 +405,18 @@ def per_node(fn):
 
     @functools.wraps(fn)
     def memoized(node: fx.Node):
-        if node.op != "call_function" or type(node.target) is not torch._ops.OpOverload:
-            return fn(node)
         meta = node.meta
         memo = meta.get(MEMO)
+        if memo is not None:  # (only ATen op nodes have answers kept: the hit first, it is most calls)
+            hit = memo.get(name)
+            if hit is not None and hit[0] is node.target and hit[1] is node._args and hit[2] is node._kwargs \
+                    and hit[3] is meta.get(VAL):
+                return hit[4]
+        if node.op != "call_function" or type(node.target) is not torch._ops.OpOverload:
+            return fn(node)
         if memo is None:
             memo = meta[MEMO] = NodeMemo()
         val = meta.get(VAL)
-        hit = memo.get(name)
-        if hit is not None and hit[0] is node.target and hit[1] is node._args and hit[2] is node._kwargs \
-                and hit[3] is val:
-            return hit[4]
         answer = fn(node)
         memo[name] = (node.target, node._args, node._kwargs, val, answer)
         return answer

@@ -12,6 +12,7 @@ builds the full loop nest (shapes, strides, rows) from the same vocabulary.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,21 @@ def shape_of(v: torch.Tensor) -> tuple:
 
 def numel(shape) -> sympy.Expr:
     """Element count of a shape of sympy sizes."""
-    return sympy.Mul(*shape) if len(shape) else sympy.Integer(1)
+    if all(type(s) is int or getattr(s, "is_Integer", False) for s in shape):  # static: no sympy product
+        return expr(math.prod(int(s) for s in shape))
+    return sympy.Mul(*shape)
+
+
+@per_node
+def node_shape(n: fx.Node) -> tuple:
+    """``shape_of`` a tensor node's traced value (kept: ``per_node``)."""
+    return shape_of(n.meta[VAL])
+
+
+@per_node
+def node_numel(n: fx.Node) -> sympy.Expr:
+    """Element count of a tensor node's traced value (kept: ``per_node``)."""
+    return numel(node_shape(n))
 
 
 def same_size(a, b) -> bool:

@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..core.graph import VAL, aliased_input, expr, is_mutating, node_kind
+from ..core.graph import VAL, aliased_input, expr, is_mutating, node_kind, per_node
 from ..infra.pass_manager import PassResult
 
 
@@ -107,8 +107,10 @@ class EliminateIdentityViews:
         return PassResult(gm, replaced > 0, {"removed": replaced})
 
 
+@per_node
 def has_side_effects(n: fx.Node) -> bool:
-    """Must run even when nothing uses its value: asserts, mutations, RNG, ops returning nothing."""
+    """Must run even when nothing uses its value: asserts, mutations, RNG, ops returning nothing
+    (kept: ``per_node``, asked of every node by fusion and the schedule)."""
     if n.op != "call_function":
         return n.op in ("placeholder", "output")
     if is_mutating(n) or n.is_impure():

@@ -34,8 +34,8 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ...core.graph import PROBES, VAL, aliased_input, free_symbols, node_kind, tensors
-from ...core.iteration import kind_of, reduction_of, shape_of
+from ...core.graph import PROBES, VAL, aliased_input, free_symbols, node_kind, per_node, tensors
+from ...core.iteration import kind_of, node_shape, reduction_of
 from ..api import GroupCost
 from .aten import read_nodes
 from .rows import Frame, check_operand, check_view, domain, frame_of, internal, root
@@ -144,18 +144,34 @@ def _computed_members(nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node
     static pointwise node, reduction or view."""
     computed, reductions = [], []
     for n in nodes:
-        k = node_kind(n)
-        if k not in ("compute", "view") or any(free_symbols(t) for t in tensors(n.meta.get(VAL))):
+        kind = _member_kind(n)
+        if kind is None:
             return None
-        if k == "view":
+        if kind == "view":
             continue
         computed.append(n)
-        kind = kind_of(n)
         if kind == "reduction":
             reductions.append(n)
-        elif kind != "pointwise":
-            return None
     return computed, reductions
+
+
+@per_node
+def _static(n: fx.Node) -> bool:
+    """The node's value has no symbolic size, stride or offset (kept: ``per_node``)."""
+    return not free_symbols(n.meta.get(VAL))
+
+
+@per_node
+def _member_kind(n: fx.Node) -> str | None:
+    """"view", "pointwise" or "reduction" for a group member of static sizes the facts answer
+    for, else None (kept: ``per_node``, asked of each member at every candidate merge)."""
+    k = node_kind(n)
+    if k not in ("compute", "view") or not _static(n):
+        return None
+    if k == "view":
+        return k
+    kind = kind_of(n)
+    return kind if kind in ("reduction", "pointwise") else None
 
 
 def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reductions: list[fx.Node],
@@ -169,9 +185,9 @@ def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reducti
     for n in computed:
         if n in reductions:
             r = reduction_of(n)
-            shape, want, read = shape_of(r.inp.meta[VAL]), Domain.ELEMENT, [r.inp]
+            shape, want, read = node_shape(r.inp), Domain.ELEMENT, [r.inp]
         else:
-            shape, want, read = shape_of(n.meta[VAL]), dom(n), read_nodes(n)
+            shape, want, read = node_shape(n), dom(n), read_nodes(n)
             if read is None:
                 return None
         for a in read:
@@ -192,7 +208,7 @@ def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reducti
                 rval = outside.meta.get(VAL)
                 if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
                     raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
-                if free_symbols(rval) or free_symbols(val):  # its sizes become the kernel's parameters
+                if not _static(outside) or not _static(a):  # its sizes become the kernel's parameters
                     return None
                 tensors_read.add(outside)
     return tensors_read, scalars

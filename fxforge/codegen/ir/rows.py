@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from ...core.graph import VAL, aliased_input, node_kind
-from ...core.iteration import numel as _numel, reduction_of, same_size as _same, shape_of
+from ...core.iteration import node_numel, numel as _numel, reduction_of, same_size as _same, shape_of
 from .values import Domain, Unsupported
 
 aten = torch.ops.aten
@@ -120,7 +120,7 @@ def domain(fr: Frame, n: fx.Node, reductions: list[fx.Node]) -> Domain:
         return domain(fr, n.args[0], reductions)
     if n in reductions:
         return Domain.ROW
-    numel = _numel(shape_of(n.meta[VAL]))
+    numel = node_numel(n)
     if _same(numel, fr.xnumel_g):
         return Domain.ROW
     if _same(numel, fr.xnumel_g * fr.rnumel_g):
