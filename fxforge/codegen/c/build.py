@@ -276,6 +276,7 @@ class CUnit:
     def built(self) -> list[tuple[str, list[str]]]:
         """Each unit's shared object (compiled unless cached) and the symbols it defines: the
         units compiling in the background waited for, the rest compiled side by side."""
+        self.emitted = None  # (every kernel is emitted by now)
         units = self.units()
         try:
             paths = [f.result() for f in self._builds]
