@@ -51,7 +51,8 @@ def make_graph(n: int, *, inputs: int = 4, shape=(64,), seed: int = 0, skip_p: f
     outs = [values[-1]] + [values[inputs + (k * n) // 4] for k in range(1, 4) if n >= 4]
     g.output(tuple(dict.fromkeys(outs)))
     gm = fx.GraphModule(torch.nn.Module(), g)
-    example = [torch.randn(shape) for _ in range(inputs)]
+    gen = torch.Generator().manual_seed(seed)
+    example = [torch.randn(shape, generator=gen) for _ in range(inputs)]
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     FakeTensorProp(gm, mode).propagate(*[mode.from_tensor(t) for t in example])
     return gm, example
@@ -121,7 +122,9 @@ def make_mixed_graph(n: int, *, rows: int = 16, cols: int = 64, seed: int = 0, r
     outs = [values[-1]] + [values[(k * len(values)) // 5] for k in range(1, 5)]
     g.output(tuple(dict.fromkeys(outs)))
     gm = fx.GraphModule(torch.nn.Module(), g)
-    example = [torch.randn(rows, cols), torch.randn(rows, cols), torch.randn(cols), torch.randn(cols, cols) / cols]
+    gen = torch.Generator().manual_seed(seed)
+    example = [torch.randn(rows, cols, generator=gen), torch.randn(rows, cols, generator=gen),
+               torch.randn(cols, generator=gen), torch.randn(cols, cols, generator=gen) / cols]
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     FakeTensorProp(gm, mode).propagate(*[mode.from_tensor(t) for t in example])
     return gm, example

@@ -41,6 +41,7 @@ from .schedule import (COLUMN_BLOCK_MIN, COLUMN_CHUNK_MIN_ELEMENTS, COLUMN_ROW_B
                        accumulator, block_rows, chunks, column_folds, columns_by_rows, flat_index, frame_refusal,
                        parallel_min_work, split, tile_move)
 
+
 def launch_head(name: str, reduction: bool, value_names: list[tuple[str, str]], lines: list[str]) -> list[str]:
     """The comment heading a C kernel's launch source: what it is, which node each value local
     holds (``CEmitter.value_name``), and its C function."""
