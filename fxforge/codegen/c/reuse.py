@@ -46,7 +46,6 @@ class Emitted:
     def __init__(self, debug: bool = False):
         self.debug = debug
         self.kept: dict[tuple, _Kept | None] = {}  # None: that structure's kernel is not kept
-        self.reused = 0
 
     def emit(self, nodes: list[fx.Node], outputs: list[fx.Node] | None, ctx: KernelContext, threads: int,
              make: Callable[[], CEmitter]) -> CEmitted:
@@ -61,7 +60,6 @@ class Emitted:
             if key is not None and key not in self.kept:
                 self.kept[key] = _keep(e, k, nodes, names[0])
             return k
-        self.reused += 1
         k = _renamed(kept, ctx.name, nodes, names[0])
         if self.debug:
             want = make().emit()
