@@ -111,7 +111,6 @@ class _Planner:
         self.kernels: list[Kernel] = []
         self.demoted: list[tuple[int, str]] = []
         self.demoted_nodes: set[fx.Node] = set()
-        self.zero_copy_groups: dict[int, bool] = {}  # group id -> a zero-copy group (``zero_copy``)
         self.node_names = {n.name for n in gm.graph.nodes}
         self.returned = set(output_nodes(gm))
         # returned values whose storage nothing else the caller holds shares: no input, no other
@@ -528,11 +527,10 @@ class _Planner:
         self.steps.append(Return(format_arg(out.args[0], self.ref, self.const)))
         return self.wrapper_plan(placeholders)
 
-    def zero_copy(self, g: Group) -> bool:
+    @staticmethod
+    def zero_copy(g: Group) -> bool:
         """Group ``g`` is a zero-copy cat or pad's views (``emit_zero_copy``)."""
-        if g.id not in self.zero_copy_groups:
-            self.zero_copy_groups[g.id] = any(ZERO_COPY.on(m) for m in g.nodes)
-        return self.zero_copy_groups[g.id]
+        return any(ZERO_COPY.on(m) for m in g.nodes)
 
     def emit_node(self, n: fx.Node) -> None:
         """The lines of node ``n`` at its position: its group's kernel (at the group's last node),
@@ -545,7 +543,8 @@ class _Planner:
             if not (n.users and all(REGION.on(u) for u in n.users)):  # (a compiled region's body: never read)
                 self.bind_attr(n)
         elif g is not None and (g.backend != FALLBACK_BACKEND or self.zero_copy(g)):
-            if n is g.nodes[-1]:  # (the other members: nothing)
+            # (asked of a kernel group once, at its last node; the other members: nothing)
+            if n is g.nodes[-1]:
                 if self.zero_copy(g):
                     self.emit_zero_copy(g)
                 else:
