@@ -5,6 +5,7 @@ default `graphs()` (every op family, static and dynamic shapes) with the active 
 budget (`profile()`, "ci": 200) for a graph where `check_pass` fails, then shrinks it; the test asserts the
 bug is found and the shrunk graph is small. Correct passes must survive the same search.
 """
+import copy
 import functools
 import operator
 import random
@@ -26,6 +27,7 @@ from fxforge.passes.assign import AssignBackends
 from fxforge.passes.fusion import group_graph, verify_groups
 from fxforge.core.plan import group_outputs
 from fxforge.testing import GraphBuilder, PassCheckFailure, check_pass, graphs, profile
+from fxforge.testing.equivalence import mismatch
 
 aten = torch.ops.aten
 MAX_SHRUNK_NODES = 5
@@ -477,3 +479,63 @@ def shrink_report() -> str:
 if __name__ == "__main__":
     print(f"profile: {profile().max_examples} examples")
     print(shrink_report())
+
+
+# -- the float64 judge: ill-conditioned outputs, not bugs -------------------------------------
+def _ill_conditioned():
+    """sin(100 * rstd) of two nearly equal numbers: a rounding of the inputs moves the variance,
+    and so the output, by more than float32's tolerance."""
+    b = GraphBuilder()
+    x = b.input((1, 2), torch.float32)
+    rstd = b.call(operator.getitem, b.call(aten.native_layer_norm.default, x, [2], None, None, 0.0), 2)
+    return b.finish([b.call(aten.sin.default, b.call(aten.mul.Tensor, rstd, 100.0))])[0]
+
+
+def _shifted_variance(gm):
+    """The normalization taken of x - 0.1 (the same variance, rounded otherwise): as right as eager."""
+    for n in list(gm.graph.nodes):
+        if n.target is aten.native_layer_norm.default:
+            x = n.args[0]
+            with gm.graph.inserting_before(n):
+                shifted = gm.graph.call_function(aten.sub.Tensor, (x, 0.1))
+            n.replace_input_with(x, shifted)
+            shifted.meta["val"] = x.meta["val"]
+    gm.recompile()
+    return gm
+
+
+def _sin_as_shifted_cos(gm):
+    """A planted bug: sin(y) computed as cos(y - 1.5) (near, never equal)."""
+    for n in list(gm.graph.nodes):
+        if n.target is aten.sin.default:
+            with gm.graph.inserting_before(n):
+                shifted = gm.graph.call_function(aten.sub.Tensor, (n.args[0], 1.5))
+            n.target, n.args = aten.cos.default, (shifted,)
+            shifted.meta["val"] = n.meta["val"]
+    gm.recompile()
+    return gm
+
+
+def test_ill_conditioned_outputs_are_judged_against_float64():
+    gm = _ill_conditioned()
+    inputs = [torch.tensor([[-0.17, -0.16]])]
+    before, after = gm(*inputs)[0], _shifted_variance(copy.deepcopy(gm))(*inputs)[0]
+    assert mismatch(after, before) is not None, "the rounding change must move the output past the tolerance"
+    check_pass(_shifted_variance, gm, inputs, n_inputs=0)
+    # a bug is found where the output is well conditioned (here: far apart inputs)
+    with pytest.raises(PassCheckFailure, match="output 0 differs"):
+        check_pass(_sin_as_shifted_cos, gm, [torch.tensor([[0.5, 2.0]])], n_inputs=0)
+
+
+def test_float64_judge_accepts_confirmed_overflow_only():
+    expected = torch.tensor([60000.0, 100.0], dtype=torch.float16)
+    inf = float("inf")
+    # float64 says 70000 (inf in float16) and 100: inf where eager stayed finite is right there
+    assert mismatch(torch.tensor([inf, 100.0], dtype=torch.float16), expected,
+                    reference=torch.tensor([70000.0, 100.0], dtype=torch.float64)) is None
+    # but not where float64 confirms eager's finite value
+    assert "judged against a float64 run" in mismatch(torch.tensor([inf, 100.0], dtype=torch.float16), expected,
+                                                      reference=torch.tensor([60000.0, 100.0], dtype=torch.float64))
+    # a NaN float64 does not give is wrong however wrong eager is
+    assert mismatch(torch.tensor([60000.0, float("nan")], dtype=torch.float16), expected,
+                    reference=torch.tensor([60000.0, 101.0], dtype=torch.float64)) is not None

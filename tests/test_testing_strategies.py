@@ -286,3 +286,28 @@ def test_profiles_are_registered_and_independent_of_the_loaded_one():
         assert not profile().derandomize
     finally:
         settings.load_profile(loaded)
+
+
+@pytest.mark.parametrize("pad", [[0, 0], [0, -1, -1, 0], [1, 0, 0, 0]])
+def test_symbolic_pad_meta_is_strided_as_eager(pad):
+    """With no pad above zero eager crops and clones (the input's dim order kept); the meta of a
+    dynamic graph says the same, and re-propagation agrees with it."""
+    from fxforge.infra.pass_manager import verify_graph
+
+    b = GraphBuilder(dynamic=True)
+    x = b.call(aten.transpose.int, b.call(aten.neg.default, b.input((3, 4), torch.float32)), 0, 1)
+    gm, inputs = b.finish([b.call(aten.constant_pad_nd.default, x, pad, 0.0)])
+    assert verify_graph(gm) == []
+    meta, out = gm.graph.find_nodes(op="output")[0].meta["val"][0], gm(*inputs)[0]
+    assert tuple(hint(s) for s in meta.stride()) == out.stride()
+
+
+def test_drawn_graphs_stay_clear_of_overflow():
+    """Products of matrix products overflow float16: such a graph is not drawn."""
+    b = GraphBuilder()
+    x = b.input((5, 5), torch.float16)
+    y = b.call(aten.mm.default, x, x)
+    gm, inputs = b.finish([b.call(aten.mul.Tensor, b.call(aten.mm.default, y, y), 1000.0)])
+    from fxforge.testing.strategies import _near_overflow
+    assert _near_overflow(gm, [torch.full((5, 5), 3.0, dtype=torch.float16)])
+    assert not _near_overflow(gm, [torch.full((5, 5), 0.01, dtype=torch.float16)])
