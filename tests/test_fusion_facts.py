@@ -15,7 +15,7 @@ from fxforge.codegen.c import backend as c_backend, build
 from fxforge.codegen.c.kernel import CEmitter
 from fxforge.codegen.c.schedule import frame_refusal
 from fxforge.codegen.ir.lowering import Unsupported
-from fxforge.codegen.ir.facts import group_cost
+from fxforge.codegen.ir.facts import GroupFacts, group_cost
 from fxforge.codegen.triton import backend as triton_backend
 from fxforge.codegen.triton.kernel import TritonEmitter
 from fxforge.spine import compile_graph
@@ -129,8 +129,9 @@ def test_reduction_groups_answered_alike(case, refused):
 
 @needs_cc
 def test_fusion_runs_no_emitter_for_the_groups_facts_answer(monkeypatch):
-    """Layer norms and softmaxes (two row reductions) in a chain of blocks: every merge is answered by the facts; the
-    emitter runs for the nodes alone (memoized by structure) and for the kernels, not per merge."""
+    """Layer norms and softmaxes (two row reductions) in a chain of blocks: every merge is answered by the facts
+    (``fusion_cost`` is never asked, groups of reductions included); the emitter runs for the nodes alone (memoized
+    by structure) and for the kernels, not per merge."""
     def f(x, w):
         for _ in range(6):
             h = torch.nn.functional.layer_norm(x, (64,), w, None)
@@ -143,17 +144,25 @@ def test_fusion_runs_no_emitter_for_the_groups_facts_answer(monkeypatch):
     runs = []
     real = CEmitter.emit
     monkeypatch.setattr(CEmitter, "emit", lambda self: runs.append((self.name, len(self.nodes))) or real(self))
-    asked = []
-    real_checked = c_backend.checked_cost
+    asked, merged = [], []
+    real_checked, real_merge = c_backend.checked_cost, GroupFacts.merge
 
     def spy(nodes, outputs, config, language, refusal, probe):
-        asked.append(sum(kind_of(n) == "reduction" for n in nodes))
+        asked.append(len(nodes))
         return real_checked(nodes, outputs, config, language, refusal, probe)
 
+    def spy_merge(self, other, members, nodes, outputs):
+        facts = real_merge(self, other, members, nodes, outputs)
+        if isinstance(facts, GroupFacts):
+            merged.append(len(facts.group.reductions))
+        return facts
+
     monkeypatch.setattr(c_backend, "checked_cost", spy)
+    monkeypatch.setattr(GroupFacts, "merge", spy_merge)
     c = compile_graph(gm, fxforge.Config(codegen="c", debug=False))
     torch.testing.assert_close(c(x, w), f(x, w), rtol=1e-4, atol=1e-4)
-    assert asked and max(asked) >= 2, asked  # groups with reductions were asked about
+    assert merged and max(merged) >= 2, merged  # groups with reductions were merged, by their facts
+    assert not asked, asked
     # the emitter ran on nodes alone (accepts) and on the kernels, never on a candidate merge
     merged_probes = [size for name, size in runs if name == "probe" and size > 1]
     assert not merged_probes, merged_probes
@@ -219,3 +228,57 @@ def test_per_node_answers_are_read_again_after_a_rewrite():
     z.meta["val"] = x.meta["val"]
     s2 = g.node_copy(s, lambda a: z)
     assert reduction_of(s2).inp is z and reduction_of(s).inp is add
+
+
+@needs_cc
+def test_merged_facts_are_the_whole_groups(monkeypatch):
+    """Every merge of groups of reductions answered from their boundary (``facts._merged``) says
+    what ``group_cost`` says of the whole merged group; held on blocks of norms, softmaxes,
+    column sums and a value read by two reductions, with views between them."""
+    from fxforge.codegen.ir import facts
+
+    def f(x, w):
+        for _ in range(3):
+            h = torch.nn.functional.layer_norm(x, (64,), w, None)
+            e = (h - h.amax(-1, keepdim=True)).exp()
+            s = e / e.sum(-1, keepdim=True)
+            x = x + s * 2.0 + h.sum(0, keepdim=True).tanh() + (s * h).mean(-1, keepdim=True).t().reshape(1, 32).t()
+        return x
+
+    x, w = torch.randn(32, 64), torch.randn(64)
+    gm = _traced(f, x, w)
+    seen = []
+    real = facts._merged
+
+    def spy(g, og, members, nodes, outputs, refusal):
+        got = real(g, og, members, nodes, outputs, refusal)
+        if got is not None:
+            want = group_cost(nodes, outputs, refusal)
+            assert got.cost == want, ([n.name for n in nodes], got.cost, want)
+            seen.append(len(got.reductions))
+        return got
+
+    monkeypatch.setattr(facts, "_merged", spy)
+    c = compile_graph(gm, fxforge.Config(codegen="c", debug=False))
+    torch.testing.assert_close(c(x, w), f(x, w), rtol=1e-4, atol=1e-4)
+    assert seen and max(seen) >= 2, seen
+
+
+def test_a_member_no_longer_stored_is_asked_again():
+    """A merge takes in the only reader of a stored member, and it reads the member's shape only
+    (a fill): the merged kernel would compute a value nothing needs, which is the emitter's to
+    answer (``group_cost`` says None); the merge, from the boundary, must say the same."""
+    from fxforge.codegen.ir import facts
+
+    def f(a):
+        return a.sum(-1, keepdim=True), torch.full_like(a * 2.0, 3.0)
+
+    gm = _traced(f, torch.randn(4, 8))
+    mul, total, fill = (next(n for n in gm.graph.nodes if n.target == t) for t in (
+        torch.ops.aten.mul.Tensor, torch.ops.aten.sum.dim_IntList, torch.ops.aten.full_like.default))
+    group = facts.GroupFacts(facts._evaluate([mul, total], [mul, total], frame_refusal), "c", frame_refusal)
+    assert isinstance(group.group, facts._Group)  # the multiply is stored: the fill reads it from outside
+    nodes = [n for n in gm.graph.nodes if n in (mul, total, fill)]
+    assert facts._merged(group.group, None, set(nodes), nodes, [total, fill], frame_refusal) is None
+    assert group.merge(facts.pointwise_facts(fill), set(nodes), nodes, [total, fill]) is None
+    assert group_cost(nodes, [total, fill], frame_refusal) is None

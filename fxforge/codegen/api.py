@@ -110,10 +110,13 @@ class CodegenBackend:
     # None: the backend runs single-node groups only (the fusion pass leaves its groups alone).
     fusion_cost: Callable[[list[fx.Node], list[fx.Node], Config], "GroupCost | str"] | None = None
     # ``fusion_facts(node)``: facts of a one-node group (None: ``fusion_cost`` must answer) that
-    # the fusion pass merges as groups merge (``.merge(other, members)``, None where they cannot
-    # say) and asks for the cost (``.cost(stored outputs)``) instead of calling ``fusion_cost``:
-    # ``codegen/ir/facts.py``'s ``pointwise_facts``.  Their answer must be ``fusion_cost``'s (checked
-    # for every merge in debug mode).  None: every merge asks ``fusion_cost``.
+    # the fusion pass merges as groups merge (``.merge(other, members, nodes, outputs)``, None
+    # where they cannot say) and asks for the cost (``.cost()``: a GroupCost, or why not) instead
+    # of calling ``fusion_cost``, and ``.regroup(nodes, outputs)``: facts of a group the merge made
+    # without them (``fusion_cost`` answered, a view was copied in), or None:
+    # ``codegen/ir/facts.py``'s ``pointwise_facts`` and ``node_facts``.
+    # Their answer must be ``fusion_cost``'s (checked for every merge in debug mode).  None: every
+    # merge asks ``fusion_cost``.
     fusion_facts: Callable[[fx.Node], Any] | None = None
     # What ``Config(decompose="auto")`` means for this backend's graphs: "none" (ATen as traced:
     # each node a kernel eager would run) or "core" (core ATen, softmax and layer norm split into

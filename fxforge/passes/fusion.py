@@ -218,9 +218,12 @@ class FusionRun:
         else:  # a member used only inside a or b is used only inside the merged group
             outputs = sorted((n for n in a.outputs + b.outputs
                               if n in self.graph_outputs or any(u not in members for u in n.users)), key=self.index.get)
-        facts = a.facts.merge(b.facts, members) if a.facts is not None and b.facts is not None and not views else None
-        if facts is not None:  # the members' facts answer, in O(the groups' reads)
-            cost = facts.cost(len(outputs) or len(nodes))
+        # the members' facts answer where both groups have them, from what the merge changes (not
+        # where a view joins as a copy: the group would hold a node the facts never saw)
+        facts = a.facts.merge(b.facts, set(nodes), nodes, outputs) \
+            if a.facts is not None and b.facts is not None and not any(copy for _, copy in views) else None
+        if facts is not None:
+            cost = facts.cost()
             if cfg.debug:
                 self.check_facts(cost, nodes, outputs)
         else:
@@ -253,6 +256,8 @@ class FusionRun:
         a.reads = ({x for n in a.nodes for x in n.all_input_nodes} if views else a.reads | b.reads) - members
         # (a copied view's original stays outside, reading a member: the boundary anew)
         a.outputs = group_outputs(a.nodes, self.graph_outputs) if views else outputs
+        if facts is None and a.facts is not None and b.facts is not None:  # (the emitter answered, or a view was copied)
+            facts = a.facts.regroup(a.nodes, a.outputs) or b.facts.regroup(a.nodes, a.outputs)
         a.facts = facts
         a.hi = max(a.hi, b.hi)
         a.compute += b.compute

@@ -24,7 +24,7 @@ from ...core.graph import VAL, node_kind, tensors
 from ...core.plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..ir.lowering import Unsupported, node_refusal
-from ..ir.facts import checked_cost
+from ..ir.facts import checked_cost, node_facts
 from ..probes import memoized
 from ..registry import C_MAX_KERNEL_ARGS
 from .build import CUnit, compiler
@@ -88,6 +88,12 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
     # from the members' facts where they decide it (``ir/facts.py``; C's own rules,
     # ``kernel.frame_refusal``), else from the emitter
     return checked_cost(nodes, outputs, config, "c", frame_refusal, lambda: _probe(nodes, outputs))
+
+
+def fusion_facts(node: fx.Node):
+    """The fusion facts of ``node`` alone (``ir/facts.node_facts``, C's rules); None for a
+    template's node (it runs alone: ``fusion_cost`` says so)."""
+    return None if template_of(node) is not None else node_facts(node, "c", frame_refusal)
 
 
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:

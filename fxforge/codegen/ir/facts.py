@@ -18,11 +18,14 @@ Groups with symbolic sizes are the emitter's to answer (``checked_cost``).  In d
 wrapper checks every fused group's cost against the kernel emitted for it
 (``Wrapper.check_cost``).
 
-Static pointwise groups go further: each node's facts are found once per graph
-(``pointwise_facts``, kept with the probes' summaries in the graph module's meta while a
-``PassManager`` runs).  A backend offering ``pointwise_facts`` as its ``fusion_facts`` lets the
-fusion pass keep each group's facts (``PointwiseFacts``) and merge them with the groups: a merge
-then costs its groups' reads, not their members.
+A backend's ``fusion_facts`` lets the fusion pass keep each group's facts and merge them with
+the groups, so that a merge costs what it changes, not the whole group.  Static pointwise
+groups: each node's facts are found once per graph (``pointwise_facts``, kept with the probes'
+summaries in the graph module's meta while a ``PassManager`` runs), and a merge costs the
+groups' reads (``PointwiseFacts``).  Groups with reductions (``node_facts``: a language's facts
+of any static node): what ``group_cost`` found of the group is kept (``GroupFacts``), and a
+merge checks again only the joining pointwise members, the reads one group makes of the other
+and the members no longer stored; where that cannot decide, the group is evaluated whole.
 """
 
 from __future__ import annotations
@@ -45,25 +48,103 @@ from .values import Domain, Unsupported
 @dataclass(frozen=True)
 class PointwiseFacts:
     """A group of static pointwise nodes with one element count: the tensors and scalars its
-    members read from outside it.  ``merge`` combines two groups' facts in O(their reads)."""
+    members read from outside it, and how many outputs it stores.  ``merge`` combines two
+    groups' facts in O(their reads)."""
 
     numel: int
     tensors: frozenset[fx.Node]
     scalars: frozenset[fx.Node]
+    stored: int = 1
+    size: int = 1  # members
 
-    def merge(self, other: "PointwiseFacts", members: set[fx.Node]) -> "PointwiseFacts | None":
-        """The facts of the two groups as one (``members``: all its nodes), or None: their
-        element counts differ, the emitter must answer."""
-        if other.numel != self.numel:
+    def merge(self, other, members: set[fx.Node], nodes: list[fx.Node], outputs: list[fx.Node]):
+        """The facts of the two groups as one (``members``: all its nodes, views joining it
+        included, ``nodes`` the same in program order, ``outputs`` those used outside it), or
+        None: the emitter must answer (their element counts differ, or views join them).  With a
+        group of reductions: ``GroupFacts.merge``."""
+        if isinstance(other, GroupFacts):
+            return other.merge(self, members, nodes, outputs)
+        if not isinstance(other, PointwiseFacts) or other.numel != self.numel or len(nodes) != self.size + other.size:
             return None
         return PointwiseFacts(self.numel, frozenset(x for x in self.tensors | other.tensors if x not in members),
-                              frozenset(x for x in self.scalars | other.scalars if x not in members))
+                              frozenset(x for x in self.scalars | other.scalars if x not in members),
+                              len(outputs) or len(nodes), len(nodes))
 
-    def cost(self, stored: int) -> GroupCost:
-        """The kernel's launch arguments and io buffers, storing ``stored`` outputs: a pointer per
-        tensor read and per output, one per runtime scalar."""
-        return GroupCost(num_args=len(self.tensors) + stored + len(self.scalars),
-                         unique_io_buffers=len(self.tensors) + stored)
+    def cost(self) -> GroupCost:
+        """The kernel's launch arguments and io buffers: a pointer per tensor read and per output,
+        one per runtime scalar."""
+        return GroupCost(num_args=len(self.tensors) + self.stored + len(self.scalars),
+                         unique_io_buffers=len(self.tensors) + self.stored)
+
+    def regroup(self, nodes: list[fx.Node], outputs: list[fx.Node]) -> None:
+        """None: the facts of a group with views are ``GroupFacts``, which know the language."""
+        return None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A merge the facts refuse: ``cost()`` is why (``fusion_cost``'s answer, word for word)."""
+
+    reason: str
+
+    def cost(self) -> str:
+        return self.reason
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    """A group of static pointwise nodes and reductions (``_evaluate``'s findings) for a
+    language (``refusal``: its own rules, as ``group_cost`` takes them).
+
+    ``merge`` with another group re-checks what their boundary changes: a pointwise group's
+    members in this frame (their domains and reads), the reads of either group that the other
+    now computes, and whether members stored before are still needed by the kernel; a merge it
+    cannot decide so (two groups of reductions whose rows are laid out differently, a refusal,
+    a value nothing needs) is evaluated whole, as ``group_cost`` does."""
+
+    group: _Group
+    language: str
+    refusal: Callable[..., str | None] | None
+
+    def cost(self) -> GroupCost:
+        return self.group.cost
+
+    def regroup(self, nodes: list[fx.Node], outputs: list[fx.Node]) -> "GroupFacts | None":
+        """The facts of the group of ``nodes`` in this language, evaluated whole (None: it has
+        none: the emitter answers for it)."""
+        g = _evaluate(nodes, outputs, self.refusal)
+        return GroupFacts(g, self.language, self.refusal) if isinstance(g, _Group) else None
+
+    def merge(self, other, members: set[fx.Node], nodes: list[fx.Node], outputs: list[fx.Node]):
+        """``PointwiseFacts.merge``'s contract; a refused merge gives ``Refused``."""
+        if not isinstance(other, (GroupFacts, PointwiseFacts)):
+            return None
+        g = _merged(self.group, other.group if isinstance(other, GroupFacts) else None, members, nodes, outputs,
+                    self.refusal)
+        if g is None:
+            g = _evaluate(nodes, outputs, self.refusal)
+        if isinstance(g, str):
+            return Refused(f"{self.language}: {g}")
+        return None if g is None else GroupFacts(g, self.language, self.refusal)
+
+
+def node_facts(n: fx.Node, language: str, refusal: Callable[..., str | None] | None):
+    """The facts of ``n`` alone for a language (a backend's ``fusion_facts``): ``PointwiseFacts``
+    of a static pointwise node, ``GroupFacts`` of a static reduction, else None.  Memoized per
+    graph (module docstring)."""
+    facts = pointwise_facts(n)
+    if facts is not None or _member_kind(n) != "reduction":
+        return facts
+    gm = n.graph.owning_module
+    memo = PROBES.get(gm) if gm is not None else None
+    key = ("row facts", n, language)
+    if memo is None or key not in memo:
+        g = _evaluate([n], [n], refusal)
+        facts = GroupFacts(g, language, refusal) if isinstance(g, _Group) else None
+        if memo is None:
+            return facts
+        memo[key] = facts
+    return memo[key]
 
 
 def pointwise_facts(n: fx.Node) -> PointwiseFacts | None:
@@ -107,6 +188,40 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
     pointer per tensor read from outside (a member view of one reads the tensor it views) and
     per tensor stored, and one per runtime scalar read.  O(the group's nodes and their reads):
     no kernel is built."""
+    answer = _evaluate(nodes, outputs, refusal)
+    return answer.cost if isinstance(answer, _Group) else answer
+
+
+@dataclass(frozen=True)
+class _Group:
+    """What ``_evaluate`` found of a group it accepts: its cost, and what a merge with another
+    group re-checks only at their boundary (``GroupFacts``)."""
+
+    cost: GroupCost
+    members: frozenset[fx.Node]
+    computed: frozenset[fx.Node]
+    reductions: tuple[fx.Node, ...]  # in program order
+    frame: Frame
+    doms: dict[fx.Node, Domain]  # every computed member's (not changed once made)
+    tensors: frozenset[fx.Node]  # read from outside
+    scalars: frozenset[fx.Node]
+    reads: dict[fx.Node, tuple[_Read, ...]]  # the reads reaching each tensor read from outside
+    stored: tuple[fx.Node, ...]
+
+
+@dataclass(frozen=True)
+class _Read:
+    """Member ``reader`` reads ``node`` as a value of ``shape`` in domain ``want``."""
+
+    reader: fx.Node
+    node: fx.Node
+    shape: tuple
+    want: Domain
+
+
+def _evaluate(nodes: list[fx.Node], outputs: list[fx.Node] | None,
+              refusal: Callable[..., str | None] | None) -> _Group | str | None:
+    """``group_cost``'s answer, with what it found where it accepts the group (``_Group``)."""
     sorted_members = _computed_members(nodes)
     if sorted_members is None:
         return None
@@ -128,12 +243,19 @@ def group_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None,
         operands = _operands(fr, members, computed, reductions, dom)
         if operands is None:
             return None
-        tensors_read, scalars = operands
+        tensors_read, scalars, reads = operands
         why = refusal(fr, reductions, nodes, dom) if refusal is not None else None
     except Unsupported as e:
         return str(e)
     if why is not None:
         return why
+    cost = _cost(tensors_read, scalars, stored)
+    return _Group(cost, frozenset(members), frozenset(computed), tuple(reductions), fr,
+                  {n: doms[n] for n in computed if n in doms}, frozenset(tensors_read), frozenset(scalars),
+                  reads, tuple(stored))
+
+
+def _cost(tensors_read, scalars, stored) -> GroupCost:
     n_stored = sum(len(tensors(n.meta[VAL])) for n in stored)
     return GroupCost(num_args=len(tensors_read) + n_stored + len(scalars),
                      unique_io_buffers=len(tensors_read) + n_stored)
@@ -175,43 +297,67 @@ def _member_kind(n: fx.Node) -> str | None:
 
 
 def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reductions: list[fx.Node],
-              dom: Callable[[fx.Node], Domain]) -> tuple[set[fx.Node], set[fx.Node]] | None:
+              dom: Callable[[fx.Node], Domain]
+              ) -> tuple[set[fx.Node], set[fx.Node], dict[fx.Node, tuple[_Read, ...]]] | None:
     """Every operand of the computed members checked in its reader's domain (and each member view
-    on the way to it): the tensors read from outside and the runtime scalars read; None where a
-    read's sizes are symbolic (the emitter answers); raises ``Unsupported``."""
+    on the way to it): the tensors read from outside, the runtime scalars read, and the reads
+    reaching each tensor read from outside; None where a read's sizes are symbolic (the emitter
+    answers); raises ``Unsupported``."""
     tensors_read: set[fx.Node] = set()
     scalars: set[fx.Node] = set()
+    reads: dict[fx.Node, list[_Read]] = {}
     viewed: set[fx.Node] = set()
     for n in computed:
-        if n in reductions:
-            r = reduction_of(n)
-            shape, want, read = node_shape(r.inp), Domain.ELEMENT, [r.inp]
-        else:
-            shape, want, read = node_shape(n), dom(n), read_nodes(n)
-            if read is None:
-                return None
+        found = _member_reads(n, reductions, dom)
+        if found is None:
+            return None
+        shape, want, read = found
         for a in read:
             if a is n:
                 continue
-            val = a.meta.get(VAL)
-            if not isinstance(val, torch.Tensor):
+            if not isinstance(a.meta.get(VAL), torch.Tensor):
                 scalars.add(a)
-            elif internal(members, a):
-                v = a
-                while v in members and node_kind(v) == "view" and v not in viewed:
-                    viewed.add(v)
-                    check_view(fr, v, dom)
-                    v = aliased_input(v)
-                check_operand(fr, a, dom(a), shape, want)
-            else:  # read from memory: the tensor outside that it is, or that a member view views
-                outside = root(members, a)
-                rval = outside.meta.get(VAL)
-                if not isinstance(rval, torch.Tensor) or rval.dtype != val.dtype:
-                    raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
-                if not _static(outside) or not _static(a):  # its sizes become the kernel's parameters
-                    return None
+                continue
+            outside = _check_read(fr, members, _Read(n, a, shape, want), dom, viewed)
+            if outside is False:
+                return None
+            if outside is not None:
                 tensors_read.add(outside)
-    return tensors_read, scalars
+                reads.setdefault(outside, []).append(_Read(n, a, shape, want))
+    return tensors_read, scalars, {k: tuple(v) for k, v in reads.items()}
+
+
+def _member_reads(n: fx.Node, reductions, dom) -> tuple[tuple, Domain, list[fx.Node]] | None:
+    """What computed member ``n`` reads: (the shape and domain it reads them in, the nodes), or
+    None where it has no semantics here."""
+    if n in reductions:
+        r = reduction_of(n)
+        return node_shape(r.inp), Domain.ELEMENT, [r.inp]
+    read = read_nodes(n)
+    return None if read is None else (node_shape(n), dom(n), read)
+
+
+def _check_read(fr: Frame, members: set[fx.Node], r: _Read, dom, viewed: set[fx.Node]) -> fx.Node | None | bool:
+    """Check a tensor read ``r`` of a group: None where the kernel computes the value read (checked
+    in the reader's domain, and each member view on the way), the tensor outside it is read from,
+    or False: its sizes are symbolic (the emitter answers).  Raises ``Unsupported``."""
+    a = r.node
+    if internal(members, a):
+        v = a
+        while v in members and node_kind(v) == "view" and v not in viewed:
+            viewed.add(v)
+            check_view(fr, v, dom)
+            v = aliased_input(v)
+        check_operand(fr, a, dom(a), r.shape, r.want)
+        return None
+    # read from memory: the tensor outside that it is, or that a member view views
+    outside = root(members, a)
+    rval = outside.meta.get(VAL)
+    if not isinstance(rval, torch.Tensor) or rval.dtype != a.meta[VAL].dtype:
+        raise Unsupported(f"{a.name}: a view changing the dtype inside the kernel")
+    if not _static(outside) or not _static(a):  # its sizes become the kernel's parameters
+        return False
+    return outside
 
 
 def _all_computed(members: set[fx.Node], computed: list[fx.Node], stored: list[fx.Node], reductions: list[fx.Node],
@@ -236,6 +382,115 @@ def _all_computed(members: set[fx.Node], computed: list[fx.Node], stored: list[f
             if a in members and node_kind(a) == "compute":
                 stack.append(a)
     return len(needed) == len(computed)
+
+
+class _Bail(Exception):
+    """The boundary alone cannot decide the merge (``_merged``)."""
+
+
+def _merged(g: _Group, og: _Group | None, members: set[fx.Node], nodes: list[fx.Node], outputs: list[fx.Node],
+            refusal: Callable[..., str | None] | None) -> _Group | None:
+    """``_evaluate`` of the group of ``g`` and another (``og``: its findings, None: a pointwise
+    group, its members those of ``nodes`` not in ``g``), asking again only what the merge
+    changes; None where it must be evaluated whole (see ``GroupFacts``).
+
+    What holds: both frames have the same rows (a second group of reductions must lay its rows
+    out as ``g`` does), so every member keeps its domain, each read the kernel computed keeps its
+    check, and each read from memory of a tensor that stays outside keeps its tensor.  A
+    computed member is needed by the kernel (``_all_computed``) when it is stored, a reduction,
+    a row value or read by value by another computed member (each one needed in turn, down to
+    the last); only members no longer stored, and the pointwise group's, can have changed."""
+    if og is not None and (og.frame.layouts != g.frame.layouts or len(nodes) != len(g.members) + len(og.members)):
+        return None  # (rows laid out otherwise, or views joining the two)
+    red = set(g.reductions) | set(og.reductions if og is not None else ())
+    if not g.reductions:
+        return None  # (a pointwise group with views: evaluated whole)
+    reductions = [n for n in nodes if n in red]
+    fr = g.frame if og is None or reductions[0] in g.members else og.frame
+    doms = {**g.doms, **(og.doms if og is not None else {})}
+
+    def dom(n: fx.Node) -> Domain:
+        if n not in doms:
+            doms[n] = domain(fr, n, reductions)
+        return doms[n]
+
+    tensors_read: set[fx.Node] = set()
+    reads: dict[fx.Node, list[_Read]] = {}
+    viewed: set[fx.Node] = set()
+
+    def read(r: _Read) -> None:
+        outside = _check_read(fr, members, r, dom, viewed)
+        if outside is False:
+            raise _Bail
+        if outside is not None:
+            tensors_read.add(outside)
+            reads.setdefault(outside, []).append(r)
+
+    try:
+        added = [] if og is not None else [n for n in nodes if n not in g.members]
+        if any(_member_kind(n) != "pointwise" for n in added):
+            return None
+        for n in added:
+            dom(n)
+        computed = g.computed | (og.computed if og is not None else frozenset(added))
+        stored = tuple(n for n in outputs if n in computed) if outputs else tuple(computed)
+        kept = set(stored)
+        again = [n for n in g.stored + (og.stored if og is not None else ()) if n not in kept] + added
+        if not all(_needed_alone(n, members, kept, red, dom) for n in again):
+            return None
+        scalars = set(g.scalars) | set(og.scalars if og is not None else ())
+        for side in (g, og):
+            for t, rs in (side.reads.items() if side is not None else ()):
+                if t in members:  # computed by the kernel now, or read through the other's views
+                    for r in rs:
+                        read(r)
+                else:
+                    tensors_read.add(t)
+                    reads.setdefault(t, []).extend(rs)
+        for n in added:
+            found = _member_reads(n, reductions, dom)
+            if found is None:
+                return None
+            shape, want, operands = found
+            for a in operands:
+                if a is n:
+                    continue
+                if isinstance(a.meta.get(VAL), torch.Tensor):
+                    read(_Read(n, a, shape, want))
+                else:
+                    scalars.add(a)
+        if scalars & members:
+            return None
+        if refusal is not None and refusal(fr, reductions, nodes, dom) is not None:
+            return None
+    except (Unsupported, _Bail):
+        return None
+    return _Group(_cost(tensors_read, scalars, stored), frozenset(members), computed, tuple(reductions), fr,
+                  {n: d for n, d in doms.items() if n in computed}, frozenset(tensors_read), frozenset(scalars),
+                  {k: tuple(v) for k, v in reads.items()}, stored)
+
+
+def _needed_alone(m: fx.Node, members: set[fx.Node], stored: set[fx.Node], reductions: set[fx.Node],
+                  dom: Callable[[fx.Node], Domain]) -> bool:
+    """Computed member ``m`` is stored, a reduction, a row value, or a computed member reads its
+    value (itself, a getitem of it, or a member view of either: what ``_all_computed`` follows)."""
+    if m in stored or m in reductions or dom(m) == Domain.ROW:
+        return True
+    stack, seen = [m], {m}
+    while stack:
+        x = stack.pop()
+        for u in x.users:
+            if u in seen:
+                continue
+            kind = node_kind(u) if u in members else None
+            if kind == "compute":
+                read = read_nodes(u)
+                if x in (u.all_input_nodes if read is None else read):
+                    return True
+            elif (kind == "view" and aliased_input(u) is x) or (x is m and u.target is operator.getitem):
+                seen.add(u)
+                stack.append(u)
+    return False
 
 
 def checked_cost(nodes: list[fx.Node], outputs: list[fx.Node] | None, config, language: str,

@@ -15,7 +15,7 @@ from ...core.config import Config
 from ...core.graph import VAL, tensors
 from ...core.plan import Group
 from ..api import GroupCost, Kernel, KernelContext
-from ..ir.facts import checked_cost
+from ..ir.facts import checked_cost, node_facts
 from ..probes import memoized
 from . import cache
 from .autotune import Tuner
@@ -76,6 +76,11 @@ def fusion_cost(nodes: list[fx.Node], outputs: list[fx.Node], config: Config) ->
     """The emitted kernel's launch arguments and storages, or why no single kernel can be emitted:
     from the members' facts where they decide it (``ir/facts.py``), else from the emitter."""
     return checked_cost(nodes, outputs, config, "triton", None, lambda: _probe(nodes, outputs))
+
+
+def fusion_facts(node: fx.Node):
+    """The fusion facts of ``node`` alone (``ir/facts.node_facts``)."""
+    return node_facts(node, "triton", None)
 
 
 def load_kernel(em: Emitted, mode: str | None = None):
