@@ -202,10 +202,9 @@ class _Group:
     computed: frozenset[fx.Node]
     reductions: tuple[fx.Node, ...]  # in program order
     frame: Frame
-    doms: dict[fx.Node, Domain]  # every computed member's (not changed once made)
-    tensors: frozenset[fx.Node]  # read from outside
+    doms: dict[fx.Node, Domain]  # every computed member's, and others asked (not changed once made)
     scalars: frozenset[fx.Node]
-    reads: dict[fx.Node, tuple[_Read, ...]]  # the reads reaching each tensor read from outside
+    reads: dict[fx.Node, tuple[_Read, ...]]  # each tensor read from outside: the reads reaching it
     stored: tuple[fx.Node, ...]
 
 
@@ -243,22 +242,20 @@ def _evaluate(nodes: list[fx.Node], outputs: list[fx.Node] | None,
         operands = _operands(fr, members, computed, reductions, dom)
         if operands is None:
             return None
-        tensors_read, scalars, reads = operands
+        scalars, reads = operands
         why = refusal(fr, reductions, nodes, dom) if refusal is not None else None
     except Unsupported as e:
         return str(e)
     if why is not None:
         return why
-    cost = _cost(tensors_read, scalars, stored)
-    return _Group(cost, frozenset(members), frozenset(computed), tuple(reductions), fr,
-                  {n: doms[n] for n in computed if n in doms}, frozenset(tensors_read), frozenset(scalars),
-                  reads, tuple(stored))
+    return _Group(_cost(reads, scalars, stored), frozenset(members), frozenset(computed), tuple(reductions), fr,
+                  doms, frozenset(scalars), reads, tuple(stored))
 
 
-def _cost(tensors_read, scalars, stored) -> GroupCost:
+def _cost(read_from_outside, scalars, stored) -> GroupCost:
     n_stored = sum(len(tensors(n.meta[VAL])) for n in stored)
-    return GroupCost(num_args=len(tensors_read) + n_stored + len(scalars),
-                     unique_io_buffers=len(tensors_read) + n_stored)
+    return GroupCost(num_args=len(read_from_outside) + n_stored + len(scalars),
+                     unique_io_buffers=len(read_from_outside) + n_stored)
 
 
 def _computed_members(nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]] | None:
@@ -297,13 +294,11 @@ def _member_kind(n: fx.Node) -> str | None:
 
 
 def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reductions: list[fx.Node],
-              dom: Callable[[fx.Node], Domain]
-              ) -> tuple[set[fx.Node], set[fx.Node], dict[fx.Node, tuple[_Read, ...]]] | None:
+              dom: Callable[[fx.Node], Domain]) -> tuple[set[fx.Node], dict[fx.Node, tuple[_Read, ...]]] | None:
     """Every operand of the computed members checked in its reader's domain (and each member view
-    on the way to it): the tensors read from outside, the runtime scalars read, and the reads
-    reaching each tensor read from outside; None where a read's sizes are symbolic (the emitter
-    answers); raises ``Unsupported``."""
-    tensors_read: set[fx.Node] = set()
+    on the way to it): the runtime scalars read, and each tensor read from outside with the
+    reads reaching it; None where a read's sizes are symbolic (the emitter answers); raises
+    ``Unsupported``."""
     scalars: set[fx.Node] = set()
     reads: dict[fx.Node, list[_Read]] = {}
     viewed: set[fx.Node] = set()
@@ -322,9 +317,8 @@ def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reducti
             if outside is False:
                 return None
             if outside is not None:
-                tensors_read.add(outside)
                 reads.setdefault(outside, []).append(_Read(n, a, shape, want))
-    return tensors_read, scalars, {k: tuple(v) for k, v in reads.items()}
+    return scalars, {k: tuple(v) for k, v in reads.items()}
 
 
 def _member_reads(n: fx.Node, reductions, dom) -> tuple[tuple, Domain, list[fx.Node]] | None:
@@ -400,22 +394,32 @@ def _merged(g: _Group, og: _Group | None, members: set[fx.Node], nodes: list[fx.
     computed member is needed by the kernel (``_all_computed``) when it is stored, a reduction,
     a row value or read by value by another computed member (each one needed in turn, down to
     the last); only members no longer stored, and the pointwise group's, can have changed."""
-    if og is not None and (og.frame.layouts != g.frame.layouts or len(nodes) != len(g.members) + len(og.members)):
-        return None  # (rows laid out otherwise, or views joining the two)
-    red = set(g.reductions) | set(og.reductions if og is not None else ())
     if not g.reductions:
         return None  # (a pointwise group with views: evaluated whole)
-    reductions = [n for n in nodes if n in red]
-    fr = g.frame if og is None or reductions[0] in g.members else og.frame
-    doms = {**g.doms, **(og.doms if og is not None else {})}
+    if og is None:
+        added = members - g.members
+        reductions = g.reductions
+        fr = g.frame
+        doms = dict(g.doms)
+        computed = g.computed | added
+        joining = added  # the nodes the group of g gains
+    else:
+        if og.frame.layouts != g.frame.layouts or len(members) != len(g.members) + len(og.members):
+            return None  # (rows laid out otherwise, or views joining the two)
+        added = ()
+        red = set(g.reductions) | set(og.reductions)
+        reductions = tuple(n for n in nodes if n in red)
+        fr = g.frame if reductions[0] in g.members else og.frame
+        doms = {**g.doms, **og.doms}
+        computed = g.computed | og.computed
+        joining = og.members
 
     def dom(n: fx.Node) -> Domain:
         if n not in doms:
             doms[n] = domain(fr, n, reductions)
         return doms[n]
 
-    tensors_read: set[fx.Node] = set()
-    reads: dict[fx.Node, list[_Read]] = {}
+    reads = dict(g.reads)
     viewed: set[fx.Node] = set()
 
     def read(r: _Read) -> None:
@@ -423,30 +427,32 @@ def _merged(g: _Group, og: _Group | None, members: set[fx.Node], nodes: list[fx.
         if outside is False:
             raise _Bail
         if outside is not None:
-            tensors_read.add(outside)
-            reads.setdefault(outside, []).append(r)
+            reads[outside] = reads.get(outside, ()) + (r,)
 
     try:
-        added = [] if og is not None else [n for n in nodes if n not in g.members]
         if any(_member_kind(n) != "pointwise" for n in added):
             return None
         for n in added:
             dom(n)
-        computed = g.computed | (og.computed if og is not None else frozenset(added))
         stored = tuple(n for n in outputs if n in computed) if outputs else tuple(computed)
         kept = set(stored)
-        again = [n for n in g.stored + (og.stored if og is not None else ()) if n not in kept] + added
+        again = [n for n in g.stored + (og.stored if og is not None else ()) if n not in kept] + list(added)
+        red = set(reductions)
         if not all(_needed_alone(n, members, kept, red, dom) for n in again):
             return None
-        scalars = set(g.scalars) | set(og.scalars if og is not None else ())
-        for side in (g, og):
-            for t, rs in (side.reads.items() if side is not None else ()):
-                if t in members:  # computed by the kernel now, or read through the other's views
+        # reads of g's that the kernel computes now (or reads through the other's views)
+        for t in joining:
+            for r in reads.pop(t, ()):
+                read(r)
+        scalars = g.scalars
+        if og is not None:
+            scalars |= og.scalars
+            for t, rs in og.reads.items():
+                if t in g.members:
                     for r in rs:
                         read(r)
                 else:
-                    tensors_read.add(t)
-                    reads.setdefault(t, []).extend(rs)
+                    reads[t] = reads.get(t, ()) + rs
         for n in added:
             found = _member_reads(n, reductions, dom)
             if found is None:
@@ -458,16 +464,15 @@ def _merged(g: _Group, og: _Group | None, members: set[fx.Node], nodes: list[fx.
                 if isinstance(a.meta.get(VAL), torch.Tensor):
                     read(_Read(n, a, shape, want))
                 else:
-                    scalars.add(a)
+                    scalars |= {a}
         if scalars & members:
             return None
-        if refusal is not None and refusal(fr, reductions, nodes, dom) is not None:
+        if refusal is not None and refusal(fr, list(reductions), nodes, dom) is not None:
             return None
     except (Unsupported, _Bail):
         return None
-    return _Group(_cost(tensors_read, scalars, stored), frozenset(members), computed, tuple(reductions), fr,
-                  {n: d for n, d in doms.items() if n in computed}, frozenset(tensors_read), frozenset(scalars),
-                  {k: tuple(v) for k, v in reads.items()}, stored)
+    return _Group(_cost(reads, scalars, stored), frozenset(members), frozenset(computed), tuple(reductions), fr,
+                  doms, frozenset(scalars), reads, stored)
 
 
 def _needed_alone(m: fx.Node, members: set[fx.Node], stored: set[fx.Node], reductions: set[fx.Node],
