@@ -394,25 +394,10 @@ def _merged(g: _Group, og: _Group | None, members: set[fx.Node], nodes: list[fx.
     computed member is needed by the kernel (``_all_computed``) when it is stored, a reduction,
     a row value or read by value by another computed member (each one needed in turn, down to
     the last); only members no longer stored, and the pointwise group's, can have changed."""
-    if not g.reductions:
-        return None  # (a pointwise group with views: evaluated whole)
-    if og is None:
-        added = members - g.members
-        reductions = g.reductions
-        fr = g.frame
-        doms = dict(g.doms)
-        computed = g.computed | added
-        joining = added  # the nodes the group of g gains
-    else:
-        if og.frame.layouts != g.frame.layouts or len(members) != len(g.members) + len(og.members):
-            return None  # (rows laid out otherwise, or views joining the two)
-        added = ()
-        red = set(g.reductions) | set(og.reductions)
-        reductions = tuple(n for n in nodes if n in red)
-        fr = g.frame if reductions[0] in g.members else og.frame
-        doms = {**g.doms, **og.doms}
-        computed = g.computed | og.computed
-        joining = og.members
+    joined = _joined(g, og, members, nodes)
+    if joined is None:
+        return None
+    added, reductions, fr, doms, computed, joining = joined
 
     def dom(n: fx.Node) -> Domain:
         if n not in doms:
@@ -473,6 +458,23 @@ def _merged(g: _Group, og: _Group | None, members: set[fx.Node], nodes: list[fx.
         return None
     return _Group(_cost(reads, scalars, stored), frozenset(members), frozenset(computed), tuple(reductions), fr,
                   doms, frozenset(scalars), reads, stored)
+
+
+def _joined(g: _Group, og: _Group | None, members: set[fx.Node], nodes: list[fx.Node]):
+    """The merged group's frame as ``_merged`` starts from: (the pointwise group's members,
+    the reductions in program order, the frame, the domains known, the computed members, the
+    nodes ``g`` gains), or None: the boundary cannot decide (see ``_merged``)."""
+    if not g.reductions:
+        return None  # (a pointwise group with views: evaluated whole)
+    if og is None:
+        added = members - g.members
+        return added, g.reductions, g.frame, dict(g.doms), g.computed | added, added
+    if og.frame.layouts != g.frame.layouts or len(members) != len(g.members) + len(og.members):
+        return None  # (rows laid out otherwise, or views joining the two)
+    red = set(g.reductions) | set(og.reductions)
+    reductions = tuple(n for n in nodes if n in red)
+    fr = g.frame if reductions[0] in g.members else og.frame
+    return (), reductions, fr, {**g.doms, **og.doms}, g.computed | og.computed, og.members
 
 
 def _needed_alone(m: fx.Node, members: set[fx.Node], stored: set[fx.Node], reductions: set[fx.Node],
