@@ -303,32 +303,38 @@ def _operands(fr: Frame, members: set[fx.Node], computed: list[fx.Node], reducti
     reads: dict[fx.Node, list[_Read]] = {}
     viewed: set[fx.Node] = set()
     for n in computed:
-        found = _member_reads(n, reductions, dom)
+        found = _reads_of(n, reductions, dom)
         if found is None:
             return None
-        shape, want, read = found
-        for a in read:
-            if a is n:
-                continue
-            if not isinstance(a.meta.get(VAL), torch.Tensor):
-                scalars.add(a)
-                continue
-            outside = _check_read(fr, members, _Read(n, a, shape, want), dom, viewed)
+        scalars.update(found[0])
+        for r in found[1]:
+            outside = _check_read(fr, members, r, dom, viewed)
             if outside is False:
                 return None
             if outside is not None:
-                reads.setdefault(outside, []).append(_Read(n, a, shape, want))
+                reads.setdefault(outside, []).append(r)
     return scalars, {k: tuple(v) for k, v in reads.items()}
 
 
-def _member_reads(n: fx.Node, reductions, dom) -> tuple[tuple, Domain, list[fx.Node]] | None:
-    """What computed member ``n`` reads: (the shape and domain it reads them in, the nodes), or
-    None where it has no semantics here."""
+def _reads_of(n: fx.Node, reductions, dom) -> tuple[list[fx.Node], list[_Read]] | None:
+    """What computed member ``n`` reads: the runtime scalars, and the tensors (each in the shape
+    and domain ``n`` reads it); None where ``n`` has no semantics here.  Raises ``Unsupported``
+    where ``n`` has no domain in the frame."""
     if n in reductions:
         r = reduction_of(n)
-        return node_shape(r.inp), Domain.ELEMENT, [r.inp]
-    read = read_nodes(n)
-    return None if read is None else (node_shape(n), dom(n), read)
+        shape, want, read = node_shape(r.inp), Domain.ELEMENT, [r.inp]
+    else:
+        shape, want, read = node_shape(n), dom(n), read_nodes(n)
+        if read is None:
+            return None
+    scalars, tensor_reads = [], []
+    for a in read:
+        if a is not n:
+            if isinstance(a.meta.get(VAL), torch.Tensor):
+                tensor_reads.append(_Read(n, a, shape, want))
+            else:
+                scalars.append(a)
+    return scalars, tensor_reads
 
 
 def _check_read(fr: Frame, members: set[fx.Node], r: _Read, dom, viewed: set[fx.Node]) -> fx.Node | None | bool:
@@ -439,17 +445,12 @@ def _merged(g: _Group, og: _Group | None, members: set[fx.Node], nodes: list[fx.
                 else:
                     reads[t] = reads.get(t, ()) + rs
         for n in added:
-            found = _member_reads(n, reductions, dom)
+            found = _reads_of(n, reductions, dom)
             if found is None:
                 return None
-            shape, want, operands = found
-            for a in operands:
-                if a is n:
-                    continue
-                if isinstance(a.meta.get(VAL), torch.Tensor):
-                    read(_Read(n, a, shape, want))
-                else:
-                    scalars |= {a}
+            scalars |= frozenset(found[0])
+            for r in found[1]:
+                read(r)
         if scalars & members:
             return None
         if refusal is not None and refusal(fr, list(reductions), nodes, dom) is not None:
