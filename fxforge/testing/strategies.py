@@ -25,7 +25,7 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from .equivalence import hint, random_inputs
+from .equivalence import _Recorder, hint, random_inputs
 
 __all__ = [
     "ALL_DTYPES", "FAMILIES", "FLOATS", "INTS", "OPS", "GraphBuilder", "Op", "binary", "dtypes",
@@ -719,18 +719,11 @@ _RANGE_MARGIN = 64  # values stay below the dtype's largest finite value / this
 def _near_overflow(gm: fx.GraphModule, inputs) -> bool:
     """True when a floating value of `gm`, run on `inputs`, overflows or comes within
     `_RANGE_MARGIN` of its dtype's range (other inputs of the same distribution would overflow)."""
-    values = []
-
-    class Record(fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            values.extend(v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor))
-            return out
-
+    rec = _Recorder(gm)
     with torch.no_grad():
-        Record(gm).run(*(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs))
-    for v in values:
-        if v.dtype.is_floating_point and v.numel():
+        rec.run(*(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs))
+    for v in pytree.tree_leaves(list(rec.values.values())):
+        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point and v.numel():
             finite, limit = v[torch.isfinite(v)], torch.finfo(v.dtype).max / _RANGE_MARGIN
             if bool(torch.isinf(v).any()) or (finite.numel() and finite.abs().max().item() > limit):
                 return True
