@@ -12,6 +12,7 @@ rank's traceback.  ``fn`` must be importable by name (a module-level function).
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import importlib
 import os
 import pickle
@@ -24,6 +25,8 @@ import torch.multiprocessing as mp
 
 
 def _entry(rank: int, world: int, store: str, module: str, name: str, outdir: str, collective_timeout: float) -> None:
+    # a rank killed by a signal (a crash in native code) leaves its Python stack here
+    faulthandler.enable(open(os.path.join(outdir, f"rank{rank}.fault"), "w"))
     try:
         import torch
         import torch.distributed as dist
@@ -84,7 +87,9 @@ def run_ranks(fn, world: int, *, timeout: float = 300.0, collective_timeout: flo
             elif r in stragglers:
                 errors.append(f"--- rank {r} --- killed after {timeout:.0f} s (or while another rank had failed)")
             elif p.exitcode != 0:
-                errors.append(f"--- rank {r} --- exit code {p.exitcode}")
+                fault = os.path.join(tmp, f"rank{r}.fault")
+                stack = open(fault).read() if os.path.exists(fault) else ""
+                errors.append(f"--- rank {r} --- exit code {p.exitcode}" + (f"\n{stack}" if stack else ""))
         if errors:
             raise AssertionError(f"{len(errors)} of {world} ranks failed:\n" + "\n".join(errors))
         results = []
