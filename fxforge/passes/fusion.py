@@ -257,7 +257,9 @@ class FusionRun:
         # (a copied view's original stays outside, reading a member: the boundary anew)
         a.outputs = group_outputs(a.nodes, self.graph_outputs) if views else outputs
         if facts is None and a.facts is not None and b.facts is not None:  # (the emitter answered, or a view was copied)
-            facts = a.facts.regroup(a.nodes, a.outputs) or b.facts.regroup(a.nodes, a.outputs)
+            facts = a.facts.regroup(a.nodes, a.outputs)
+            if facts is None and type(b.facts) is not type(a.facts):  # (the same kind would only ask again)
+                facts = b.facts.regroup(a.nodes, a.outputs)
         a.facts = facts
         a.hi = max(a.hi, b.hi)
         a.compute += b.compute
