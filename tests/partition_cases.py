@@ -271,6 +271,48 @@ def check_sliced_backward(mesh, batch: int = 4) -> dict:
     return {"collectives": collectives(p)}
 
 
+class Lookups(torch.nn.Module):
+    """Row lookups: token embeddings and a table indexed by ``x[idx]``.  Their backward
+    accumulates the rows' gradients into zeros (``index_put(..., accumulate=True)``)."""
+
+    def __init__(self, vocab: int = 12, d: int = 16):
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab, d)
+        self.table = torch.nn.Parameter(torch.randn(vocab, d))
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, ids, target):
+        h = self.proj(self.tok(ids) + self.table[ids])
+        return F.mse_loss(h, target)
+
+
+def check_lookup_backward(mesh, batch: int = 4, vocab: int = 12) -> dict:
+    """FSDP of ``Lookups`` (repeated ids: rows accumulate): loss and gradients equal eager's,
+    and the only collectives are the parameters' gathers, the gradients' reduce-scatters and the
+    loss's all-reduce: the ids are not gathered, the rows' gradients not all-to-all'd (each rank
+    accumulates its own rows; the sum is reduce-scattered with the other gradients)."""
+    from torch.export.experimental import _export_forward_backward
+
+    Shard, Replicate, _ = _dt()
+    torch.manual_seed(5)
+    model = Lookups(vocab)
+    ids = torch.randint(0, vocab // 2, (batch, 6))  # (half the table: every row read is read again)
+    target = torch.randn(batch, 6, 16)
+    joint = _export_forward_backward(torch.export.export(model, (ids, target)))
+    names = [n for n, _ in model.named_parameters()]
+    p = fxforge.partition(joint, mesh, {**{n: [Shard(0)] for n in names}, "ids": [Shard(0)], "target": [Shard(0)]},
+                          compute_placements={n: [Replicate()] for n in names}, config=fxforge.Config(bucket_bytes=0))
+    loss, grads = p(local_shard(ids, mesh, [Shard(0)]), local_shard(target, mesh, [Shard(0)]))
+    ref = model(ids, target)
+    ref.backward()
+    close(loss, ref.detach(), "loss")
+    for fqn, g in grads.items():
+        close(g, local_shard(dict(model.named_parameters())[fqn].grad, mesh, [Shard(0)]), f"gradient of {fqn}")
+    kinds = sorted(c for c, _ in collectives(p))
+    assert kinds == ["all_gather"] * 4 + ["all_reduce"] + ["reduce_scatter"] * 4, kinds
+    return {"collectives": collectives(p)}
+
+
 def _attention_body(q, k, v):
     """Attention over the heads this rank holds: written on local shapes."""
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -406,6 +448,7 @@ def two_ranks(rank: int, world: int) -> dict:
         "training": check_training(mesh, tp("block.")),
         "local_map": check_local_map(mesh),
         "sliced": check_sliced_backward(mesh),
+        "lookups": check_lookup_backward(mesh),
     }
     run_readme_example()  # last: it ends the process group, as a script does
     return figures

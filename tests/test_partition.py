@@ -51,6 +51,7 @@ def test_two_ranks_mlp_training_local_map_and_readme():
         }
         assert r["training"]["collectives"] == [("all_reduce", 768), ("all_reduce", 64), ("all_reduce", 64)]
         assert r["local_map"]["collectives"] == [("all_reduce", 640)]
+        assert [c for c, _ in r["lookups"]["collectives"]].count("all_to_all") == 0
     assert r0 == r1  # SPMD: the same collectives and bytes on both ranks
 
 
@@ -273,6 +274,27 @@ def test_collectives_and_bytes_on_larger_meshes(fake_world, mesh2x2):
     assert [(c["collective"], c["bytes"]) for c in p22.stats["collectives"]] == [("all_reduce", out_bytes // 2)]
     assert p22.input_placements["fc1.weight"] == (Replicate(), Shard(0))
     assert p22.placements["addmm_1"] == (Shard(0), Partial())  # the row-parallel matmul, before its reduction
+
+
+@pytest.mark.parametrize("vocab, rows, accumulated", [(12, 64, True), (4096, 2, False)])
+def test_lookup_gradients_accumulate_locally_where_that_sends_less(mesh2, vocab, rows, accumulated):
+    """A row lookup's gradient (``index_put`` into zeros, accumulating) under FSDP: each rank
+    accumulates its own rows and the sum is reduce-scattered where that sends fewer bytes than
+    DTensor's strategy (ids gathered, rows all-to-all'd); with a table far larger than the rows
+    looked up, DTensor's strategy stays.  (Values on real ranks: test_two_ranks_...'s lookups.)"""
+    from torch.export.experimental import _export_forward_backward
+
+    torch.manual_seed(0)
+    model = cases.Lookups(vocab)
+    ids, target = torch.randint(0, vocab, (2, rows)), torch.randn(2, rows, 16)
+    joint = _export_forward_backward(torch.export.export(model, (ids, target)))
+    names = [n for n, _ in model.named_parameters()]
+    p = fxforge.partition(joint, mesh2, {**{n: [Shard(0)] for n in names}, "ids": [Shard(0)], "target": [Shard(0)]},
+                          compute_placements={n: [Replicate()] for n in names}, config=fxforge.Config(bucket_bytes=0))
+    kinds = [c["collective"] for c in p.stats["collectives"]]
+    assert ("all_to_all" not in kinds) == accumulated, kinds
+    # the two lookups' gradients reduce-scattered with the projection's two, or moved as DTensor moves them
+    assert kinds.count("reduce_scatter") == (4 if accumulated else 2), kinds
 
 
 def test_redistribute_bytes_table(mesh2x2):

@@ -261,6 +261,14 @@ _ZERO_FILLS = {torch.ops.aten.full.default: 1, torch.ops.aten.full_like.default:
                torch.ops.aten.new_zeros.default: None}  # (the fill value's argument, None: zeros)
 
 
+def _zero_fill(base: Any) -> bool:
+    """``base`` is a node filling a new tensor with zeros."""
+    if not isinstance(base, fx.Node) or base.target not in _ZERO_FILLS:
+        return False
+    at = _ZERO_FILLS[base.target]
+    return at is None or (len(base.args) > at and isinstance(base.args[at], (int, float)) and base.args[at] == 0)
+
+
 def _scatter_as_pad(node: fx.Node, args: tuple) -> tuple | None:
     """A ``slice_scatter`` of ``src`` into a zero-filled tensor (autograd's slice backward) as
     ``(constant_pad_nd, (src, pad, 0))``: the same values.  DTensor's strategy for
@@ -271,10 +279,7 @@ def _scatter_as_pad(node: fx.Node, args: tuple) -> tuple | None:
     if node.target is not torch.ops.aten.slice_scatter.default or node.kwargs:
         return None
     base, out = node.args[0], node.meta.get(VAL)
-    if not isinstance(base, fx.Node) or base.target not in _ZERO_FILLS or not isinstance(out, torch.Tensor):
-        return None
-    at = _ZERO_FILLS[base.target]
-    if at is not None and not (len(base.args) > at and isinstance(base.args[at], (int, float)) and base.args[at] == 0):
+    if not _zero_fill(base) or not isinstance(out, torch.Tensor):
         return None
     dim, start, end, step = (list(node.args[2:]) + [0, None, None, 1][len(node.args) - 2:])[:4]
     size = out.shape[dim] if isinstance(dim, int) and -out.ndim <= dim < out.ndim else None
@@ -292,13 +297,14 @@ def _scatter_as_pad(node: fx.Node, args: tuple) -> tuple | None:
 class _Tracer:
     """Runs the program's graph on DTensors (under make_fx) and records placements.
 
-    Beyond DTensor's per-op dispatch, four rules keep communication down, each
+    Beyond DTensor's per-op dispatch, five rules keep communication down, each
     semantics-preserving: a pure op repeated on the same inputs (autograd recomputes forward
     values in the backward) is computed once; a value is redistributed at most once to each
     placement (the redistributed copy is reused by later readers); once a Partial value has been
     reduced, later readers read the reduced copy (a Replicate value becomes any placement
     without communication, a Partial one needs a reduction every time); a slice's gradient
-    scattered into zeros is a pad (``_scatter_as_pad``)."""
+    scattered into zeros is a pad (``_scatter_as_pad``); a row lookup's gradient is accumulated
+    on the rows each rank holds (``_accumulated_locally``)."""
 
     def __init__(self, ep: ExportedProgram, mesh, ins: list[RankInput], outs: list[RankOutput]):
         self.ep, self.mesh, self.ins, self.outs = ep, mesh, ins, outs
@@ -366,22 +372,8 @@ class _Tracer:
         in place.  Ops DTensor cannot propagate here (custom handlers, decompositions) are left
         to its dispatch."""
         dt = dth._dt()
-        if not isinstance(op, torch._ops.OpOverload):
-            return args, kwargs
-        leaves, spec = pytree.tree_flatten(args)
-        if not any(isinstance(x, dt.DTensor) for x in leaves):
-            return args, kwargs
-        dispatcher = dt.DTensor._op_dispatcher
-        try:
-            info = dispatcher.unwrap_to_op_info(op, args, kwargs)
-            sharding = dispatcher.sharding_propagator.propagate_op_sharding_non_cached(info.schema)
-        except Exception:  # DTensor's own dispatch decides (and raises, if it must)
-            return args, kwargs
-        schema = getattr(sharding, "redistribute_schema", None)
-        if not getattr(sharding, "needs_redistribute", False) or schema is None:
-            return args, kwargs
-        wanted = list(schema.args_spec)
-        if len(wanted) != sum(isinstance(x, dt.DTensor) for x in leaves):
+        wanted = self._wanted(op, args, kwargs)
+        if wanted is None:
             return args, kwargs
         if any(type(p).__name__ == "_MaskPartial" for w in wanted for p in w.placements):
             # a masked lookup (a row-sharded embedding): the mask made while redistributing the
@@ -389,9 +381,75 @@ class _Tracer:
             # to the output's reduction (a copy made here would be re-planned, and the masked
             # indices summed across ranks)
             return args, kwargs
+        leaves, spec = pytree.tree_flatten(args)
         it = iter(wanted)
         leaves = [self._redistribute(x, next(it).placements) if isinstance(x, dt.DTensor) else x for x in leaves]
         return pytree.tree_unflatten(leaves, spec), kwargs
+
+    @staticmethod
+    def _wanted(op: Any, args: tuple, kwargs: dict) -> list | None:
+        """The specs the strategy DTensor picks for ``op`` wants its DTensor arguments in (in
+        ``pytree`` order), where it wants them moved; None: nothing to move, or DTensor's own
+        dispatch decides (and raises, if it must)."""
+        dt = dth._dt()
+        if not isinstance(op, torch._ops.OpOverload):
+            return None
+        leaves = pytree.tree_leaves(args)
+        if not any(isinstance(x, dt.DTensor) for x in leaves):
+            return None
+        dispatcher = dt.DTensor._op_dispatcher
+        try:
+            info = dispatcher.unwrap_to_op_info(op, args, kwargs)
+            sharding = dispatcher.sharding_propagator.propagate_op_sharding_non_cached(info.schema)
+        except Exception:
+            return None
+        schema = getattr(sharding, "redistribute_schema", None)
+        if not getattr(sharding, "needs_redistribute", False) or schema is None:
+            return None
+        wanted = list(schema.args_spec)
+        return wanted if len(wanted) == sum(isinstance(x, dt.DTensor) for x in leaves) else None
+
+    def _accumulated_locally(self, node: fx.Node, args: tuple) -> Any:
+        """``index_put(zeros, [idx], values, accumulate=True)`` (the gradient of a row lookup:
+        an embedding's, ``x[idx]``'s) with ``idx`` and ``values`` split alike over their rows:
+        each rank adds its own rows into its zeros, and the sum over ranks is the result
+        (Partial).  DTensor's strategies for ``index_put`` read the indices whole on every rank
+        and split ``values`` on a dim it does not index (FSDP on a LLaMA: the embedding's
+        gradient all-to-all'd, the token ids gathered, the result all-to-all'd back).  Taken
+        where reducing the Partial result (a reduce-scatter per Partial mesh dim) sends fewer
+        bytes than DTensor's choice sends to move the inputs; None where the rule does not hold.
+        On a mesh dim where ``idx`` is whole, ``values`` may be whole (the result is whole) or
+        Partial (so is the result)."""
+        dt = dth._dt()
+        if node.target is not torch.ops.aten.index_put.default or node.kwargs or len(args) != 4 or args[3] is not True \
+                or not _zero_fill(node.args[0]):
+            return None
+        base, indices, values = args[0], args[1], args[2]
+        idx = indices[0] if isinstance(indices, (list, tuple)) and len(indices) == 1 else None
+        if not all(isinstance(x, dt.DTensor) for x in (base, idx, values)) or idx.dtype not in (torch.int64, torch.int32) \
+                or values.dtype != base.dtype or tuple(values.shape) != tuple(idx.shape) + tuple(base.shape[1:]):
+            return None
+        out: list = []
+        for b, i, v in zip(base.placements, idx.placements, values.placements):
+            if not isinstance(b, dt.Replicate):
+                return None
+            if isinstance(i, dt.Shard) and i == v and i.dim < idx.ndim:
+                out.append(dt.Partial())
+            elif isinstance(i, dt.Replicate) and (isinstance(v, dt.Replicate) or v == dt.Partial()):
+                out.append(v)
+            else:
+                return None
+        partial = [d for d, p in enumerate(out) if isinstance(p, dt.Partial)]
+        if not partial:
+            return None
+        reduce = sum(dth.transform_bytes("reduce_scatter", base.shape, base.dtype, self.mesh.size(d)) for d in partial)
+        wanted = self._wanted(node.target, args, {})
+        if wanted is not None:
+            current = [x._spec for x in pytree.tree_leaves(args) if isinstance(x, dt.DTensor)]
+            if reduce >= sum(dth.spec_cost(c, w)[0] for c, w in zip(current, wanted)):
+                return None
+        local = torch.ops.aten.index_put.default(base.to_local(), [idx.to_local()], values.to_local(), True)
+        return self._dtensor(local, tuple(out), like=node.meta.get(VAL, base))
 
     @staticmethod
     def _cse_key(node: fx.Node, canon: dict) -> Any:
@@ -515,6 +573,8 @@ class _Tracer:
                 env[node] = self._region(node, args)
             elif node.target is operator.getitem:
                 env[node] = env[node.args[0]][node.args[1]]
+            elif (made := self._accumulated_locally(node, args)) is not None:
+                env[node] = made
             else:
                 op, args = _scatter_as_pad(node, args) or (node.target, _all_dims(node.target, args))
                 try:
