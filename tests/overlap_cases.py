@@ -47,6 +47,39 @@ def fsdp_training(rank: int, world: int) -> dict:
     return out
 
 
+def ddp_training(rank: int, world: int) -> dict:
+    """A data-parallel training step (every parameter ``Replicate()``, the batch ``Shard(0)``) of
+    the MLP block through ``fxforge.partition``, bucketed and not: both give eager's loss and
+    gradients, bit for bit the same; the collectives of each."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.export.experimental import _export_forward_backward
+
+    from partition_cases import MLPLoss, close
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(2)
+    model = MLPLoss(d=32, f=64)
+    x, target = torch.randn(4, 8, 32), torch.randn(4, 8, 32)
+    ref = model(x, target)
+    ref.backward()
+    params = dict(model.named_parameters())
+    placements = {**{n: [Replicate()] for n in params}, "x": [Shard(0)], "target": [Shard(0)]}
+    out, results = {"params": len(params)}, {}
+    for name, config in (("bucketed", fxforge.Config()), ("plain", fxforge.Config(bucket_bytes=0))):
+        joint = _export_forward_backward(torch.export.export(model, (x, target)))
+        p = fxforge.partition(joint, mesh, placements, config=config)
+        loss, grads = p(local_shard(x, mesh, [Shard(0)]), local_shard(target, mesh, [Shard(0)]))
+        close(loss, ref.detach(), f"loss ({name})")
+        for fqn, g in grads.items():
+            close(g, params[fqn].grad, f"gradient of {fqn} ({name})")
+        results[name] = (loss, grads)
+        out[name] = {"kinds": [c["collective"] for c in p.stats["collectives"]]}
+    (loss, grads), (loss0, grads0) = results["bucketed"], results["plain"]
+    out["same"] = torch.equal(loss, loss0) and all(torch.equal(grads[k], grads0[k]) for k in grads0)
+    return out
+
+
 def _gaps(schedule) -> list[int]:
     """Per collective, how many nodes run between it and its wait."""
     from fxforge.passes.overlap import is_collective, is_wait, waited_collective

@@ -1,4 +1,5 @@
-"""Bucketing: small all-gathers and reduce-scatters merged into one collective over a flat buffer.
+"""Bucketing: small all-gathers, reduce-scatters and all-reduces merged into one collective over a
+flat buffer.
 
 A training step sharded FSDP-style gathers every parameter and reduce-scatters every gradient
 on its own: each collective pays the link's latency (``core/costs.py``: ``(n-1)`` steps of
@@ -14,6 +15,9 @@ compute waits least under the cost models (``_partition``):
 * **reduce-scatters** of one group, size, reduction and dtype: each input seen as ``[ranks,
   chunk]`` and cat'ed along the chunks (``[ranks, sum of chunks]``), reduce-scattered once; each
   member's result is a slice of this rank's block: a view, no copy-out.
+* **all-reduces** of one group, reduction and dtype (the gradients of parameters held whole on
+  every rank, data-parallel; a loss's sum and count): inputs flattened and cat'ed, reduced once;
+  each member's result is a slice of the result: a view, no copy-out.
 
 Each bucket is issued where its first member was, or just after the last of its inputs is made
 if that is later, and waited for where its first member was read (``passes/overlap.py`` then
@@ -59,7 +63,8 @@ class BucketCollectives:
         if not self.config.bucket_bytes or mode is None:
             return PassResult(gm, False, {})
         make = {f.all_gather_into_tensor.default: (_gather_key, _gather),
-                f.reduce_scatter_tensor.default: (_scatter_key, _scatter)}
+                f.reduce_scatter_tensor.default: (_scatter_key, _scatter),
+                f.all_reduce.default: (_reduce_key, _reduce)}
         # (positions read once: a wait's views and their readers are not moved by another wait's)
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         for n in list(gm.graph.nodes):
@@ -231,6 +236,11 @@ def _scatter_key(n: fx.Node) -> tuple:
     return ("reduce_scatter", group, ranks, op, n.args[0].meta[VAL].dtype)
 
 
+def _reduce_key(n: fx.Node) -> tuple:
+    _, op, group = n.args[:3]
+    return ("all_reduce", group, op, n.args[0].meta[VAL].dtype)
+
+
 def _bytes(x: fx.Node) -> float:
     v = x.meta.get(VAL)
     return v.numel() * v.element_size() if isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) \
@@ -257,18 +267,31 @@ def _first_reader(w: fx.Node) -> fx.Node:
     return min(w.users, key=order.__getitem__)
 
 
+def _issue(gm: fx.GraphModule, mode, b: _Bucket, collective, args: tuple, ranks: int = 0) -> fx.Node:
+    """The bucket's one collective, ``collective(flat, *args)``, issued where the bucket goes
+    (``_bucket_at``): ``flat`` its members' inputs flattened and cat'ed, or with ``ranks``, each
+    input seen as ``[ranks, chunk]`` and cat'ed along the chunks; its wait."""
+    with gm.graph.inserting_before(_bucket_at(b)):
+        if ranks:
+            pieces = [fake_call(gm, mode, aten.view.default, (m.args[0], [ranks, m.args[0].meta[VAL].numel() // ranks]))
+                      for m in b.members]
+            made = [*pieces, fake_call(gm, mode, aten.cat.default, (pieces, 1))]
+            made.append(fake_call(gm, mode, aten.view.default, (made[-1], [-1])))
+        else:
+            pieces = [fake_call(gm, mode, aten.view.default, (m.args[0], [-1])) for m in b.members]
+            made = [*pieces, fake_call(gm, mode, aten.cat.default, (pieces,))]
+        made.append(fake_call(gm, mode, collective, (made[-1], *args)))
+        made.append(fake_call(gm, mode, _funcol().wait_tensor.default, (made[-1],)))
+    inherit_meta(made, b.members[0])
+    return made[-1]
+
+
 def _gather(gm: fx.GraphModule, mode, b: _Bucket) -> None:
     """One all-gather of the members' inputs flattened and cat'ed; each member's result copied
     out of every rank's block (``[ranks, total]``)."""
-    f = _funcol()
-    ranks, group = b.members[0].args[1], b.members[0].args[2]
+    ranks = b.members[0].args[1]
     sizes = [m.args[0].meta[VAL].numel() for m in b.members]
-    with gm.graph.inserting_before(_bucket_at(b)):
-        flats = [fake_call(gm, mode, aten.view.default, (m.args[0], [-1])) for m in b.members]
-        flat = fake_call(gm, mode, aten.cat.default, (flats,))
-        merged = fake_call(gm, mode, f.all_gather_into_tensor.default, (flat, ranks, group))
-        done = fake_call(gm, mode, f.wait_tensor.default, (merged,))
-    inherit_meta([*flats, flat, merged, done], b.members[0])
+    done = _issue(gm, mode, b, _funcol().all_gather_into_tensor.default, tuple(b.members[0].args[1:3]))
 
     def copy_out(offset: int, size: int) -> list[fx.Node]:
         # (each member views the rows itself: nothing reads the wait before the first copy-out)
@@ -282,17 +305,21 @@ def _gather(gm: fx.GraphModule, mode, b: _Bucket) -> None:
 def _scatter(gm: fx.GraphModule, mode, b: _Bucket) -> None:
     """One reduce-scatter of the members' inputs as ``[ranks, chunk]`` cat'ed along the chunks;
     each member's result a view of its slice of this rank's block."""
-    f = _funcol()
-    op, ranks, group = b.members[0].args[1], b.members[0].args[2], b.members[0].args[3]
-    chunks = [m.args[0].meta[VAL].numel() // ranks for m in b.members]
-    with gm.graph.inserting_before(_bucket_at(b)):
-        blocks = [fake_call(gm, mode, aten.view.default, (m.args[0], [ranks, c])) for m, c in zip(b.members, chunks)]
-        joined = fake_call(gm, mode, aten.cat.default, (blocks, 1))
-        flat = fake_call(gm, mode, aten.view.default, (joined, [-1]))
-        merged = fake_call(gm, mode, f.reduce_scatter_tensor.default, (flat, op, ranks, group))
-        done = fake_call(gm, mode, f.wait_tensor.default, (merged,))
-    inherit_meta([*blocks, joined, flat, merged, done], b.members[0])
-    _hand_out(gm, mode, b, chunks, lambda offset, c: [fake_call(gm, mode, aten.slice.Tensor, (done, 0, offset, offset + c))])
+    ranks = b.members[0].args[2]
+    done = _issue(gm, mode, b, _funcol().reduce_scatter_tensor.default, tuple(b.members[0].args[1:4]), ranks)
+    _hand_out(gm, mode, b, [m.args[0].meta[VAL].numel() // ranks for m in b.members], _slicer(gm, mode, done))
+
+
+def _reduce(gm: fx.GraphModule, mode, b: _Bucket) -> None:
+    """One all-reduce of the members' inputs flattened and cat'ed; each member's result a view of
+    its slice of the result."""
+    done = _issue(gm, mode, b, _funcol().all_reduce.default, tuple(b.members[0].args[1:3]))
+    _hand_out(gm, mode, b, [m.args[0].meta[VAL].numel() for m in b.members], _slicer(gm, mode, done))
+
+
+def _slicer(gm: fx.GraphModule, mode, done: fx.Node):
+    """``piece`` of ``_hand_out`` taking a member's elements as a slice of ``done``: a view."""
+    return lambda offset, size: [fake_call(gm, mode, aten.slice.Tensor, (done, 0, offset, offset + size))]
 
 
 def _hand_out(gm: fx.GraphModule, mode, b: _Bucket, sizes: list[int], piece) -> None:
