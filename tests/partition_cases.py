@@ -272,25 +272,29 @@ def check_sliced_backward(mesh, batch: int = 4) -> dict:
 
 
 class Lookups(torch.nn.Module):
-    """Row lookups: token embeddings and a table indexed by ``x[idx]``.  Their backward
-    accumulates the rows' gradients into zeros (``index_put(..., accumulate=True)``)."""
+    """Row lookups: token embeddings, a table indexed by ``x[idx]`` and positions (ids the same
+    on every rank).  Their backward accumulates the rows' gradients into zeros
+    (``index_put(..., accumulate=True)``); the positions' gradient, summed over the batch, is
+    masked by the ids in range first (``where(mask, 0, g)``)."""
 
-    def __init__(self, vocab: int = 12, d: int = 16):
+    def __init__(self, vocab: int = 12, d: int = 16, seq: int = 64):
         super().__init__()
         self.tok = torch.nn.Embedding(vocab, d)
         self.table = torch.nn.Parameter(torch.randn(vocab, d))
+        self.pos = torch.nn.Embedding(seq, d)
         self.proj = torch.nn.Linear(d, d)
 
     def forward(self, ids, target):
-        h = self.proj(self.tok(ids) + self.table[ids])
-        return F.mse_loss(h, target)
+        h = self.tok(ids) + self.table[ids] + self.pos(torch.arange(ids.shape[1]))
+        return F.mse_loss(self.proj(h), target)
 
 
 def check_lookup_backward(mesh, batch: int = 4, vocab: int = 12) -> dict:
     """FSDP of ``Lookups`` (repeated ids: rows accumulate): loss and gradients equal eager's,
     and the only collectives are the parameters' gathers, the gradients' reduce-scatters and the
     loss's all-reduce: the ids are not gathered, the rows' gradients not all-to-all'd (each rank
-    accumulates its own rows; the sum is reduce-scattered with the other gradients)."""
+    accumulates its own rows; the sum is reduce-scattered with the other gradients), the
+    positions' gradient not all-reduced before it is masked."""
     from torch.export.experimental import _export_forward_backward
 
     Shard, Replicate, _ = _dt()
@@ -309,7 +313,7 @@ def check_lookup_backward(mesh, batch: int = 4, vocab: int = 12) -> dict:
     for fqn, g in grads.items():
         close(g, local_shard(dict(model.named_parameters())[fqn].grad, mesh, [Shard(0)]), f"gradient of {fqn}")
     kinds = sorted(c for c, _ in collectives(p))
-    assert kinds == ["all_gather"] * 4 + ["all_reduce"] + ["reduce_scatter"] * 4, kinds
+    assert kinds == ["all_gather"] * 5 + ["all_reduce"] + ["reduce_scatter"] * 5, kinds
     return {"collectives": collectives(p)}
 
 

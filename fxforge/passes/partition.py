@@ -269,6 +269,14 @@ def _zero_fill(base: Any) -> bool:
     return at is None or (len(base.args) > at and isinstance(base.args[at], (int, float)) and base.args[at] == 0)
 
 
+def _zero(a: Any) -> bool:
+    """``a`` is the number 0, a node making a 0-d zero (``scalar_tensor(0)``) or a zero fill."""
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        return a == 0
+    return _zero_fill(a) or (isinstance(a, fx.Node) and a.target is torch.ops.aten.scalar_tensor.default
+                             and isinstance(a.args[0], (int, float)) and a.args[0] == 0)
+
+
 def _scatter_as_pad(node: fx.Node, args: tuple) -> tuple | None:
     """A ``slice_scatter`` of ``src`` into a zero-filled tensor (autograd's slice backward) as
     ``(constant_pad_nd, (src, pad, 0))``: the same values.  DTensor's strategy for
@@ -297,14 +305,15 @@ def _scatter_as_pad(node: fx.Node, args: tuple) -> tuple | None:
 class _Tracer:
     """Runs the program's graph on DTensors (under make_fx) and records placements.
 
-    Beyond DTensor's per-op dispatch, five rules keep communication down, each
+    Beyond DTensor's per-op dispatch, six rules keep communication down, each
     semantics-preserving: a pure op repeated on the same inputs (autograd recomputes forward
     values in the backward) is computed once; a value is redistributed at most once to each
     placement (the redistributed copy is reused by later readers); once a Partial value has been
     reduced, later readers read the reduced copy (a Replicate value becomes any placement
     without communication, a Partial one needs a reduction every time); a slice's gradient
     scattered into zeros is a pad (``_scatter_as_pad``); a row lookup's gradient is accumulated
-    on the rows each rank holds (``_accumulated_locally``)."""
+    on the rows each rank holds (``_accumulated_locally``); a Partial value masked by zeros stays
+    Partial (``_masked_partial``)."""
 
     def __init__(self, ep: ExportedProgram, mesh, ins: list[RankInput], outs: list[RankOutput]):
         self.ep, self.mesh, self.ins, self.outs = ep, mesh, ins, outs
@@ -408,6 +417,38 @@ class _Tracer:
             return None
         wanted = list(schema.args_spec)
         return wanted if len(wanted) == sum(isinstance(x, dt.DTensor) for x in leaves) else None
+
+    def _masked_partial(self, node: fx.Node, args: tuple) -> Any:
+        """``where(cond, x, 0)`` / ``where(cond, 0, x)`` / ``masked_fill(x, mask, 0)`` of a
+        Partial (sum) ``x`` by a whole mask: the mask applied to each rank's term, the result
+        Partial (``where(c, a + b, 0) = where(c, a, 0) + where(c, b, 0)``).  DTensor's pointwise
+        strategies reduce ``x`` first (an embedding's gradient summed over a batch split across
+        ranks was all-reduced before its rows were masked); kept Partial, it is reduced where it
+        is needed, at most once, and often as a reduce-scatter.  None where the rule does not
+        hold (a mesh dim where ``x`` or the mask is split, a mask broadcasting ``x`` larger)."""
+        dt = dth._dt()
+        op = node.target
+        if op is torch.ops.aten.where.self and len(args) == 3:
+            zero_at = 1 if _zero(node.args[1]) else 2 if _zero(node.args[2]) else None
+            if zero_at is None:
+                return None
+            cond, x = args[0], args[3 - zero_at]
+        elif op is torch.ops.aten.masked_fill.Scalar and len(args) == 3 and _zero(node.args[2]):
+            x, cond = args[0], args[1]
+        else:
+            return None
+        out = node.meta.get(VAL)
+        if node.kwargs or not isinstance(x, dt.DTensor) or not isinstance(out, torch.Tensor) \
+                or tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype:
+            return None
+        sum_ = dt.Partial()
+        if sum_ not in x.placements or any(not (p == sum_ or isinstance(p, dt.Replicate)) for p in x.placements):
+            return None
+        whole = [a for a in args if isinstance(a, dt.DTensor) and a is not x]
+        if any(not all(isinstance(p, dt.Replicate) for p in a.placements) for a in whole):
+            return None
+        local = [a.to_local() if isinstance(a, dt.DTensor) else a for a in args]
+        return self._dtensor(op(*local), tuple(x.placements), like=out)
 
     def _accumulated_locally(self, node: fx.Node, args: tuple) -> Any:
         """``index_put(zeros, [idx], values, accumulate=True)`` (the gradient of a row lookup:
@@ -574,6 +615,8 @@ class _Tracer:
             elif node.target is operator.getitem:
                 env[node] = env[node.args[0]][node.args[1]]
             elif (made := self._accumulated_locally(node, args)) is not None:
+                env[node] = made
+            elif (made := self._masked_partial(node, args)) is not None:
                 env[node] = made
             else:
                 op, args = _scatter_as_pad(node, args) or (node.target, _all_dims(node.target, args))
