@@ -302,8 +302,18 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
     fused = {GROUP.of(n) for n in gm.graph.nodes
              if GROUP.get(n) is not None and _fuses(BACKEND.get(n, FALLBACK_BACKEND), registry)}
     sched, sched_stats = make_schedule(gm, fused)
+    plans: dict[tuple, tuple] = {}  # (a schedule, bounded in flight) -> its groups and memory plan
+
+    def planned(order: list[fx.Node]) -> tuple[list[fx.Node], list[Group], MemoryPlan]:
+        order, _ = bound_in_flight(order, config.max_collectives_in_flight)
+        key = tuple(order)
+        if key not in plans:
+            groups = build_groups(gm, order, registry)
+            plans[key] = (groups, plan_memory(gm, order, groups, config, kind=kind))
+        return order, *plans[key]
+
     if config.comm_overlap:
-        sched, moved = overlap(gm, sched, fused, config)
+        sched, moved = overlap(gm, sched, fused, config, lambda order: planned(order)[2].peak_bytes)
         if moved:
             sched_stats["overlap"] = moved
     else:
@@ -312,8 +322,7 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
     if early:
         sched_stats.setdefault("overlap", {})["waits_for_in_flight_bound"] = early
     stages.done("schedule")
-    groups = build_groups(gm, sched, registry)
-    memory = plan_memory(gm, sched, groups, config, kind=kind)
+    sched, groups, memory = planned(sched)
     if config.debug:
         verify_memory_plan(memory)
     stages.done("memory_plan")

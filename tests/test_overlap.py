@@ -88,6 +88,39 @@ def test_prefetching_stays_within_its_memory_bound(fake_group):
     _check_order(bounded)
 
 
+def test_the_memory_plans_peak_takes_back_the_moves_that_raise_it(fake_group):
+    """``overlap`` given the memory plan's peak of a schedule: moves raising it past the bound
+    (here: any wait not right after its collective, as an arena kept whole might) are taken
+    back, the issues' moves kept where they alone fit; end to end, a compiled graph's plan stays
+    within the bound of the same graph compiled with the collectives waited for at once."""
+    f = _funcol()
+
+    def step(x, w):
+        g = f.wait_tensor(f.all_gather_into_tensor(w, 4, fake_group))
+        h = torch.relu(x @ x.t()) @ x  # (independent of the gather: its wait can sink past it)
+        return h + g.sum()
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(64, 64), torch.randn(16, 64))
+    order = program_order(gm)
+    config = fxforge.Config(prefetch_peak_growth=float("inf"))
+
+    def sunk_waits(o):
+        at = {n: i for i, n in enumerate(o)}
+        return sum(1 for n in o if is_wait(n) and at[n] != at[waited_collective(n)] + 1)
+
+    free, moved = overlap(gm, order, (), config, lambda o: 1000 + 1000 * sunk_waits(o))
+    assert moved["moved_waits"] > 0 and moved["planned_peak_after"] > 1000  # (no bound: all moves stay)
+    held, moved = overlap(gm, order, (), config.replace(prefetch_peak_growth=0.5), lambda o: 1000 + 1000 * sunk_waits(o))
+    assert sunk_waits(held) == 0 and moved["moved_waits"] == 0
+    assert moved["planned_peak_after"] == moved["planned_peak_before"] == 1000
+    _check_order(held)
+    for growth in (0.0, 0.1):
+        plans = [fxforge.spine.compile_graph(fsdp_like(fake_group), fxforge.Config(comm_overlap=on,
+                                             prefetch_peak_growth=growth), kind="inference", cache=False).plan.memory
+                 for on in (False, True)]
+        assert plans[1].peak_bytes <= (1 + growth) * plans[0].peak_bytes
+
+
 def test_a_write_in_place_bounds_the_moves(fake_group):
     """A collective is never issued before, nor a wait moved past, a node writing in place."""
     f = _funcol()

@@ -20,7 +20,9 @@ process group's own stream or threads: NCCL's stream, gloo's workers).  What it 
   gathered tensor: a prefetch), and waiting late keeps an asynchronous collective's input
   alive longer.  Each move goes only as far as keeps the schedule's peak of live bytes within
   ``(1 + Config.prefetch_peak_growth)`` times the peak before overlap; the final order is
-  checked exactly, and moved back halfway, then not at all, if it is over.
+  checked exactly, and so is its memory plan's peak against the plan's with every collective
+  waited for at once, where the compiler gives the pass its planner; if either is over, the
+  moves are taken back: halfway, then the issues' alone, then those halfway, then all.
 
 ``comm_figures`` replays a schedule under the cost models (``core/costs.py``): the compute
 kernels one after another at their roofline time, the collectives one after another on their
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from typing import Collection
+from typing import Callable, Collection
 
 import numpy as np
 import torch.fx as fx
@@ -66,25 +68,50 @@ def units(order: list[fx.Node]) -> list[list[fx.Node]]:
     return out
 
 
-def overlap(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int], config: Config) -> tuple[list[fx.Node], dict]:
+# How far the waits sink and the issues rise, as a fraction of how far they could: tried in turn
+# until the result keeps within the bound (a wait sunk keeps an asynchronous collective's input
+# alive; an issue hoisted allocates its output early: either may be what the bound refuses).
+_REACHES = ((1.0, 1.0), (0.5, 0.5), (0.0, 1.0), (0.0, 0.5), (0.0, 0.0))
+
+
+def overlap(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int], config: Config,
+            planned_peak: Callable[[list[fx.Node]], int] | None = None) -> tuple[list[fx.Node], dict]:
     """The schedule ``order`` with its collectives overlapped (module docstring), and what the
-    pass did: ``moved_waits``, ``moved_issues``, ``peak_before``, ``peak_after``."""
+    pass did: ``moved_waits``, ``moved_issues``, ``peak_before``, ``peak_after`` (live bytes).
+
+    ``planned_peak`` (a schedule -> the bytes its memory plan holds at its peak: arenas as
+    allocated, held for the whole call where they are kept, and the storages outside them)
+    checks the result as the rank will hold it: within ``1 + prefetch_peak_growth`` of the
+    plan's peak with every collective waited for at once (what ``comm_overlap=False`` runs),
+    else the moves are taken back (``_REACHES``).  Live bytes alone miss that an arena kept across
+    calls is held whole while a prefetched tensor lives beside it, and how the arenas pack
+    (``planned_peak_before``, ``planned_peak_after``)."""
     if not any(is_collective(n) for n in order):
         return order, {}
     sizes = storage_sizes(gm, order)
     before = peak_bytes(gm, order, sizes, fused)
     bound = before * (1.0 + config.prefetch_peak_growth)
-    for reach in (1.0, 0.5, 0.0):
+    planned: dict = {}
+    if planned_peak is not None:
+        planned["planned_peak_before"] = planned_peak(wait_at_once(order))
+    for sink, hoist in _REACHES:
         seq = units(order)
-        if reach:
+        if sink:
             _sink_copy_outs(seq)
-        waits = _sink_waits(gm, seq, sizes, fused, bound, reach)
-        issues = _hoist_issues(gm, seq, sizes, fused, bound, reach)
+        waits = _sink_waits(gm, seq, sizes, fused, bound, sink)
+        issues = _hoist_issues(gm, seq, sizes, fused, bound, hoist)
         new = [n for u in seq for n in u]
         after = peak_bytes(gm, new, sizes, fused)
-        if after <= bound or reach == 0.0:
-            break
-    return new, {"moved_waits": waits, "moved_issues": issues, "peak_before": before, "peak_after": after}
+        last = not (sink or hoist)
+        if after > bound and not last:
+            continue
+        if planned_peak is not None:
+            planned["planned_peak_after"] = planned_peak(new)
+            if planned["planned_peak_after"] > planned["planned_peak_before"] * (1.0 + config.prefetch_peak_growth) \
+                    and not last:
+                continue
+        break
+    return new, {"moved_waits": waits, "moved_issues": issues, "peak_before": before, "peak_after": after, **planned}
 
 
 def _profile(gm: fx.GraphModule, seq: list[list[fx.Node]], sizes: dict, fused: Collection[int]) -> np.ndarray:
