@@ -99,8 +99,8 @@ def predict(model: str, parallel: str, world: int, batch: int, links: dict, step
     part compiled by ``fxforge.partition`` (its buckets cut for the first of ``links``,
     ``Config.comm_model``) against torch's fake process group (its collectives return at once),
     run and profiled here (the median of ``steps`` profiled steps, by step time), and replayed
-    under each link's model; also the schedule's planned peak of live bytes with the
-    collectives overlapped (prefetching) and without."""
+    under each link's model; also the memory plan's peak with the collectives overlapped
+    (prefetching) and without."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -135,8 +135,9 @@ def predict(model: str, parallel: str, world: int, batch: int, links: dict, step
         trace, schedule = traces[len(traces) // 2], _comm_schedule(p)
         out = {"world": world, "collectives": p.stats["comm"]["count"], "bytes": p.stats["comm"]["bytes"],
                "compute_s": (trace[-1][1] + trace[-1][2] - trace[0][1]) * 1e-6, "links": {},
-               # the planned peak of live bytes (the schedule's) with prefetching, and without it
-               "planned_peak": p.stats["schedule_peak_bytes"], "planned_peak_no_prefetch": plain.stats["schedule_peak_bytes"]}
+               # the memory plan's peak (arenas as allocated, kept ones whole, what lives outside them), with
+               # prefetching and without it
+               "planned_peak": p.compiled.plan.memory.peak_bytes, "planned_peak_no_prefetch": plain.compiled.plan.memory.peak_bytes}
         for name, link in links.items():
             out["links"][name] = simulate(trace, schedule, link)
         return out

@@ -120,7 +120,7 @@ def run_case(rank: int, world: int) -> dict:
                          "estimated_s": comm["estimated_s"], "estimated_exposed_s": comm["exposed_s"],
                          "order_digest": comm["order_digest"], "schedule": _comm_schedule(p),
                          "kept_bytes": p.stats.get("kept_arena_bytes", 0),
-                         "planned_peak": p.stats.get("schedule_peak_bytes")}
+                         "planned_peak": p.compiled.plan.memory.peak_bytes}
     finally:
         spmd.compile_graph = compile_graph
     graph_args = _graph_args(p, shards)

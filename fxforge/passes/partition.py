@@ -398,8 +398,8 @@ class _Tracer:
     @staticmethod
     def _wanted(op: Any, args: tuple, kwargs: dict) -> list | None:
         """The specs the strategy DTensor picks for ``op`` wants its DTensor arguments in (in
-        ``pytree`` order), where it wants them moved; None: nothing to move, or DTensor's own
-        dispatch decides (and raises, if it must)."""
+        ``pytree`` order: their own where nothing moves); None: DTensor's own dispatch decides
+        (and raises, if it must)."""
         dt = dth._dt()
         if not isinstance(op, torch._ops.OpOverload):
             return None
@@ -412,8 +412,10 @@ class _Tracer:
             sharding = dispatcher.sharding_propagator.propagate_op_sharding_non_cached(info.schema)
         except Exception:
             return None
+        if not getattr(sharding, "needs_redistribute", False):
+            return [x._spec for x in leaves if isinstance(x, dt.DTensor)]
         schema = getattr(sharding, "redistribute_schema", None)
-        if not getattr(sharding, "needs_redistribute", False) or schema is None:
+        if schema is None:
             return None
         wanted = list(schema.args_spec)
         return wanted if len(wanted) == sum(isinstance(x, dt.DTensor) for x in leaves) else None
@@ -432,9 +434,9 @@ class _Tracer:
             zero_at = 1 if _zero(node.args[1]) else 2 if _zero(node.args[2]) else None
             if zero_at is None:
                 return None
-            cond, x = args[0], args[3 - zero_at]
+            x = args[3 - zero_at]
         elif op is torch.ops.aten.masked_fill.Scalar and len(args) == 3 and _zero(node.args[2]):
-            x, cond = args[0], args[1]
+            x = args[0]
         else:
             return None
         out = node.meta.get(VAL)
@@ -484,11 +486,10 @@ class _Tracer:
         if not partial:
             return None
         reduce = sum(dth.transform_bytes("reduce_scatter", base.shape, base.dtype, self.mesh.size(d)) for d in partial)
-        wanted = self._wanted(node.target, args, {})
-        if wanted is not None:
-            current = [x._spec for x in pytree.tree_leaves(args) if isinstance(x, dt.DTensor)]
-            if reduce >= sum(dth.spec_cost(c, w)[0] for c, w in zip(current, wanted)):
-                return None
+        wanted = self._wanted(node.target, args, {})  # (None: DTensor cannot propagate it here)
+        current = [x._spec for x in pytree.tree_leaves(args) if isinstance(x, dt.DTensor)]
+        if wanted is not None and reduce >= sum(dth.spec_cost(c, w)[0] for c, w in zip(current, wanted)):
+            return None
         local = torch.ops.aten.index_put.default(base.to_local(), [idx.to_local()], values.to_local(), True)
         return self._dtensor(local, tuple(out), like=node.meta.get(VAL, base))
 
