@@ -137,7 +137,8 @@ def predict(model: str, parallel: str, world: int, batch: int, links: dict, step
                "compute_s": (trace[-1][1] + trace[-1][2] - trace[0][1]) * 1e-6, "links": {},
                # the memory plan's peak (arenas as allocated, kept ones whole, what lives outside them), with
                # prefetching and without it
-               "planned_peak": p.compiled.plan.memory.peak_bytes, "planned_peak_no_prefetch": plain.compiled.plan.memory.peak_bytes}
+               "planned_peak": p.compiled.plan.memory.peak_bytes,
+               "planned_peak_no_prefetch": plain.compiled.plan.memory.peak_bytes}
         for name, link in links.items():
             out["links"][name] = simulate(trace, schedule, link)
         return out

@@ -124,10 +124,11 @@ class Config:
     # Reorder a graph's collectives so compute hides them: each issued as soon as its inputs are
     # ready, each waited for just before its result is read, their order kept (passes/overlap.py).
     comm_overlap: bool = True
-    # How far issuing collectives early may raise a schedule's peak of live bytes (their outputs,
-    # an all-gather's prefetched tensor), as a fraction of the peak without overlap.
+    # How far overlapping collectives may raise a schedule's peak of live bytes (their outputs,
+    # an all-gather's prefetched tensor), and its memory plan's peak, as a fraction of those
+    # with every collective waited for at once.
     prefetch_peak_growth: float = 0.1
-    # All-gathers (reduce-scatters) of one process group and dtype merged into one collective over
+    # All-gathers (reduce-scatters, all-reduces) of one process group and dtype merged into one collective over
     # a flat buffer, in program order, up to this many bytes of input each, the runs cut where the
     # compute waits least under comm_model (passes/bucketing.py); 0: never.
     bucket_bytes: int = 4 << 20
