@@ -13,19 +13,13 @@ def fsdp_training(rank: int, world: int) -> dict:
     through ``fxforge.partition``, with the collectives overlapped and without: both give eager's
     loss and gradients; returns what each schedule's ``stats["comm"]`` says, and the link model
     ``costs.calibrate`` fitted."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
     from torch.export.experimental import _export_forward_backward
 
     from fxforge.core.costs import calibrate
-    from partition_cases import MLPLoss, close
+    from partition_cases import close
 
-    mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(1)
-    model = MLPLoss(d=32, f=64)
-    x, target = torch.randn(4, 8, 32), torch.randn(4, 8, 32)
-    ref = model(x, target)
-    ref.backward()
+    mesh, model, x, target, ref = _mlp_step(world, 1)
     params = dict(model.named_parameters())
     placements = {**{n: [Shard(0)] for n in params}, "x": [Shard(0)], "target": [Shard(0)]}
     link = calibrate(sizes=(1 << 10, 1 << 16), repeats=3)  # (the buckets are cut by it: one model on every rank)
@@ -51,18 +45,12 @@ def ddp_training(rank: int, world: int) -> dict:
     """A data-parallel training step (every parameter ``Replicate()``, the batch ``Shard(0)``) of
     the MLP block through ``fxforge.partition``, bucketed and not: both give eager's loss and
     gradients, bit for bit the same; the collectives of each."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
     from torch.export.experimental import _export_forward_backward
 
-    from partition_cases import MLPLoss, close
+    from partition_cases import close
 
-    mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(2)
-    model = MLPLoss(d=32, f=64)
-    x, target = torch.randn(4, 8, 32), torch.randn(4, 8, 32)
-    ref = model(x, target)
-    ref.backward()
+    mesh, model, x, target, ref = _mlp_step(world, 2)
     params = dict(model.named_parameters())
     placements = {**{n: [Replicate()] for n in params}, "x": [Shard(0)], "target": [Shard(0)]}
     out, results = {"params": len(params)}, {}
@@ -78,6 +66,22 @@ def ddp_training(rank: int, world: int) -> dict:
     (loss, grads), (loss0, grads0) = results["bucketed"], results["plain"]
     out["same"] = torch.equal(loss, loss0) and all(torch.equal(grads[k], grads0[k]) for k in grads0)
     return out
+
+
+def _mlp_step(world: int, seed: int):
+    """A 1-D mesh over the ranks, the MLP block with a loss, a batch, eager's loss (its gradients
+    computed on the model)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from partition_cases import MLPLoss
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(seed)
+    model = MLPLoss(d=32, f=64)
+    x, target = torch.randn(4, 8, 32), torch.randn(4, 8, 32)
+    ref = model(x, target)
+    ref.backward()
+    return mesh, model, x, target, ref
 
 
 def _gaps(schedule) -> list[int]:

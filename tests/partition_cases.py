@@ -250,25 +250,32 @@ def check_sliced_backward(mesh, batch: int = 4) -> dict:
     loss and gradients equal eager's, and the only collectives are the parameters' gathers, the
     gradients' reduce-scatters and the loss's all-reduce: no activation is gathered (the
     backward's scatters into zeros are pads, which keep the batch sharded)."""
+    torch.manual_seed(3)
+    model = Halves()
+    p = fsdp_step(mesh, model, {"x": torch.randn(batch, 3, 16), "target": torch.randn(batch, 3, 16)})
+    kinds = sorted(c for c, _ in collectives(p))
+    assert kinds == ["all_gather", "all_gather", "all_reduce", "reduce_scatter", "reduce_scatter"], kinds
+    return {"collectives": collectives(p)}
+
+
+def fsdp_step(mesh, model, inputs: dict):
+    """``model``'s training step (``inputs`` by argument name) partitioned FSDP-style (parameters
+    stored ``Shard(0)``, read whole; the batch ``Shard(0)``), unbucketed, run on this rank's
+    shards: the loss and every gradient equal eager's.  The ``Partitioned``."""
     from torch.export.experimental import _export_forward_backward
 
     Shard, Replicate, _ = _dt()
-    torch.manual_seed(3)
-    model = Halves()
-    x, target = torch.randn(batch, 3, 16), torch.randn(batch, 3, 16)
-    joint = _export_forward_backward(torch.export.export(model, (x, target)))
+    joint = _export_forward_backward(torch.export.export(model, tuple(inputs.values())))
     names = [n for n, _ in model.named_parameters()]
-    p = fxforge.partition(joint, mesh, {**{n: [Shard(0)] for n in names}, "x": [Shard(0)], "target": [Shard(0)]},
+    p = fxforge.partition(joint, mesh, {**{n: [Shard(0)] for n in names}, **{k: [Shard(0)] for k in inputs}},
                           compute_placements={n: [Replicate()] for n in names}, config=fxforge.Config(bucket_bytes=0))
-    loss, grads = p(local_shard(x, mesh, [Shard(0)]), local_shard(target, mesh, [Shard(0)]))
-    ref = model(x, target)
+    loss, grads = p(*(local_shard(v, mesh, [Shard(0)]) for v in inputs.values()))
+    ref = model(*inputs.values())
     ref.backward()
     close(loss, ref.detach(), "loss")
     for fqn, g in grads.items():
         close(g, local_shard(dict(model.named_parameters())[fqn].grad, mesh, [Shard(0)]), f"gradient of {fqn}")
-    kinds = sorted(c for c, _ in collectives(p))
-    assert kinds == ["all_gather", "all_gather", "all_reduce", "reduce_scatter", "reduce_scatter"], kinds
-    return {"collectives": collectives(p)}
+    return p
 
 
 class Lookups(torch.nn.Module):
@@ -295,23 +302,10 @@ def check_lookup_backward(mesh, batch: int = 4, vocab: int = 12) -> dict:
     loss's all-reduce: the ids are not gathered, the rows' gradients not all-to-all'd (each rank
     accumulates its own rows; the sum is reduce-scattered with the other gradients), the
     positions' gradient not all-reduced before it is masked."""
-    from torch.export.experimental import _export_forward_backward
-
-    Shard, Replicate, _ = _dt()
     torch.manual_seed(5)
     model = Lookups(vocab)
     ids = torch.randint(0, vocab // 2, (batch, 6))  # (half the table: every row read is read again)
-    target = torch.randn(batch, 6, 16)
-    joint = _export_forward_backward(torch.export.export(model, (ids, target)))
-    names = [n for n, _ in model.named_parameters()]
-    p = fxforge.partition(joint, mesh, {**{n: [Shard(0)] for n in names}, "ids": [Shard(0)], "target": [Shard(0)]},
-                          compute_placements={n: [Replicate()] for n in names}, config=fxforge.Config(bucket_bytes=0))
-    loss, grads = p(local_shard(ids, mesh, [Shard(0)]), local_shard(target, mesh, [Shard(0)]))
-    ref = model(ids, target)
-    ref.backward()
-    close(loss, ref.detach(), "loss")
-    for fqn, g in grads.items():
-        close(g, local_shard(dict(model.named_parameters())[fqn].grad, mesh, [Shard(0)]), f"gradient of {fqn}")
+    p = fsdp_step(mesh, model, {"ids": ids, "target": torch.randn(batch, 6, 16)})
     kinds = sorted(c for c, _ in collectives(p))
     assert kinds == ["all_gather"] * 5 + ["all_reduce"] + ["reduce_scatter"] * 5, kinds
     return {"collectives": collectives(p)}
