@@ -302,27 +302,26 @@ def _plan(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, sta
     fused = {GROUP.of(n) for n in gm.graph.nodes
              if GROUP.get(n) is not None and _fuses(BACKEND.get(n, FALLBACK_BACKEND), registry)}
     sched, sched_stats = make_schedule(gm, fused)
-    plans: dict[tuple, tuple] = {}  # (a schedule, bounded in flight) -> its groups and memory plan
+    plans: dict[tuple, tuple] = {}  # a schedule -> it bounded in flight, the waits that moved, groups, memory plan
 
-    def planned(order: list[fx.Node]) -> tuple[list[fx.Node], list[Group], MemoryPlan]:
-        order, _ = bound_in_flight(order, config.max_collectives_in_flight)
+    def planned(order: list[fx.Node]) -> tuple[list[fx.Node], int, list[Group], MemoryPlan]:
         key = tuple(order)
         if key not in plans:
-            groups = build_groups(gm, order, registry)
-            plans[key] = (groups, plan_memory(gm, order, groups, config, kind=kind))
-        return order, *plans[key]
+            bounded, early = bound_in_flight(order, config.max_collectives_in_flight)
+            groups = build_groups(gm, bounded, registry)
+            plans[key] = (bounded, early, groups, plan_memory(gm, bounded, groups, config, kind=kind))
+        return plans[key]
 
     if config.comm_overlap:
-        sched, moved = overlap(gm, sched, fused, config, lambda order: planned(order)[2].peak_bytes)
+        sched, moved = overlap(gm, sched, fused, config, lambda order: planned(order)[3].peak_bytes)
         if moved:
             sched_stats["overlap"] = moved
     else:
         sched = wait_at_once(sched)
-    sched, early = bound_in_flight(sched, config.max_collectives_in_flight)
+    stages.done("schedule")  # (with the plans the overlap weighed)
+    sched, early, groups, memory = planned(sched)  # (the overlap's choice: planned already)
     if early:
         sched_stats.setdefault("overlap", {})["waits_for_in_flight_bound"] = early
-    stages.done("schedule")
-    sched, groups, memory = planned(sched)
     if config.debug:
         verify_memory_plan(memory)
     stages.done("memory_plan")

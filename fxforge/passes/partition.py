@@ -487,9 +487,10 @@ class _Tracer:
             return None
         reduce = sum(dth.transform_bytes("reduce_scatter", base.shape, base.dtype, self.mesh.size(d)) for d in partial)
         wanted = self._wanted(node.target, args, {})  # (None: DTensor cannot propagate it here)
-        current = [x._spec for x in pytree.tree_leaves(args) if isinstance(x, dt.DTensor)]
-        if wanted is not None and reduce >= sum(dth.spec_cost(c, w)[0] for c, w in zip(current, wanted)):
-            return None
+        if wanted is not None:
+            current = [x._spec for x in pytree.tree_leaves(args) if isinstance(x, dt.DTensor)]
+            if reduce >= sum(dth.spec_cost(c, w)[0] for c, w in zip(current, wanted)):
+                return None
         local = torch.ops.aten.index_put.default(base.to_local(), [idx.to_local()], values.to_local(), True)
         return self._dtensor(local, tuple(out), like=node.meta.get(VAL, base))
 
