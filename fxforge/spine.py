@@ -465,6 +465,7 @@ def _finish(e: _Emitted, announce: bool = True) -> Compiled:
     compiled.report_data = e.recorder.finish(w.kernels)
     compiled.artifact = w
     compiled.regions = regions
+    compiled.upgrades = w.upgrades
     if announce:
         title = f"{kind} region {e.region} graph {e.graph_id}" if e.region else f"{kind} graph {e.graph_id}"
         _announce(compiled, e.config, e.label, title, record)

@@ -14,6 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # PYTEST_GRAPH_CACHE=1 runs the suite with the cache on instead.
 if os.environ.get("PYTEST_GRAPH_CACHE") != "1":
     os.environ["FXFORGE_GRAPH_CACHE"] = "0"
+# A compile returns with its C kernels built in full: a test's first call runs the kernels its
+# later calls do (tests/test_tiered_builds.py turns tiered builds on where it tests them).
+os.environ.setdefault("FXFORGE_TIERED_BUILDS", "0")
 
 
 @pytest.fixture

@@ -241,9 +241,11 @@ def test_config_fields_are_all_in_the_key():
               "comm_overlap": False, "prefetch_peak_growth": 0.5, "bucket_bytes": 0, "comm_model": "pcie",
               "max_collectives_in_flight": 3, "memory_budget": 0.5}
     fields = {f.name for f in dataclasses.fields(fxforge.Config)}
-    assert fields - set(values) <= {"report_dir", "passes", "on_kernel", "progress"}
+    assert fields - set(values) <= {"report_dir", "passes", "on_kernel", "progress", "tiered_builds"}
     for name, v in values.items():
         assert _key(gm, dataclasses.replace(fxforge.Config(), **{name: v})) != base, name
+    # how the kernels are built first decides nothing in them
+    assert _key(gm, dataclasses.replace(fxforge.Config(), tiered_builds=not fxforge.Config().tiered_builds)) == base
 
 
 def test_the_default_test_session_runs_without_the_cache():

@@ -45,6 +45,9 @@ class Compiled:
 
     # The compiled regions (``plan.Region``: ``invoke_subgraph`` bodies compiled once) this graph calls.
     regions: list = []
+    # The C kernels built at -Og first (``Config.tiered_builds``): futures of their full builds,
+    # swapped into the wrapper as each is done.
+    upgrades: list = []
     # Its key in the compiled-graph cache (``graph_cache.py``), where it was stored or loaded from.
     cache_key: str | None = None
     # A graph loaded from that cache was not compiled here: what only a compile makes (the graph
@@ -94,6 +97,16 @@ class Compiled:
         self.failures: list[str] = []  # why calls of the generated code failed (each ran eagerly)
         self.failed: str | None = None  # why the graph switched to eager for good, if it did
         self._proven = False  # a call has succeeded
+
+    def wait_for_kernels(self, timeout: float | None = None) -> bool:
+        """Wait until every kernel of this graph and of the regions it calls runs as built in
+        full (``Config.tiered_builds``: the first calls may run kernels built at -Og while the
+        full builds run in the background); at most ``timeout`` seconds.  True when they do (a
+        full build that failed leaves its first kernels, logged: True too)."""
+        from concurrent.futures import wait
+
+        pending = list(self.upgrades) + [f for r in self.regions if r.compiled is not None for f in r.compiled.upgrades]
+        return not wait(pending, timeout=timeout).not_done
 
     def _made(self, name: str) -> Any:
         """Attribute ``name``, made by compiling again where this graph came from the cache."""

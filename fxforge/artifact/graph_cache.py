@@ -64,7 +64,7 @@ ARTIFACT = "fxforge_graph"  # the type of torch's cache artifacts holding fxforg
 # Constant tensors (of the graph, or made by its passes) an entry holds at most, in bytes.
 MAX_TENSOR_BYTES = 16 << 20
 # Config fields that decide nothing in the generated code.
-_CONFIG_IGNORED = ("progress",)
+_CONFIG_IGNORED = ("progress", "tiered_builds")
 
 
 class Uncacheable(Exception):
@@ -125,7 +125,8 @@ def _environment(registry: Registry) -> list[str]:
 
     backends = [(b.name, b.priority, b.devices) for b in map(registry.get, registry.names())]
     env = sorted((k, v) for k, v in os.environ.items()
-                 if k.startswith("FXFORGE_") and k not in (ENV, "FXFORGE_CACHE_DIR", "FXFORGE_PROGRESS", "FXFORGE_TEST_CACHE"))
+                 if k.startswith("FXFORGE_") and k not in (ENV, "FXFORGE_CACHE_DIR", "FXFORGE_PROGRESS", "FXFORGE_TEST_CACHE",
+                                                    "FXFORGE_TIERED_BUILDS"))
     return [_sources_digest(), torch.__version__, sys.version, arch(), cpu_field("flags"), os.environ.get("CC", ""),
             repr(backends), repr(env), repr(OUT_VARIANTS.registered())]
 

@@ -72,6 +72,9 @@ class CompileStats:
     regions: list = field(default_factory=list)  # the compiled regions it calls (``region_stats``)
     # "stored", "hit" (loaded, not compiled: compile_seconds is the load's), or why it is not cached
     graph_cache: str = ""
+    # C kernels the first calls run as built at -Og, their full builds left to the background
+    # (``Config.tiered_builds``, ``Compiled.wait_for_kernels``)
+    tiered_kernels: int = 0
     # the collectives of the schedule under the cost models (passes/overlap.py, ``comm_figures``)
     comm: dict = field(default_factory=dict)
 
@@ -135,6 +138,7 @@ class CompileStats:
             region=region,
             regions=[region_stats(r) for r in regions if r.compiled is not None],
             comm=comm or {},
+            tiered_kernels=emitted.tiered_kernels,
         )
 
 

@@ -155,6 +155,13 @@ class Config:
     passes: Any = ()
     # Verify the graph between passes (lint, metadata, re-propagated fake values) and the plan.
     debug: bool = field(default_factory=lambda: _env_flag("FXFORGE_DEBUG"))
+    # C kernels not in the kernel cache are built at -Og first (a third of the compiler's time), and
+    # the wrapper runs with them while they are built in full in the background; each kernel is
+    # swapped in once built (``Compiled.wait_for_kernels``).  The first calls run slower, and
+    # where a reduction sums in vector lanes their results may differ from the later calls' in the
+    # last bits.  Never in a multi-rank job.  FXFORGE_TIERED_BUILDS=0 turns it off.
+    tiered_builds: bool = field(default_factory=lambda: os.environ.get("FXFORGE_TIERED_BUILDS", "").strip().lower()
+                                not in ("0", "false", "no", "off"))
     # Called with every kernel a compile builds (``codegen.api.Kernel``; its ``detail``: what the
     # backend emitted, in its own terms), as it is built: for tools that need every kernel (a kernel
     # dump, a test's record).  None: nothing is called.
@@ -193,7 +200,7 @@ class Config:
         if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a & (a - 1):
             raise ValueError(f"Config.alignment={a!r}: expected a power of two (an int such as 16 or 64)")
         for knob in ("autotune", "inplace", "arena_windows", "zero_copy", "poison_arena", "debug", "progress",
-                     "comm_overlap"):
+                     "comm_overlap", "tiered_builds"):
             v = getattr(self, knob)
             if not isinstance(v, bool):
                 raise ValueError(f"Config.{knob}={v!r}: expected True or False (a bool, not {type(v).__name__})")

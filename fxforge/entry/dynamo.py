@@ -8,6 +8,7 @@ whose ``compiled`` list keeps the ``Compiled`` object of every graph it compiled
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Sequence
 
 import torch
@@ -35,6 +36,11 @@ class Backend:
         # Graphs whose compile failed and that run as AOTAutograd's eager graph: (kind, reason).
         self.failures: list[tuple[str, str]] = []
         self.__name__ = "fxforge"
+
+    def wait_for_kernels(self, timeout: float | None = None) -> bool:
+        """``Compiled.wait_for_kernels`` of every graph compiled so far, within ``timeout`` seconds in all."""
+        end = None if timeout is None else time.monotonic() + timeout
+        return all(c.wait_for_kernels(None if end is None else max(0.0, end - time.monotonic())) for c in self.compiled)
 
     def _compiler(self, kind: str, custom_ops: list[dict], dispatches: dict):
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]):

@@ -96,13 +96,21 @@ def fusion_facts(node: fx.Node):
     return None if template_of(node) is not None else node_facts(node, "c", frame_refusal)
 
 
+def tiered(config: Config) -> bool:
+    """Whether a wrapper's C units are built at -Og first (``build.py``, ``Config.tiered_builds``):
+    not in a process of a multi-rank job, where every rank must compute its replicated values
+    with the same kernels from the first call."""
+    dist = torch.distributed
+    return config.tiered_builds and not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     computed = [n for n in group.nodes if node_kind(n) == "compute"]
     template = template_of(computed[0]) if len(computed) == 1 else None
     threads = ctx.config.threads or torch.get_num_threads()
     unit = ctx.units.get("c")
     if unit is None:
-        unit = ctx.units["c"] = CUnit(debug=ctx.config.debug, background=True)
+        unit = ctx.units["c"] = CUnit(debug=ctx.config.debug, background=True, tiered=tiered(ctx.config))
     if unit.emitted is None:
         unit.emitted = Emitted(ctx.config.debug)
     if template is not None:

@@ -32,6 +32,14 @@ OpenMP threads too (``openmp``); nothing else reorders floating-point arithmetic
 integer arithmetic wraps as eager's does (``abs`` of the most negative int64 is itself; without
 it the compiler may assume it is not negative).  Kernels too short for -O2 to pay
 (``schedule.QUICK_BUILD_MAX_WORK``) are built at ``-O1`` (the rest the same), in units of their own.
+
+Tiered builds (``CUnit.tiered``, ``Config.tiered_builds``): a unit whose shared object is not
+cached is first built at ``-Og`` (the other flags the same), a third of the compiler's time at
+``-O1`` and about half the kernels' speed; the wrapper runs with those kernels while the unit is
+built again with the flags above in the background (``CUnit.upgrade``), and each kernel is bound
+anew once its unit is (``Wrapper.load``).  The two builds compute the same values, rounded the same
+except where a reduction is summed in vector lanes or a vector math function is called (-Og
+vectorizes neither): within a few ulp, as eager's reductions differ between thread counts.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -65,15 +74,16 @@ SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-f
 UNIT_BYTES = 64 * 1024
 
 
-def flags(parallel: bool = False, quick: bool = False, march: str | None = None) -> tuple[str, ...]:
+def flags(parallel: bool = False, quick: bool = False, march: str | None = None, first: bool = False) -> tuple[str, ...]:
     """The compiler flags of every build (``FLAGS``; with ``SANITIZE_FLAGS`` under
     ``FXFORGE_C_SANITIZE=1``); ``parallel``: ``-fopenmp`` for ``-fopenmp-simd`` (``openmp``);
     ``quick``: ``-O1`` for ``-O2`` (the vectorizer kept: kernels whose run time is too short for
     more to pay, ``schedule.QUICK_BUILD_MAX_WORK``); ``march``: the CPU to build for instead of
-    this one (``x86-64-v3``: a package's builds, ``fxforge.package``)."""
+    this one (``x86-64-v3``: a package's builds, ``fxforge.package``); ``first``: ``-Og``, a
+    tiered unit's first build (module docstring)."""
     sanitize = os.environ.get("FXFORGE_C_SANITIZE", "").strip().lower() in ("1", "true", "yes", "on")
     out = FLAGS + SANITIZE_FLAGS if sanitize else FLAGS
-    swap = {"-fopenmp-simd": "-fopenmp" if parallel else None, "-O2": "-O1" if quick else None,
+    swap = {"-fopenmp-simd": "-fopenmp" if parallel else None, "-O2": "-Og" if first else "-O1" if quick else None,
             "-march=native": f"-march={march}" if march else None}
     return tuple(swap.get(f) or f for f in out)
 
@@ -199,7 +209,8 @@ def _openmp(cc: str, flags: tuple[str, ...]) -> bool:
 
 
 def _compile(cc: str, src: str, out: str, include: str | None = None, libs: tuple[str, ...] = (),
-             parallel: bool = False, quick: bool = False, march: str | None = None) -> subprocess.CompletedProcess:
+             parallel: bool = False, quick: bool = False, march: str | None = None,
+             first: bool = False) -> subprocess.CompletedProcess:
     # an extension module leaves the interpreter's symbols to be found when it is loaded: the
     # default on Linux, asked for on macOS
     inc = [f"-I{include}"] + (["-undefined", "dynamic_lookup"] if platform.system() == "Darwin" else []) \
@@ -207,7 +218,7 @@ def _compile(cc: str, src: str, out: str, include: str | None = None, libs: tupl
     # the compiler is not to run under a sanitizer runtime this process preloads (make test-sanitize)
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
     return subprocess.run(
-        [cc, *flags(parallel, quick, march), *inc, src, "-o", out, *libs, "-lm"],
+        [cc, *flags(parallel, quick, march, first), *inc, src, "-o", out, *libs, "-lm"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -225,20 +236,25 @@ def ends_unit(k: CEmitted) -> bool:
 class CUnit:
     """The C kernels of one wrapper (``add``), split into translation units as they come and
     compiled in the background once a unit ends (module docstring); ``built`` waits for them.
-    Quick kernels (``CEmitted.quick``: built at -O1) and the others go to units of their own."""
+    Quick kernels (``CEmitted.quick``: built at -O1) and the others go to units of their own.
+    ``tiered``: a unit not cached is built at -Og first, and again in full by ``upgrade``."""
 
     kernels: list[CEmitted] = field(default_factory=list)
     debug: bool = False  # each kernel checks its tensors' layouts before it runs (``launcher.layout_check``)
     background: bool = False  # compile each unit as soon as it ends (``add``)
     emitted: Any = None  # the emitter's kernels by group structure (``reuse.Emitted``), while it adds them
+    tiered: bool = False
 
     def __post_init__(self):
         self._seen: set[str] = set()
         self._split = 0  # kernels placed in units
         self._closed: list[tuple[bool, list[CEmitted]]] = []  # (quick, kernels)
         self._open: dict[bool, list[CEmitted]] = {False: [], True: []}
-        self._builds: list[Future] = []  # of the closed units, in order
+        self._builds: list[Future] = []  # of the closed units, in order: (path, built first at -Og)
         self._pool: ThreadPoolExecutor | None = None
+        self._first: list[tuple[str, list[str], bool]] = []  # the units built at -Og (``built``), for ``upgrade``
+        self.upgraded: Future | None = None  # the full builds' bindings (``launcher.link``)
+        self.first_built = 0  # the kernels (distinct C functions) ``built`` made at -Og
 
     def add(self, k: CEmitted) -> None:
         self.kernels.append(k)
@@ -248,8 +264,7 @@ class CUnit:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(jobs(), thread_name_prefix="fxforge-cc")
                 quick, kernels = self._closed[len(self._builds)]
-                self._builds.append(self._pool.submit(shared_object, self._source(kernels), libs=self.libs(),
-                                                      parallel=openmp(), quick=quick))
+                self._builds.append(self._pool.submit(self._build, self._source(kernels), quick))
 
     def _place(self) -> None:
         for k in self.kernels[self._split:]:
@@ -265,6 +280,12 @@ class CUnit:
     def _source(kernels: list[CEmitted]) -> str:
         return PRELUDE + vector_math_declarations(vector_math()) + "\n" + "\n".join(k.c_source for k in kernels)
 
+    def _build(self, source: str, quick: bool) -> tuple[str, bool]:
+        """A unit's shared object for now, and whether it is a first (-Og) build: the full build
+        where it is cached or the unit is not tiered."""
+        first = self.tiered and cached_object(source, self.libs(), openmp(), quick) is None
+        return shared_object(source, libs=self.libs(), parallel=openmp(), quick=quick, first=first), first
+
     def units(self) -> list[tuple[str, list[str], bool]]:
         """The translation units (module docstring): each one's source, the symbols it defines
         and whether it is built quick (``flags``).  Each unit declares the vector math functions
@@ -274,23 +295,71 @@ class CUnit:
         return [(self._source(ks), [k.symbol for k in ks], quick) for quick, ks in units]
 
     def built(self) -> list[tuple[str, list[str]]]:
-        """Each unit's shared object (compiled unless cached) and the symbols it defines: the
-        units compiling in the background waited for, the rest compiled side by side."""
+        """Each unit's shared object (compiled unless cached; at -Og first where ``tiered``) and
+        the symbols it defines: the units compiling in the background waited for, the rest
+        compiled side by side."""
         self.emitted = None  # (every kernel is emitted by now)
         units = self.units()
         try:
-            paths = [f.result() for f in self._builds]
+            done = [f.result() for f in self._builds]
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
-        paths += shared_objects([(source, quick) for source, _, quick in units[len(paths):]], self.libs(), openmp())
-        return [(path, symbols) for path, (_, symbols, _) in zip(paths, units)]
+        rest = units[len(done):]
+        if len(rest) <= 1 or jobs() == 1:
+            done += [self._build(source, quick) for source, _, quick in rest]
+        else:
+            with ThreadPoolExecutor(min(jobs(), len(rest))) as pool:
+                done += list(pool.map(lambda u: self._build(u[0], u[2]), rest))
+        self._first = [u for u, (_, first) in zip(units, done) if first]
+        self.first_built = sum(len(symbols) for _, symbols, _ in self._first)
+        return [(path, symbols) for (path, _), (_, symbols, _) in zip(done, units)]
+
+    def upgrade(self) -> Future | None:
+        """The full builds of the units ``built`` made at -Og, run in the background (daemon
+        threads, one per core: a process may exit before they end); the future's result: each
+        one's shared object and symbols.  None where every unit was built in full."""
+        todo, self._first = self._first, []
+        if not todo:
+            return None
+        return in_background(lambda u: (shared_object(u[0], libs=self.libs(), parallel=openmp(), quick=u[2]), u[1]),
+                             todo, jobs())
 
     @staticmethod
     def libs() -> tuple[str, ...]:
         """Linker arguments of every unit."""
         return VECTOR_MATH_LIBS if vector_math() else ()
+
+
+def in_background(fn, items: list, workers: int) -> Future:
+    """``[fn(x) for x in items]`` computed by ``workers`` daemon threads; the future is set when
+    all are done (with the first exception raised, if any)."""
+    out: Future = Future()
+    results: list = [None] * len(items)
+    order = iter(range(len(items)))  # shared: each index is taken by one thread (next() holds the GIL)
+    errors: list[BaseException] = []
+    left = [workers]
+    lock = threading.Lock()
+
+    def work() -> None:
+        try:
+            for i in order:
+                results[i] = fn(items[i])
+        except BaseException as e:  # noqa: BLE001 (handed to the future's reader)
+            errors.append(e)
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        if errors:
+            out.set_exception(errors[0])
+        else:
+            out.set_result(results)
+
+    for _ in range(workers):
+        threading.Thread(target=work, daemon=True, name="fxforge-cc-upgrade").start()
+    return out
 
 
 def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), parallel: bool = False,
@@ -306,18 +375,33 @@ def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), 
         return list(pool.map(one, sources))
 
 
+def _object_path(source: str, cc: str, libs: tuple[str, ...], flag_set: tuple[str, ...]) -> str:
+    key = hashlib.sha256("\0".join([_identity(cc, flag_set), *libs, source]).encode()).hexdigest()[:40]
+    return os.path.join(cache_dir("c"), f"k{key}.so")
+
+
+def cached_object(source: str, libs: tuple[str, ...] = (), parallel: bool = False, quick: bool = False) -> str | None:
+    """The cached shared object ``shared_object`` would return for these arguments without
+    compiling, or None."""
+    cc = compiler()
+    if cc is None:
+        return None
+    path = _object_path(source, cc, libs, flags(parallel, quick))
+    return path if os.path.isfile(path) and not os.path.islink(path) else None
+
+
 def shared_object(source: str, include: str | None = None, cc: str | None = None, libs: tuple[str, ...] = (),
-                  parallel: bool = False, quick: bool = False, march: str | None = None) -> str:
+                  parallel: bool = False, quick: bool = False, march: str | None = None, first: bool = False) -> str:
     """The path of the shared object built from ``source`` (compiled unless cached) by ``cc``
     (default: ``compiler()``), with ``include`` (``Python.h``'s directory) on the include path,
     linked with ``libs`` (linker arguments); ``parallel``: with ``-fopenmp`` (``openmp``);
-    ``quick``: at ``-O1``; ``march``: for that CPU instead of this one (``flags``)."""
+    ``quick``: at ``-O1``; ``march``: for that CPU instead of this one; ``first``: at ``-Og``
+    (``flags``)."""
     cc = cc or compiler()
     if cc is None:
         raise CompileError("no C compiler: install gcc or clang, or set CC")
-    key = hashlib.sha256("\0".join([_identity(cc, flags(parallel, quick, march)), *libs, source]).encode()).hexdigest()[:40]
-    directory = cache_dir("c")
-    path = os.path.join(directory, f"k{key}.so")
+    path = _object_path(source, cc, libs, flags(parallel, quick, march, first))
+    directory = os.path.dirname(path)
     if os.path.isfile(path) and not os.path.islink(path):
         return path
     fd, src = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".c")
@@ -325,13 +409,13 @@ def shared_object(source: str, include: str | None = None, cc: str | None = None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        run = _compile(cc, src, out, include, libs, parallel, quick, march)
+        run = _compile(cc, src, out, include, libs, parallel, quick, march, first)
         if run.returncode != 0:
-            kept = os.path.join(directory, f"failed-k{key}.c")
+            kept = os.path.join(directory, "failed-" + os.path.basename(path)[:-3] + ".c")
             shutil.copyfile(src, kept)
             raise CompileError(f"{cc} failed ({run.returncode}) on {kept}:\n{run.stderr[-4000:]}")
         os.replace(out, path)
-        atomic_write(os.path.join(directory, f"k{key}.c"), source)  # for people reading the kernels
+        atomic_write(path[:-3] + ".c", source)  # for people reading the kernels
     finally:
         for p in (src, out):
             try:
@@ -357,8 +441,8 @@ def save_unit(unit: CUnit) -> dict:
 
 
 def load_unit(data: dict) -> CUnit:
-    """A unit saved by ``save_unit``: its shared objects are found in the cache (or built again)
-    when ``launcher.link`` binds it."""
+    """A unit saved by ``save_unit``: its shared objects are found in the cache (or built again,
+    in full: a loaded unit is not tiered) when ``launcher.link`` binds it."""
     kernels = []
     for d in data["kernels"]:
         d = dict(d)

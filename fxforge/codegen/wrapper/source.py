@@ -5,11 +5,14 @@ each kernel's call inside its profiler range (``KERNEL_RANGE``)."""
 from __future__ import annotations
 
 import linecache
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import Kernel
 from .steps import Assign, Choose, Guard, Launch, Note, Release, Return, Run, Step, WrapperPlan
+
+log = logging.getLogger(__name__)
 
 # The profiler range each kernel call of ``call_profiled`` runs in (a global of the module).
 KERNEL_RANGE = "_kernel_range"
@@ -31,12 +34,26 @@ class Wrapper:
     # What each backend's ``link`` was given (``KernelContext.units``), by backend name: the C
     # kernels' translation units (a package builds them again for other CPUs).
     units: dict = field(default_factory=dict)
+    # Kernels bound again once built in full (a unit's ``upgraded``: a future of ``<kernel>_c``
+    # bindings; ``build.CUnit.tiered``), and how many kernels wait for theirs.
+    upgrades: list = field(default_factory=list)
+    tiered_kernels: int = 0
+
+    def add_upgrade(self, unit: Any) -> None:
+        """The upgrade a linked unit left (``upgraded``, its count of kernels ``first_built``), if any."""
+        if getattr(unit, "upgraded", None) is not None:
+            self.upgrades.append(unit.upgraded)
+            self.tiered_kernels += unit.first_built
 
     def load(self, filename: str):
         """Compile the source; returns ``call(args)``, which runs the graph, and a function
-        returning ``call_profiled`` (compiled on its first use, into the same namespace)."""
+        returning ``call_profiled`` (compiled on its first use, into the same namespace).  Each
+        upgrade's kernels replace the first ones in that namespace when it is done (a call
+        running then finishes with either)."""
         ns = dict(self.globals)
         exec(_compiled(self.source, filename), ns)
+        for f in self.upgrades:
+            f.add_done_callback(lambda f: _rebind(ns, f, filename))
         profiled: list = []
 
         def load_profiled():
@@ -46,6 +63,24 @@ class Wrapper:
             return profiled[0]
 
         return ns["call"], load_profiled
+
+
+def _rebind(ns: dict, done: Any, filename: str) -> None:
+    """``ns``'s kernels ``<kernel>_c`` replaced by ``done``'s result, and each launch function
+    ``<kernel>`` that is the kernel itself (``abi.launch_source``); a failed build is logged and
+    the first kernels kept."""
+    try:
+        bindings = done.result()
+    except Exception as e:  # noqa: BLE001
+        log.warning("fxforge: %s: the full build of its C kernels failed (%s: %s); the -Og build is kept",
+                    filename, type(e).__name__, e)
+        return
+    for name, fn in bindings.items():
+        old = ns.get(name)
+        ns[name] = fn
+        launch = name.removesuffix("_c")
+        if old is not None and ns.get(launch) is old:
+            ns[launch] = fn
 
 
 def _compiled(source: str, filename: str):
