@@ -25,6 +25,11 @@ from typing import Any, Callable
 
 import torch
 
+# The benches' per-call figures are of the kernels built in full, and their first calls' times
+# are those of compiles that wait for them: tiered builds (Config.tiered_builds) off unless a
+# bench's command sets FXFORGE_TIERED_BUILDS.  bench/synthetic.py measures them.
+os.environ.setdefault("FXFORGE_TIERED_BUILDS", "0")
+
 
 def sync(device: str) -> None:
     if device == "cuda":
