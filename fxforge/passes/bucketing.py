@@ -59,12 +59,14 @@ class BucketCollectives:
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         f = _funcol()
-        mode = fake_mode_of(gm)
-        if not self.config.bucket_bytes or mode is None:
-            return PassResult(gm, False, {})
         make = {f.all_gather_into_tensor.default: (_gather_key, _gather),
                 f.reduce_scatter_tensor.default: (_scatter_key, _scatter),
                 f.all_reduce.default: (_reduce_key, _reduce)}
+        if not self.config.bucket_bytes or not any(n.op == "call_function" and n.target in make for n in gm.graph.nodes):
+            return PassResult(gm, False, {})
+        mode = fake_mode_of(gm)
+        if mode is None:
+            return PassResult(gm, False, {})
         # (positions read once: a wait's views and their readers are not moved by another wait's)
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         for n in list(gm.graph.nodes):

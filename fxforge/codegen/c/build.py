@@ -323,8 +323,9 @@ class CUnit:
         todo, self._first = self._first, []
         if not todo:
             return None
-        return in_background(lambda u: (shared_object(u[0], libs=self.libs(), parallel=openmp(), quick=u[2]), u[1]),
-                             todo, jobs())
+        directory = cache_dir("c")  # (the one the first builds went to, whatever the environment says later)
+        return in_background(lambda u: (shared_object(u[0], libs=self.libs(), parallel=openmp(), quick=u[2],
+                                                      directory=directory), u[1]), todo, jobs())
 
     @staticmethod
     def libs() -> tuple[str, ...]:
@@ -375,9 +376,10 @@ def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), 
         return list(pool.map(one, sources))
 
 
-def _object_path(source: str, cc: str, libs: tuple[str, ...], flag_set: tuple[str, ...]) -> str:
+def _object_path(source: str, cc: str, libs: tuple[str, ...], flag_set: tuple[str, ...],
+                 directory: str | None = None) -> str:
     key = hashlib.sha256("\0".join([_identity(cc, flag_set), *libs, source]).encode()).hexdigest()[:40]
-    return os.path.join(cache_dir("c"), f"k{key}.so")
+    return os.path.join(directory or cache_dir("c"), f"k{key}.so")
 
 
 def cached_object(source: str, libs: tuple[str, ...] = (), parallel: bool = False, quick: bool = False) -> str | None:
@@ -391,16 +393,17 @@ def cached_object(source: str, libs: tuple[str, ...] = (), parallel: bool = Fals
 
 
 def shared_object(source: str, include: str | None = None, cc: str | None = None, libs: tuple[str, ...] = (),
-                  parallel: bool = False, quick: bool = False, march: str | None = None, first: bool = False) -> str:
+                  parallel: bool = False, quick: bool = False, march: str | None = None, first: bool = False,
+                  directory: str | None = None) -> str:
     """The path of the shared object built from ``source`` (compiled unless cached) by ``cc``
     (default: ``compiler()``), with ``include`` (``Python.h``'s directory) on the include path,
     linked with ``libs`` (linker arguments); ``parallel``: with ``-fopenmp`` (``openmp``);
     ``quick``: at ``-O1``; ``march``: for that CPU instead of this one; ``first``: at ``-Og``
-    (``flags``)."""
+    (``flags``); ``directory``: the cache's (default: ``cache_dir("c")`` now)."""
     cc = cc or compiler()
     if cc is None:
         raise CompileError("no C compiler: install gcc or clang, or set CC")
-    path = _object_path(source, cc, libs, flags(parallel, quick, march, first))
+    path = _object_path(source, cc, libs, flags(parallel, quick, march, first), directory)
     directory = os.path.dirname(path)
     if os.path.isfile(path) and not os.path.islink(path):
         return path
