@@ -317,9 +317,10 @@ class CUnit:
         return [(path, symbols) for (path, _), (_, symbols, _) in zip(done, units)]
 
     def upgrade(self) -> Future | None:
-        """The full builds of the units ``built`` made at -Og, run in the background (daemon
-        threads, one per core: a process may exit before they end); the future's result: each
-        one's shared object and symbols.  None where every unit was built in full."""
+        """The full builds of the units ``built`` made at -Og, run in the background (threads,
+        one per core; the process waits for them before it exits, so that the next one finds
+        every unit cached in full); the future's result: each one's shared object and symbols.
+        None where every unit was built in full."""
         todo, self._first = self._first, []
         if not todo:
             return None
@@ -334,7 +335,7 @@ class CUnit:
 
 
 def in_background(fn, items: list, workers: int) -> Future:
-    """``[fn(x) for x in items]`` computed by ``workers`` daemon threads; the future is set when
+    """``[fn(x) for x in items]`` computed by ``workers`` threads; the future is set when
     all are done (with the first exception raised, if any)."""
     out: Future = Future()
     results: list = [None] * len(items)
@@ -359,7 +360,7 @@ def in_background(fn, items: list, workers: int) -> Future:
             out.set_result(results)
 
     for _ in range(workers):
-        threading.Thread(target=work, daemon=True, name="fxforge-cc-upgrade").start()
+        threading.Thread(target=work, name="fxforge-cc-upgrade").start()
     return out
 
 
