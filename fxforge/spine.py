@@ -287,8 +287,8 @@ def _run_passes(gm: fx.GraphModule, config: Config, kind: str, registry: Registr
     pass_list = list(passes if passes is not None else default_passes(config, registry, gm, kind))
     following = iter([f"pass {pass_name(p)}" for p in pass_list] + ["schedule"])
 
-    def observe(name: str, g: fx.GraphModule) -> None:  # (after each pass: the report's, the progress line's)
-        recorder(name, g)
+    def observe(name: str, g: fx.GraphModule, modified: bool) -> None:  # (after each pass: the report's, the progress line's)
+        recorder(name, g, modified)
         progress.stage(next(following, "schedule"))
 
     gm, records = PassManager(pass_list, debug=config.debug, observer=observe)(gm)
@@ -465,7 +465,6 @@ def _finish(e: _Emitted, announce: bool = True) -> Compiled:
     compiled.report_data = e.recorder.finish(w.kernels)
     compiled.artifact = w
     compiled.regions = regions
-    compiled.upgrades = w.upgrades
     if announce:
         title = f"{kind} region {e.region} graph {e.graph_id}" if e.region else f"{kind} graph {e.graph_id}"
         _announce(compiled, e.config, e.label, title, record)

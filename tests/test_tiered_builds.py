@@ -150,3 +150,27 @@ def test_tiered_builds_is_checked_and_read_from_the_environment(monkeypatch):
     assert fxforge.Config().tiered_builds is False
     monkeypatch.setenv("FXFORGE_TIERED_BUILDS", "1")
     assert fxforge.Config().tiered_builds is True
+
+
+_EXITS_AT_ONCE = r"""
+import sys, torch, fxforge
+sys.path.insert(0, HERE)
+from test_tiered_builds import _inputs, _step
+b = fxforge.backend(fxforge.Config(codegen="c", tiered_builds=True))
+torch.compile(_step, backend=b, fullgraph=True)(*_inputs(0))
+assert b.compiled[0].stats["tiered_kernels"] > 0
+"""
+
+
+def test_a_process_exiting_at_once_leaves_its_kernels_built_in_full(monkeypatch, tmp_path):
+    """The process waits for its full builds as it exits: the next one finds them cached."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path))
+    env = dict(os.environ, FXFORGE_TIERED_BUILDS="1")
+    source = _EXITS_AT_ONCE.replace("HERE", repr(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([sys.executable, "-c", source], env=env, check=True, timeout=300)
+    b, _ = _compile(_step, _inputs(0), tiered_builds=True)
+    assert b.compiled[0].stats["tiered_kernels"] == 0 and b.compiled[0].upgrades == []

@@ -45,9 +45,6 @@ class Compiled:
 
     # The compiled regions (``plan.Region``: ``invoke_subgraph`` bodies compiled once) this graph calls.
     regions: list = []
-    # The C kernels built at -Og first (``Config.tiered_builds``): futures of their full builds,
-    # swapped into the wrapper as each is done.
-    upgrades: list = []
     # Its key in the compiled-graph cache (``graph_cache.py``), where it was stored or loaded from.
     cache_key: str | None = None
     # A graph loaded from that cache was not compiled here: what only a compile makes (the graph
@@ -97,6 +94,12 @@ class Compiled:
         self.failures: list[str] = []  # why calls of the generated code failed (each ran eagerly)
         self.failed: str | None = None  # why the graph switched to eager for good, if it did
         self._proven = False  # a call has succeeded
+
+    @property
+    def upgrades(self) -> list:
+        """The futures of the full builds of the C kernels this graph's first calls run as built
+        at -Og (``Config.tiered_builds``; ``Wrapper.upgrades``), each swapped in when done."""
+        return self._artifact.upgrades if self._artifact is not None else []
 
     def wait_for_kernels(self, timeout: float | None = None) -> bool:
         """Wait until every kernel of this graph and of the regions it calls runs as built in

@@ -124,9 +124,8 @@ def _environment(registry: Registry) -> list[str]:
     from ..lowering.out_variant import OUT_VARIANTS
 
     backends = [(b.name, b.priority, b.devices) for b in map(registry.get, registry.names())]
-    env = sorted((k, v) for k, v in os.environ.items()
-                 if k.startswith("FXFORGE_") and k not in (ENV, "FXFORGE_CACHE_DIR", "FXFORGE_PROGRESS", "FXFORGE_TEST_CACHE",
-                                                    "FXFORGE_TIERED_BUILDS"))
+    unkeyed = (ENV, "FXFORGE_CACHE_DIR", "FXFORGE_PROGRESS", "FXFORGE_TEST_CACHE", "FXFORGE_TIERED_BUILDS")
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("FXFORGE_") and k not in unkeyed)
     return [_sources_digest(), torch.__version__, sys.version, arch(), cpu_field("flags"), os.environ.get("CC", ""),
             repr(backends), repr(env), repr(OUT_VARIANTS.registered())]
 

@@ -98,11 +98,12 @@ def normalize_result(p: Callable, gm: fx.GraphModule, r: Any) -> PassResult:
 
 class PassManager:
     def __init__(self, passes: Sequence[Callable], *, debug: bool = False,
-                 observer: Callable[[str, fx.GraphModule], None] | None = None):
+                 observer: Callable[[str, fx.GraphModule, bool], None] | None = None):
         self.passes = list(passes)
         self.debug = debug
-        # called as observer("<input>", gm) before the first pass and observer(name, gm) after
-        # each (the report's recorder: fxforge/report/record.py)
+        # called as observer("<input>", gm, True) before the first pass and observer(name, gm,
+        # modified) after each, ``modified`` as the pass reported it (the report's recorder:
+        # fxforge/report/record.py)
         self.observer = observer
 
     def __call__(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
@@ -120,7 +121,7 @@ class PassManager:
         if self.debug:
             _verify_or_raise("<input>", gm)
         if self.observer is not None:
-            self.observer("<input>", gm)
+            self.observer("<input>", gm, True)
         deferred = _DeferredRecompile(gm)
         try:
             for p in self.passes:
@@ -146,7 +147,7 @@ class PassManager:
                 if self.debug:
                     _verify_or_raise(name, gm)
                 if self.observer is not None:
-                    self.observer(name, gm)
+                    self.observer(name, gm, r.modified)
         finally:
             deferred.close()
         PROBES.clear(gm)

@@ -8,8 +8,9 @@ formatting anything during the compile:
   ``rebuild`` makes a throw-away ``fx.Graph`` of them when the report is written (the eager-order
   live-bytes curve is computed on it with the same helpers as ``eager_live_peak_bytes``);
 * the graph's nodes before the first pass and after every pass (one tuple per node, the same
-  list object where a pass changed no node): its code is generated from them when the report
-  is written (``ReportData.codes``), not while the graph compiles;
+  list object where a pass changed no node: it reported none modified, or the nodes compare
+  equal): its code is generated from them when the report is written (``ReportData.codes``), not
+  while the graph compiles;
 * per snapshot a count of kernel groups, of nodes per backend and of fallback nodes, since
   backend assignment and fusion change metadata, not code.
 
@@ -78,19 +79,22 @@ def _summary(gm: fx.GraphModule) -> MetaSummary:
 
 
 class PassRecorder:
-    """``PassManager(..., observer=PassRecorder())``: called with ``("<input>", gm)`` before the
-    first pass and ``(pass_name, gm)`` after each."""
+    """``PassManager(..., observer=PassRecorder())``: called with ``("<input>", gm, True)`` before
+    the first pass and ``(pass_name, gm, modified)`` after each."""
 
     def __init__(self) -> None:
         self.data = ReportData()
 
-    def __call__(self, name: str, gm: fx.GraphModule) -> None:
+    def __call__(self, name: str, gm: fx.GraphModule, modified: bool = True) -> None:
         d = self.data
         if not d.snapshots:
             d.sketch = [(n, n.op, n.target, n.args, n.kwargs, n.meta.get(VAL)) for n in gm.graph.nodes]
-        snap = [(n, n.op, n.target, n.args, n.kwargs) for n in gm.graph.nodes]
-        if d.snapshots and _same(d.snapshots[-1], snap):
-            snap = d.snapshots[-1]  # (no node changed: the same list, its code made once)
+        if d.snapshots and not modified:
+            snap = d.snapshots[-1]
+        else:
+            snap = [(n, n.op, n.target, n.args, n.kwargs) for n in gm.graph.nodes]
+            if d.snapshots and _same(d.snapshots[-1], snap):
+                snap = d.snapshots[-1]  # (no node changed: the same list, its code made once)
         d.snapshots.append(snap)
         d.meta.append(_summary(gm))
 

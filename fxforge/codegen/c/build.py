@@ -306,12 +306,7 @@ class CUnit:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
-        rest = units[len(done):]
-        if len(rest) <= 1 or jobs() == 1:
-            done += [self._build(source, quick) for source, _, quick in rest]
-        else:
-            with ThreadPoolExecutor(min(jobs(), len(rest))) as pool:
-                done += list(pool.map(lambda u: self._build(u[0], u[2]), rest))
+        done += side_by_side(lambda u: self._build(u[0], u[2]), units[len(done):])
         self._first = [u for u, (_, first) in zip(units, done) if first]
         self.first_built = sum(len(symbols) for _, symbols, _ in self._first)
         return [(path, symbols) for (path, _), (_, symbols, _) in zip(done, units)]
@@ -341,7 +336,7 @@ def in_background(fn, items: list, workers: int) -> Future:
     results: list = [None] * len(items)
     order = iter(range(len(items)))  # shared: each index is taken by one thread (next() holds the GIL)
     errors: list[BaseException] = []
-    left = [workers]
+    left = [min(workers, len(items))]
     lock = threading.Lock()
 
     def work() -> None:
@@ -359,7 +354,7 @@ def in_background(fn, items: list, workers: int) -> Future:
         else:
             out.set_result(results)
 
-    for _ in range(workers):
+    for _ in range(min(workers, len(items))):
         threading.Thread(target=work, name="fxforge-cc-upgrade").start()
     return out
 
@@ -368,13 +363,16 @@ def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), 
                    march: str | None = None) -> list[str]:
     """``shared_object`` of each (source, quick), linked with ``libs``, for ``march`` (default:
     this CPU), the compiler runs side by side (``jobs``)."""
-    def one(unit: tuple[str, bool]) -> str:
-        return shared_object(unit[0], libs=libs, parallel=parallel, quick=unit[1], march=march)
+    return side_by_side(lambda unit: shared_object(unit[0], libs=libs, parallel=parallel, quick=unit[1], march=march),
+                        sources)
 
-    if len(sources) <= 1 or jobs() == 1:
-        return [one(u) for u in sources]
-    with ThreadPoolExecutor(min(jobs(), len(sources))) as pool:
-        return list(pool.map(one, sources))
+
+def side_by_side(fn, items: list) -> list:
+    """``[fn(x) for x in items]``, up to ``jobs()`` at once (each runs a compiler process)."""
+    if len(items) <= 1 or jobs() == 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(jobs(), len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
 def _object_path(source: str, cc: str, libs: tuple[str, ...], flag_set: tuple[str, ...],

@@ -52,8 +52,8 @@ class Wrapper:
         running then finishes with either)."""
         ns = dict(self.globals)
         exec(_compiled(self.source, filename), ns)
-        for f in self.upgrades:
-            f.add_done_callback(lambda f: _rebind(ns, f, filename))
+        for upgrade in self.upgrades:
+            upgrade.add_done_callback(lambda done: _rebind(ns, done, filename))
         profiled: list = []
 
         def load_profiled():
