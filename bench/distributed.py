@@ -351,11 +351,16 @@ def _crash(text: str) -> str:
 
 
 def _print(row: dict) -> None:
-    base = row["contenders"]["fxforge-off"]["step_s"]
+    off = row["contenders"].get("fxforge-off")  # (absent: not among the contenders run)
     print(f"{row['model']} {row['parallel']} x{row['world']} ({row['link']}): " + ", ".join(
-        f"{n} {c['step_s'] * 1e3:.0f} ms ({c['step_s'] / base:.2f}x, wait {c['wait_s'] * 1e3:.0f} ms, "
+        f"{n} {c['step_s'] * 1e3:.0f} ms ({_ratio(c, off) + 'x, ' if off else ''}wait {c['wait_s'] * 1e3:.0f} ms, "
         f"{c['collectives']} coll, sim {c.get('simulated_wait_s', 0) * 1e3:.0f} ms)"
         for n, c in row["contenders"].items()), flush=True)
+
+
+def _ratio(c: dict, base: dict | None) -> str:
+    """``c``'s step time over ``base``'s, or "" where that contender was not run."""
+    return f"{c['step_s'] / base['step_s']:.2f}" if base else ""
 
 
 def _rank_peak(c: dict) -> int:
@@ -374,12 +379,12 @@ def _bucket_md(data: dict) -> list[str]:
     """Per case run with ``--bucket-bytes``: each bucket size's collectives, step and wait."""
     rows = []
     for r in data["cases"]:
-        off = r["contenders"]["fxforge-off"]
+        off = r["contenders"].get("fxforge-off")
         sizes = sorted((int(k.split("@")[1]), c) for k, c in r["contenders"].items() if k.startswith("fxforge@"))
         for n, c in sizes:
             rows.append(f"| {r['model']} | {r['parallel']} | {r['world']} | {n / 2**20:g} | {c['collectives']} | "
                         f"{2 * r.get('tensors', 0) / c['collectives']:.1f}x | {c['step_s'] * 1e3:.0f} | "
-                        f"{c['step_s'] / off['step_s']:.2f} | {c['wait_s'] * 1e3:.0f} | {c['peak_bytes'] / 2**20:.1f} | "
+                        f"{_ratio(c, off)} | {c['wait_s'] * 1e3:.0f} | {c['peak_bytes'] / 2**20:.1f} | "
                         f"{'yes' if c.get('same_as_off') else '**no**'} |")
     if not rows:
         return []
@@ -410,7 +415,7 @@ def write_md(path: str) -> None:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["cases"]:
         cs = r["contenders"]
-        off, bucketed, ind, eager = cs["fxforge-off"], cs.get("fxforge-bucketed"), cs.get("inductor"), cs.get("eager")
+        off, bucketed, ind, eager = cs.get("fxforge-off"), cs.get("fxforge-bucketed"), cs.get("inductor"), cs.get("eager")
         for name, c in cs.items():
             exposed = f"{c['wait_s'] / bucketed['wait_s']:.0%}" if name == "fxforge" and bucketed and bucketed["wait_s"] \
                 else ""
@@ -420,7 +425,7 @@ def write_md(path: str) -> None:
             vs_eager = f"{c['step_s'] / eager['step_s']:.2f}" if eager else ""
             same = "" if name in ("inductor", "eager") else {True: "yes", False: "**no**", None: ""}[c.get("same_as_off")]
             lines.append(f"| {r['model']} | {r['parallel']} | {r['world']} | {r.get('batch', '')} | {name} | "
-                         f"{c['step_s'] * 1e3:.0f} | {c['step_s'] / off['step_s']:.2f} | {vs_ind} | {vs_eager} | "
+                         f"{c['step_s'] * 1e3:.0f} | {_ratio(c, off)} | {vs_ind} | {vs_eager} | "
                          f"{c['collectives']} | "
                          f"{_rank_peak(c) / 2**20:.1f} | {c['wait_s'] * 1e3:.0f} | {exposed} | {sim} | "
                          f"{c['loss_error']:.1e} | {same} |")
@@ -430,13 +435,13 @@ def write_md(path: str) -> None:
               "simulated / measured wait (within 20%) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in data["cases"]:
         cs = r["contenders"]
-        on, off, b, ind = cs["fxforge"], cs["fxforge-off"], cs.get("fxforge-bucketed"), cs.get("inductor")
+        on, off, b, ind = cs.get("fxforge"), cs.get("fxforge-off"), cs.get("fxforge-bucketed"), cs.get("inductor")
         per_param = 2 * r.get("tensors", 0)
         lines.append(f"| {r['model']} | {r['parallel']} | {r['world']} | "
                      f"{on['wait_s'] / b['wait_s']:.0%} | {on['step_s'] / off['step_s']:.2f} | "
                      f"{_vs(on, ind, r)} | {per_param} / {on['collectives']} = "
                      f"{per_param / on['collectives']:.1f}x | {_rank_peak(on) / _rank_peak(b):.2f} | "
-                     f"{on.get('simulated_wait_s', 0) / on['wait_s']:.2f} |" if b and on["wait_s"] else
+                     f"{on.get('simulated_wait_s', 0) / on['wait_s']:.2f} |" if on and off and b and on["wait_s"] else
                      f"| {r['model']} | {r['parallel']} | {r['world']} | (incomplete) |")
     lines += _bucket_md(data)
     sim_path = path[:-5] + "-simulated.json"
