@@ -12,6 +12,23 @@ from sympy.printing.precedence import PRECEDENCE
 from torch.utils._sympy.printers import PythonPrinter
 
 
+def spliceable(printer, e: Any) -> str:
+    """``printer``'s source of ``e`` safe to splice into a larger expression (``_delimited``):
+    integers at once, other expressions printed once per printer while the symbols it names stay
+    as many (``printer.names`` only grows, and a symbol printed by name keeps it)."""
+    if type(e) is int:
+        return str(e) if e >= 0 else f"({e})"
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        v = int(e)
+        return str(v) if v >= 0 else f"({v})"
+    key = (e, len(printer.names))
+    text = printer.printed.get(key)
+    if text is None:
+        text = printer.printed[key] = _delimited(e, printer.doprint(e))
+    return text
+
+
 def _delimited(e: sympy.Basic, text: str) -> str:
     """``text`` (what a printer made of ``e``) safe to splice into a larger expression."""
     if e.is_Symbol or (e.is_Integer and int(e) >= 0) or _enclosed(text):
@@ -63,11 +80,11 @@ class PyExprPrinter(ReadableArith, PythonPrinter):
     def __init__(self, names: dict[sympy.Symbol, str] | None = None):
         super().__init__()
         self.names = names if names is not None else {}
+        self.printed: dict = {}  # (``spliceable``)
 
     def __call__(self, e: Any) -> str:
         """``e`` as source, parenthesized unless it is a name or a number (safe to splice)."""
-        e = sympy.sympify(e)
-        return _delimited(e, self.doprint(e))
+        return spliceable(self, e)
 
     def _print_Symbol(self, expr) -> str:
         if expr not in self.names:

@@ -22,7 +22,7 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv
 from torch.utils._sympy.printers import ExprPrinter
 
-from ..pyexpr import ReadableArith, _delimited
+from ..pyexpr import ReadableArith, spliceable
 from .stmts import Nest, Stmt
 from .values import COMPOSITES, Call, Const, Elem, Index, Op, Unsupported, Value, Var, expand
 
@@ -38,11 +38,12 @@ class IndexPrinter(ReadableArith, ExprPrinter):
     def __init__(self, names: dict[sympy.Symbol, str] | None = None):
         super().__init__()
         self.names = names if names is not None else {}
+        self.printed: dict = {}  # (``spliceable``)
 
     def __call__(self, e: Any) -> str:
         """``e`` as source, parenthesized unless it is a name or a number: kernel code splices
         it into larger expressions."""
-        return _delimited(sympy.sympify(e), self.doprint(sympy.sympify(e)))
+        return spliceable(self, e)
 
     def _print_Symbol(self, expr) -> str:
         return self.names.get(expr, expr.name)
