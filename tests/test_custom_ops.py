@@ -63,6 +63,23 @@ def test_wrong_candidates_are_rejected_and_the_choice_matches_eager(caplog):
         torch.testing.assert_close(c(x, r), m(x, r), rtol=1e-4, atol=1e-5)
 
 
+def test_candidates_are_timed_with_their_kernels_built_in_full(monkeypatch):
+    """A candidate's compile, which is timed, never builds its C kernels at -Og first, whatever
+    the user's Config says (the choice is cached: it must not judge kernels about to be replaced)."""
+    from fxforge import spine
+
+    configs = []
+    real = spine.compile_graph
+    monkeypatch.setattr(spine, "compile_graph", lambda gm, config, *a, **k: configs.append(config) or real(gm, config, *a, **k))
+    torch.manual_seed(0)
+    m = cases.Block()
+    x, r = _inputs()
+    c = fxforge.compile_exported(torch.export.export(m, (x, r)), fxforge.Config(tiered_builds=True))
+    assert _records(c.stats)["fxtest::rmsnorm"]["winner"]
+    timed = [cfg for cfg in configs if cfg.custom_op_tuning == "off"]
+    assert timed and not any(cfg.tiered_builds for cfg in timed)
+
+
 def test_inlined_decomposition_fuses_with_its_neighbours():
     torch.manual_seed(0)
     m = cases.Block()

@@ -12,7 +12,8 @@ arguments and value: sizes, strides, dtype, device; the bytes of its constants; 
 higher-order ops), its symbols' ranges and hints, the graph metadata the entry points give the
 passes, the ``Config``, the kind of graph, the out variants and codegen backends registered,
 this machine's architecture and CPU flags, the C compiler named by ``$CC``, the ``FXFORGE_*``
-environment, and the versions of Python, torch and fxforge (with a hash of fxforge's sources).
+environment (but the cache's own switches and ``FXFORGE_TIERED_BUILDS``: how the kernels are built
+first decides nothing in them), and the versions of Python, torch and fxforge (with a hash of fxforge's sources).
 
 Not cached (compiled each time; ``stats["graph_cache"]`` says why): a Config with user passes, an
 ``on_kernel`` hook or a ``report_dir`` (a report needs the compile's own records), a graph holding

@@ -48,14 +48,16 @@ class Setting:
 
     def compile(self, fn: Callable[..., Any], tensors: list[torch.Tensor]) -> Callable[[], Any]:
         """``fn`` traced to ATen on ``tensors`` with the compile's decompositions, compiled by
-        fxforge (tuning off: an op called there stays opaque), as a call on ``tensors``."""
+        fxforge (tuning off: an op called there stays opaque; no tiered builds: the call is
+        timed), as a call on ``tensors``."""
         import dataclasses
 
         from torch.fx.experimental.proxy_tensor import make_fx
 
         from ..spine import compile_graph
 
-        config = dataclasses.replace(self.config, custom_op_tuning="off", report_dir=None)
+        # (timed: its C kernels built in full before the compile returns, never at -Og first)
+        config = dataclasses.replace(self.config, custom_op_tuning="off", report_dir=None, tiered_builds=False)
         with torch.no_grad():
             gm = make_fx(fn, tracing_mode="fake", decomposition_table=self.table(tensors))(*tensors)
         c = compile_graph(gm, config, kind="inference", registry=self.registry)
