@@ -35,7 +35,7 @@ it the compiler may assume it is not negative).  Kernels too short for -O2 to pa
 
 Tiered builds (``CUnit.tiered``, ``Config.tiered_builds``): a unit whose shared object is not
 cached is first built at ``-Og`` (the other flags the same), a third of the compiler's time at
-``-O1``, its kernels two to three times slower; the wrapper runs with those kernels while the unit is
+``-O1``, its kernels up to about four times slower; the wrapper runs with those kernels while the unit is
 built again with the flags above in the background (``CUnit.upgrade``), and each kernel is bound
 anew once its unit is (``Wrapper.load``).  The two builds compute the same values, rounded the same
 except where a reduction is summed in vector lanes or a vector math function is called (-Og
