@@ -180,7 +180,9 @@ def pipeline_times(n: int, *, seed: int = 0, graph: str = "pointwise", cached: b
     name, seconds, nodes before/after), ``other_s`` = compile - passes, ``stages_s`` (schedule,
     groups, memory plan, codegen, load: wall seconds of fxforge.spine's stages) and
     ``compile_cpu_s`` (process CPU seconds of the compile: single-threaded, so less sensitive to
-    other jobs on the machine than wall time)."""
+    other jobs on the machine than wall time), ``tiered_kernels`` (kernels built at -Og first:
+    ``Config.tiered_builds``) and ``full_build_s`` (the wait for their full builds after the
+    compile returned)."""
     with tempfile.TemporaryDirectory(prefix="fxforge-synthetic-") as cache:
         saved = os.environ.get("FXFORGE_CACHE_DIR")
         os.environ["FXFORGE_CACHE_DIR"] = cache
