@@ -37,9 +37,14 @@ def held(monkeypatch, tmp_path):
     """A fresh kernel cache, and the full builds held until the test sets the event."""
     monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path))
     gate = threading.Event()
-    real = build.in_background
-    monkeypatch.setattr(build, "in_background", lambda fn, items, workers: real(
-        lambda x: gate.wait(120) and fn(x), items, workers))
+    real = build.shared_object
+
+    def held_back(*args, **kwargs):
+        if threading.current_thread().name.startswith(build.UPGRADE_THREADS):
+            gate.wait(120)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "shared_object", held_back)
     yield gate
     gate.set()
 
@@ -117,7 +122,7 @@ def test_a_failed_full_build_keeps_the_quick_kernels(monkeypatch, tmp_path, capl
     real = build.shared_object
 
     def refuse_full(source, *a, first=False, **k):
-        if not first and threading.current_thread().name == "fxforge-cc-upgrade":
+        if not first and threading.current_thread().name.startswith(build.UPGRADE_THREADS):
             raise build.CompileError("refused by the test")
         return real(source, *a, first=first, **k)
 

@@ -12,21 +12,29 @@ from sympy.printing.precedence import PRECEDENCE
 from torch.utils._sympy.printers import PythonPrinter
 
 
-def spliceable(printer, e: Any) -> str:
-    """``printer``'s source of ``e`` safe to splice into a larger expression (``_delimited``):
-    integers at once, other expressions printed once per printer while the symbols it names stay
-    as many (``printer.names`` only grows, and a symbol printed by name keeps it)."""
-    if type(e) is int:
-        return str(e) if e >= 0 else f"({e})"
-    e = sympy.sympify(e)
-    if e.is_Integer:
-        v = int(e)
-        return str(v) if v >= 0 else f"({v})"
-    key = (e, len(printer.names))
-    text = printer.printed.get(key)
-    if text is None:
-        text = printer.printed[key] = _delimited(e, printer.doprint(e))
-    return text
+class Spliced:
+    """A printer called on an expression (``names``: the source of each symbol): its source, safe
+    to splice into a larger expression (``_delimited``).  Integers at once; another expression is
+    printed once per printer while the symbols it names stay as many (``names`` only grows, and a
+    symbol printed by name keeps it)."""
+
+    def __init__(self, names: dict[sympy.Symbol, str] | None = None):
+        super().__init__()
+        self.names = names if names is not None else {}
+        self.printed: dict = {}
+
+    def __call__(self, e: Any) -> str:
+        if type(e) is int:
+            return str(e) if e >= 0 else f"({e})"
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            v = int(e)
+            return str(v) if v >= 0 else f"({v})"
+        key = (e, len(self.names))
+        text = self.printed.get(key)
+        if text is None:
+            text = self.printed[key] = _delimited(e, self.doprint(e))
+        return text
 
 
 def _delimited(e: sympy.Basic, text: str) -> str:
@@ -70,21 +78,12 @@ class ReadableArith:
         return super()._print_Mul(expr)
 
 
-class PyExprPrinter(ReadableArith, PythonPrinter):
+class PyExprPrinter(Spliced, ReadableArith, PythonPrinter):
     """sympy -> Python source over the wrapper's names for the size symbols (``names``).
 
     torch's ``PythonPrinter`` with fxforge's conventions: Python floor semantics for ``//`` and
     ``%`` (exactly what Python ints do), plain ``float()`` for ``ToFloat``, and an unbound symbol
     is an error rather than a name that might resolve to something else at run time."""
-
-    def __init__(self, names: dict[sympy.Symbol, str] | None = None):
-        super().__init__()
-        self.names = names if names is not None else {}
-        self.printed: dict = {}  # (``spliceable``)
-
-    def __call__(self, e: Any) -> str:
-        """``e`` as source, parenthesized unless it is a name or a number (safe to splice)."""
-        return spliceable(self, e)
 
     def _print_Symbol(self, expr) -> str:
         if expr not in self.names:

@@ -35,6 +35,11 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _env_unless_off(name: str) -> bool:
+    """True unless the environment sets ``name`` to 0, false, no or off."""
+    return os.environ.get(name, "").strip().lower() not in ("0", "false", "no", "off")
+
+
 @dataclass(frozen=True)
 class Config:
     # Codegen backend: "auto" (triton on CUDA, c or torch on CPU), "torch", "c", "triton", or any name of
@@ -160,16 +165,14 @@ class Config:
     # swapped in once built (``Compiled.wait_for_kernels``).  The first calls run slower, and
     # where a reduction sums in vector lanes their results may differ from the later calls' in the
     # last bits.  Never in a multi-rank job.  FXFORGE_TIERED_BUILDS=0 turns it off.
-    tiered_builds: bool = field(default_factory=lambda: os.environ.get("FXFORGE_TIERED_BUILDS", "").strip().lower()
-                                not in ("0", "false", "no", "off"))
+    tiered_builds: bool = field(default_factory=lambda: _env_unless_off("FXFORGE_TIERED_BUILDS"))
     # Called with every kernel a compile builds (``codegen.api.Kernel``; its ``detail``: what the
     # backend emitted, in its own terms), as it is built: for tools that need every kernel (a kernel
     # dump, a test's record).  None: nothing is called.
     on_kernel: Any = None
     # A compile running longer than about 2 s shows one progress line on stderr, where stderr is a
     # terminal (progress.py).  FXFORGE_PROGRESS=0 turns it off.
-    progress: bool = field(default_factory=lambda: os.environ.get("FXFORGE_PROGRESS", "").strip().lower()
-                           not in ("0", "false", "no", "off"))
+    progress: bool = field(default_factory=lambda: _env_unless_off("FXFORGE_PROGRESS"))
 
     def __post_init__(self) -> None:
         _choice("decompose", self.decompose, ("auto", "none", "core"))

@@ -51,10 +51,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 import sympy
 import torch
@@ -72,6 +71,8 @@ SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-f
 # cost (the prelude's headers) is small next to its kernels', little enough that a large
 # wrapper's units keep every core busy and a change rebuilds little.
 UNIT_BYTES = 64 * 1024
+# The name of the threads running a tiered unit's full builds (``CUnit.upgrade``).
+UPGRADE_THREADS = "fxforge-cc-upgrade"
 
 
 def flags(parallel: bool = False, quick: bool = False, march: str | None = None, first: bool = False) -> tuple[str, ...]:
@@ -254,7 +255,6 @@ class CUnit:
         self._pool: ThreadPoolExecutor | None = None
         self._first: list[tuple[str, list[str], bool]] = []  # the units built at -Og (``built``), for ``upgrade``
         self.upgraded: Future | None = None  # the full builds' bindings (``launcher.link``)
-        self.first_built = 0  # the kernels (distinct C functions) ``built`` made at -Og
 
     def add(self, k: CEmitted) -> None:
         self.kernels.append(k)
@@ -308,55 +308,36 @@ class CUnit:
                 self._pool = None
         done += side_by_side(lambda u: self._build(u[0], u[2]), units[len(done):])
         self._first = [u for u, (_, first) in zip(units, done) if first]
-        self.first_built = sum(len(symbols) for _, symbols, _ in self._first)
         return [(path, symbols) for (path, _), (_, symbols, _) in zip(done, units)]
 
-    def upgrade(self) -> Future | None:
-        """The full builds of the units ``built`` made at -Og, run in the background (threads,
-        one per core; the process waits for them before it exits, so that the next one finds
-        every unit cached in full); the future's result: each one's shared object and symbols.
-        None where every unit was built in full."""
-        todo, self._first = self._first, []
-        if not todo:
+    def upgrade(self, then: Callable[[list[tuple[str, list[str]]]], Any]) -> Future | None:
+        """``then`` of the full builds of the units ``built`` made at -Og (each one's shared
+        object and symbols), computed in the background: a thread of its own running the builds
+        side by side, which the process waits for before it exits, so that the next one finds
+        every unit cached in full.  None where every unit was built in full."""
+        if not self._first:
             return None
+        todo = self._first
         directory = cache_dir("c")  # (the one the first builds went to, whatever the environment says later)
-        return in_background(lambda u: (shared_object(u[0], libs=self.libs(), parallel=openmp(), quick=u[2],
-                                                      directory=directory), u[1]), todo, jobs())
+
+        def full(u: tuple[str, list[str], bool]) -> tuple[str, list[str]]:
+            return shared_object(u[0], libs=self.libs(), parallel=openmp(), quick=u[2], directory=directory), u[1]
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix=UPGRADE_THREADS)
+        try:
+            return pool.submit(lambda: then(side_by_side(full, todo, UPGRADE_THREADS)))
+        finally:
+            pool.shutdown(wait=False)
+
+    @property
+    def first_built(self) -> int:
+        """The kernels (distinct C functions) ``built`` made at -Og."""
+        return sum(len(symbols) for _, symbols, _ in self._first)
 
     @staticmethod
     def libs() -> tuple[str, ...]:
         """Linker arguments of every unit."""
         return VECTOR_MATH_LIBS if vector_math() else ()
-
-
-def in_background(fn, items: list, workers: int) -> Future:
-    """``[fn(x) for x in items]`` computed by ``workers`` threads; the future is set when
-    all are done (with the first exception raised, if any)."""
-    out: Future = Future()
-    results: list = [None] * len(items)
-    order = iter(range(len(items)))  # shared: each index is taken by one thread (next() holds the GIL)
-    errors: list[BaseException] = []
-    left = [min(workers, len(items))]
-    lock = threading.Lock()
-
-    def work() -> None:
-        try:
-            for i in order:
-                results[i] = fn(items[i])
-        except BaseException as e:  # noqa: BLE001 (handed to the future's reader)
-            errors.append(e)
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        if errors:
-            out.set_exception(errors[0])
-        else:
-            out.set_result(results)
-
-    for _ in range(min(workers, len(items))):
-        threading.Thread(target=work, name="fxforge-cc-upgrade").start()
-    return out
 
 
 def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), parallel: bool = False,
@@ -367,11 +348,12 @@ def shared_objects(sources: list[tuple[str, bool]], libs: tuple[str, ...] = (), 
                         sources)
 
 
-def side_by_side(fn, items: list) -> list:
-    """``[fn(x) for x in items]``, up to ``jobs()`` at once (each runs a compiler process)."""
+def side_by_side(fn, items: list, threads: str = "") -> list:
+    """``[fn(x) for x in items]``, up to ``jobs()`` at once (each runs a compiler process), on
+    threads named ``threads``."""
     if len(items) <= 1 or jobs() == 1:
         return [fn(x) for x in items]
-    with ThreadPoolExecutor(min(jobs(), len(items))) as pool:
+    with ThreadPoolExecutor(min(jobs(), len(items)), thread_name_prefix=threads) as pool:
         return list(pool.map(fn, items))
 
 

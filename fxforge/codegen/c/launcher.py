@@ -32,7 +32,7 @@ import operator
 import os
 import subprocess
 import sysconfig
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -346,10 +346,7 @@ def link(unit: CUnit) -> dict[str, Any]:
     if not unit.kernels:
         return {}
     out = _bound(unit, unit.built())
-    full = unit.upgrade()
-    if full is not None:
-        unit.upgraded = Future()
-        full.add_done_callback(lambda f: _chain(f, unit.upgraded, lambda built: _bound(unit, built)))
+    unit.upgraded = unit.upgrade(lambda built: _bound(unit, built))
     return out
 
 
@@ -358,14 +355,6 @@ def _bound(unit: CUnit, built: list[tuple[str, list[str]]]) -> dict[str, Any]:
     lib_of = {symbol: lib for path, symbols in built for lib in [ctypes.CDLL(path)] for symbol in symbols}
     return bind([(k.name, k.symbol, k.kinds, layout_check(k) if unit.debug else None) for k in unit.kernels
                  if k.symbol in lib_of], lib_of, launcher())
-
-
-def _chain(done: Future, out: Future, then) -> None:
-    """``out`` set to ``then(done.result())``, or to the exception either raised."""
-    try:
-        out.set_result(then(done.result()))
-    except BaseException as e:  # noqa: BLE001 (handed to the future's reader)
-        out.set_exception(e)
 
 
 def bind(kernels: list[tuple[str, str, str, Any]], lib_of: dict[str, ctypes.CDLL], module: Any) -> dict[str, Any]:

@@ -16,34 +16,24 @@ which keeps the group out of that language's kernels).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from typing import Callable, Union
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv
 from torch.utils._sympy.printers import ExprPrinter
 
-from ..pyexpr import ReadableArith, spliceable
+from ..pyexpr import ReadableArith, Spliced
 from .stmts import Nest, Stmt
 from .values import COMPOSITES, Call, Const, Elem, Index, Op, Unsupported, Value, Var, expand
 
 
-class IndexPrinter(ReadableArith, ExprPrinter):
+class IndexPrinter(Spliced, ReadableArith, ExprPrinter):
     """Integer index expressions over symbols named by ``names`` (symbol -> source).
 
     torch's generic ``ExprPrinter`` (which refuses the float and Python-only functions a kernel
     index never needs) with the language's ``div``/``mod`` (floor semantics) and ``MAX``/``MIN``."""
 
     MAX = MIN = ""
-
-    def __init__(self, names: dict[sympy.Symbol, str] | None = None):
-        super().__init__()
-        self.names = names if names is not None else {}
-        self.printed: dict = {}  # (``spliceable``)
-
-    def __call__(self, e: Any) -> str:
-        """``e`` as source, parenthesized unless it is a name or a number: kernel code splices
-        it into larger expressions."""
-        return spliceable(self, e)
 
     def _print_Symbol(self, expr) -> str:
         return self.names.get(expr, expr.name)

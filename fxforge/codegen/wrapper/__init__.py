@@ -80,4 +80,3 @@ def link(w: Wrapper, registry: Registry) -> None:
         link_unit = registry.get(name).link
         if link_unit is not None:
             w.globals.update(link_unit(unit))
-            w.add_upgrade(unit)

@@ -34,16 +34,17 @@ class Wrapper:
     # What each backend's ``link`` was given (``KernelContext.units``), by backend name: the C
     # kernels' translation units (a package builds them again for other CPUs).
     units: dict = field(default_factory=dict)
-    # Kernels bound again once built in full (a unit's ``upgraded``: a future of ``<kernel>_c``
-    # bindings; ``build.CUnit.tiered``), and how many kernels wait for theirs.
-    upgrades: list = field(default_factory=list)
-    tiered_kernels: int = 0
 
-    def add_upgrade(self, unit: Any) -> None:
-        """The upgrade a linked unit left (``upgraded``, its count of kernels ``first_built``), if any."""
-        if getattr(unit, "upgraded", None) is not None:
-            self.upgrades.append(unit.upgraded)
-            self.tiered_kernels += unit.first_built
+    @property
+    def upgrades(self) -> list:
+        """Kernels bound again once built in full: each linked unit's ``upgraded``, a future of
+        ``<kernel>_c`` bindings (``build.CUnit.tiered``), where it has one."""
+        return [u.upgraded for u in self.units.values() if getattr(u, "upgraded", None) is not None]
+
+    @property
+    def tiered_kernels(self) -> int:
+        """The kernels that wait for theirs (``upgrades``)."""
+        return sum(u.first_built for u in self.units.values() if getattr(u, "upgraded", None) is not None)
 
     def load(self, filename: str):
         """Compile the source; returns ``call(args)``, which runs the graph, and a function
