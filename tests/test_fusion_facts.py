@@ -4,6 +4,8 @@ pass asks the emitter nothing for the groups they answer."""
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch.fx as fx
@@ -282,3 +284,40 @@ def test_a_member_no_longer_stored_is_asked_again():
     assert facts._merged(group.group, None, set(nodes), nodes, [total, fill], frame_refusal) is None
     assert group.merge(facts.pointwise_facts(fill), set(nodes), nodes, [total, fill]) is None
     assert group_cost(nodes, [total, fill], frame_refusal) is None
+
+
+@needs_cc
+@pytest.mark.parametrize("shape", [(1,), (4, 8)])
+@pytest.mark.parametrize("mean_used", [False, True])
+def test_a_read_of_a_members_getitem_is_computed_after_the_merge(shape, mean_used):
+    """A group of a multi-output reduction merges with one reading an output through its getitem
+    (which stays outside the group): from either side the merged facts read nothing the kernel
+    computes, as ``group_cost`` of the whole group says; in debug mode the fusion pass checks it."""
+    from fxforge.codegen.ir import facts
+
+    def f(x):
+        d = x.dim() - 1
+        v, m = torch.ops.aten.var_mean.correction(x, [d], correction=0, keepdim=True)
+        s = torch.ops.aten.sum.dim_IntList(x * v if d else v, [d])
+        return (s, m * 3.0) if mean_used else s
+
+    x = torch.randn(shape)
+    gm = _traced(f, x)
+    vm = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.var_mean.correction)
+    total = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.sum.dim_IntList)
+    outs = {n for n in gm.graph.nodes if n.op == "output" for n in n.all_input_nodes}
+    consumer = [n for n in gm.graph.nodes if n.op == "call_function" and node_kind(n) == "compute"
+                and n is not vm and (n is total or total in n.users)]
+    nodes = [vm, *consumer]
+    outputs = group_outputs(nodes, outs)
+    want = group_cost(nodes, outputs, frame_refusal)
+    assert not isinstance(want, str) and want is not None, want
+    one = facts._evaluate([vm], group_outputs([vm], outs), frame_refusal)
+    two = facts._evaluate(consumer, group_outputs(consumer, outs), frame_refusal)
+    for g, og in ((one, two), (two, one)):
+        got = facts._merged(g, og, set(nodes), nodes, outputs, frame_refusal)
+        assert got is not None and got.cost == want, (got, want)
+        assert all(t.args[0] is not vm for t in got.reads if t.target is operator.getitem)
+    c = compile_graph(gm, fxforge.Config(codegen="c", debug=True))
+    for got, ref in zip(torch.utils._pytree.tree_leaves(c(x)), torch.utils._pytree.tree_leaves(f(x))):
+        torch.testing.assert_close(got, ref)

@@ -431,15 +431,17 @@ def _merged(g: _Group, og: _Group | None, members: set[fx.Node], nodes: list[fx.
         red = set(reductions)
         if not all(_needed_alone(n, members, kept, red, dom) for n in again):
             return None
-        # reads of g's that the kernel computes now (or reads through the other's views)
+        # reads of g's that the kernel computes now (or reads through the other's views): of a
+        # joining member, or of a getitem of one (getitems of members stay outside the group)
         for t in joining:
-            for r in reads.pop(t, ()):
-                read(r)
+            for u in (t, *(u for u in t.users if u.target is operator.getitem)):
+                for r in reads.pop(u, ()):
+                    read(r)
         scalars = g.scalars
         if og is not None:
             scalars |= og.scalars
             for t, rs in og.reads.items():
-                if t in g.members:
+                if t in g.members or (t.target is operator.getitem and t.args[0] in g.members):
                     for r in rs:
                         read(r)
                 else:
