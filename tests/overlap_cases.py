@@ -44,7 +44,8 @@ def fsdp_training(rank: int, world: int) -> dict:
 def ddp_training(rank: int, world: int) -> dict:
     """A data-parallel training step (every parameter ``Replicate()``, the batch ``Shard(0)``) of
     the MLP block through ``fxforge.partition``, bucketed and not: both give eager's loss and
-    gradients, bit for bit the same; the collectives of each."""
+    gradients, bit for bit the same; the collectives of each, and the bytes copied (the kernels
+    making the gradients write them into the bucket's flat buffer)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.export.experimental import _export_forward_backward
 
@@ -62,7 +63,7 @@ def ddp_training(rank: int, world: int) -> dict:
         for fqn, g in grads.items():
             close(g, params[fqn].grad, f"gradient of {fqn} ({name})")
         results[name] = (loss, grads)
-        out[name] = {"kinds": [c["collective"] for c in p.stats["collectives"]]}
+        out[name] = {"kinds": [c["collective"] for c in p.stats["collectives"]], "copy_bytes": p.compiled.stats["copy_bytes"]}
     (loss, grads), (loss0, grads0) = results["bucketed"], results["plain"]
     out["same"] = torch.equal(loss, loss0) and all(torch.equal(grads[k], grads0[k]) for k in grads0)
     return out

@@ -171,6 +171,34 @@ def chained_all_reduces(rank: int, world: int) -> dict:
             "buffer_bytes": plan["buffers"][0][3], "corrupted_without_barrier": corrupted}
 
 
+def bucketed_all_reduces(rank: int, world: int) -> dict:
+    """Three small functional all-reduces bucketed into one, lowered to a one-shot all-reduce:
+    each member's producer writes its run of the bucket's flat buffer in the symmetric arena (no
+    copy-in), and the results are the unsharded sums, call after call."""
+    from torch.distributed import _functional_collectives as funcol
+
+    g = _group()
+    torch.manual_seed(2)
+    w = torch.randn(16, 16)
+
+    def f(x):
+        reduced = [funcol.all_reduce(((x * (i + 1)) @ w).tanh(), "sum", g) for i in range(3)]
+        return [r * 2 for r in reduced]  # (read once all three are issued: one bucket)
+
+    torch._dynamo.reset()
+    b = fxforge.backend(fxforge.Config(debug=True, symmetric_all_reduce_bytes=4096))
+    cf = torch.compile(f, backend=b, fullgraph=True)
+    for step in range(3):
+        xs = _inputs(20 + step, world, (4, 16))
+        for i, got in enumerate(cf(xs[rank])):
+            _close(got, sum(((x * (i + 1)) @ w).tanh() for x in xs) * 2, f"bucketed all-reduce {i}, step {step}")
+    (c,) = b.compiled
+    passes = {p["name"]: p.get("stats") for p in c.stats["passes"]}
+    return {"plan": _plan(c), "copy_bytes": c.stats["copy_bytes"], "copy_ins": c.stats["symmetric_copy_ins"],
+            "buckets": passes["bucket_collectives"], "zero_copy": passes["zero_copy_cat_pad"]["zero_copy_inputs"],
+            "one_shots": c.source.count("_one_shot_all_reduce(")}
+
+
 def rank_dependent_shapes(rank: int, world: int) -> str:
     """Ranks whose graphs differ (a row count per rank) cannot share a symmetric arena: every
     rank fails with an error naming the first buffer that differs."""
@@ -277,5 +305,6 @@ def all_cases(rank: int, world: int) -> dict:
         "chain": chained_all_reduces(rank, world),
         "training": training_alloc_ids(rank, world),
         "registered": registered_symm_args(rank, world),
+        "bucketed": bucketed_all_reduces(rank, world),
         "mismatch": rank_dependent_shapes(rank, world),  # last: it leaves a failed arena behind
     }

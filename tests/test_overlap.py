@@ -276,7 +276,7 @@ def test_all_reduces_are_bucketed_and_their_results_are_views(fake_group):
 def test_data_parallel_gradients_are_all_reduced_in_buckets_on_two_ranks():
     """``partition`` with every parameter whole on each rank and the batch split (data parallel)
     on two gloo ranks: eager's loss and gradients; the gradients' all-reduces bucketed, bit for
-    bit what the unbucketed step gives."""
+    bit what the unbucketed step gives, the bucket written in place."""
     from partition_ranks import run_ranks
 
     from overlap_cases import ddp_training
@@ -284,6 +284,7 @@ def test_data_parallel_gradients_are_all_reduced_in_buckets_on_two_ranks():
     ranks = run_ranks(ddp_training, 2, timeout=300)
     for r in ranks:
         assert r["bucketed"]["kinds"].count("all_reduce") < r["plain"]["kinds"].count("all_reduce") == r["params"] + 1
+        assert r["bucketed"]["copy_bytes"] == 0  # no copy-in: each gradient written into its run of the bucket
         assert r["same"]
 
 

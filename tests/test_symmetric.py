@@ -67,6 +67,11 @@ def test_ranks_plan_alike_write_in_place_and_reuse_safely(world):
     # training: forward and backward arenas have distinct ids, the same on every rank
     ids = _same_on_every_rank(results, "training")
     assert ids["forward"] != ids["backward"]
+    # small all-reduces bucketed into one one-shot all-reduce, written in place in the symmetric arena
+    bucketed = _same_on_every_rank(results, "bucketed")
+    assert bucketed["buckets"] == {"buckets": 1, "bucketed": 3} and bucketed["one_shots"] == 1
+    assert bucketed["zero_copy"] == 3 and bucketed["copy_bytes"] == 0 and bucketed["copy_ins"] == {}
+    assert [b[0] for b in bucketed["plan"]["buffers"]][-1].startswith("cat")
     reg = _same_on_every_rank(results, "registered")
     if "skipped" not in reg:
         assert reg["copy_ins"] == {} and [b[0] for b in reg["plan"]["buffers"]] == ["mm"]
@@ -150,7 +155,7 @@ def test_functional_all_reduces_lower_below_the_threshold(group):
     def prog(x, big):
         return f.wait_tensor(f.all_reduce(x * 2, "sum", group)), f.wait_tensor(f.all_reduce(big * 2, "sum", group))
 
-    c = _compile(prog, torch.randn(4, 8), torch.randn(64, 64), symmetric_all_reduce_bytes=4096)
+    c = _compile(prog, torch.randn(4, 8), torch.randn(64, 64), symmetric_all_reduce_bytes=4096, bucket_bytes=0)
     (lowered,) = [p for p in c.stats["passes"] if p["name"] == "lower_all_reduce_to_symmetric"]
     assert lowered["stats"] == {"lowered_all_reduces": 1}  # 128 B lowered, 16 KiB kept
     # on CPU the one-shot all-reduce runs as fxforge's emulation, given its arena
@@ -158,6 +163,38 @@ def test_functional_all_reduces_lower_below_the_threshold(group):
     assert c.stats["symmetric_copy_ins"] == {} and c.stats["symmetric_arena_bytes"] == 128
     with pytest.raises(ValueError, match="symmetric_all_reduce_bytes"):
         fxforge.Config(symmetric_all_reduce_bytes=-1)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_bucket_of_all_reduces_is_written_in_place_by_its_members_producers(group, symmetric):
+    """Small all-reduces bucketed into one over a flat buffer: each member's producer writes its
+    run of the buffer (no copy-in), and below ``symmetric_all_reduce_bytes`` the bucket is one
+    one-shot all-reduce whose flat buffer is in the symmetric arena."""
+    f = torch.ops._c10d_functional
+
+    def prog(x, w):
+        outs = []
+        for i in range(4):
+            outs.append(f.wait_tensor(f.all_reduce(((x * (i + 1)) @ w).tanh(), "sum", group)))
+        return [o * 2 for o in outs]
+
+    args = torch.randn(4, 8), torch.randn(8, 8)
+    c = _compile(prog, *args, symmetric_all_reduce_bytes=4096 if symmetric else 0)
+    stats = {p["name"]: p.get("stats") for p in c.stats["passes"]}
+    assert stats["bucket_collectives"] == {"buckets": 1, "bucketed": 4}
+    assert stats["zero_copy_cat_pad"]["zero_copy_inputs"] == 4 and c.stats["copy_bytes"] == 0
+    (cat,) = [b for b in c.plan.memory.buffers.values() if b.producer.target is torch.ops.aten.cat.default]
+    runs = [b for b in c.plan.memory.buffers.values() if b.kind == "slice" and b.base == cat.name]
+    assert len(runs) == 4 and all(r.flat and r.shape == (4, 8) for r in runs)
+    assert sorted(c.plan.memory.hint(r.region[0]) for r in runs) == [0, 32, 64, 96]
+    verify_memory_plan(c.plan.memory)
+    if symmetric:
+        assert stats["lower_all_reduce_to_symmetric"] == {"lowered_all_reduces": 1}
+        assert cat.arena.startswith("symm") and c.stats["symmetric_copy_ins"] == {}
+        assert c.stats["symmetric_arena_bytes"] == 4 * 4 * 8 * 4
+        assert c.source.count("_one_shot_all_reduce(") == 1
+    else:
+        assert c.source.count("_c10d_functional.all_reduce.default(cat_default") == 1
 
 
 def test_allocation_ids_come_from_the_graph():

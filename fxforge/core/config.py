@@ -122,9 +122,9 @@ class Config:
     zero_copy: bool = True
     # Fill every arena with 0xFF bytes (NaN for floats) on each call: exposes reads of unwritten bytes.
     poison_arena: bool = False
-    # Functional all-reduces (sum) of at most this many bytes become one-shot all-reduces on
-    # symmetric memory, their inputs written into a rank-identical arena (passes/symmetric.py);
-    # 0: never.
+    # Functional all-reduces (sum) of at most this many bytes (a bucket of them counted whole)
+    # become one-shot all-reduces on symmetric memory, their inputs written into a
+    # rank-identical arena (passes/symmetric.py); 0: never.
     symmetric_all_reduce_bytes: int = 0
     # Reorder a graph's collectives so compute hides them: each issued as soon as its inputs are
     # ready, each waited for just before its result is read, their order kept (passes/overlap.py).

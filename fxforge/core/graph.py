@@ -81,7 +81,8 @@ ALLOCATES: MetaKey[bool] = MetaKey(
     "fxforge_allocates", "bool: the node's kernel allocates its own outputs, which get no planned buffer")
 SLICE_OF: MetaKey[tuple] = MetaKey(
     "fxforge_slice_of", "(str, tuple): the node writes its output in place into the region starting at these "
-    "per-dim offsets of the named cat/pad node's result (passes/padcat.py)")
+    "per-dim offsets of the named cat/pad node's result (passes/padcat.py); with fewer or more offsets than the "
+    "node's rank, its value, laid out as traced (contiguous), fills the run of the 1-D result starting there")
 ZERO_COPY: MetaKey[tuple] = MetaKey(
     "fxforge_zero_copy", "tuple[bool, ...]: on a cat / constant_pad_nd node, which inputs are written in place "
     "into its result; the wrapper moves only the others (copies) and a pad's border (fills)")
@@ -177,6 +178,12 @@ META_KEYS = {VAL: "FakeTensor / tuple of FakeTensors / SymInt: the value the nod
 GRAPH_META_KEYS = {k: k.doc for k in _KEYS if k.graph}  # the keys fxforge writes in a GraphModule's own meta
 
 FALLBACK_BACKEND = "fallback"
+
+
+def writes_planned(node: fx.Node) -> bool:
+    """``node``'s kernel writes its output into a buffer the memory plan gives it (laid out as
+    traced): a backend runs it, not an eager fallback, and it does not allocate its own."""
+    return BACKEND.get(node) not in (None, FALLBACK_BACKEND) and not ALLOCATES.get(node)
 
 
 # --------------------------------------------------------------------------- values

@@ -93,7 +93,8 @@ class Buffer:
     # The buffer whose bytes this one takes over in place (it dies where this one is written).
     reuses: str | None = None
     # kind "slice": the buffer this one is a region of, and the region's start in each of its dims
-    # (the region has this buffer's shape; its strides are the base's).
+    # (the region has this buffer's shape; its strides are the base's), or, ``flat``, the start of
+    # the run of a 1-D base this buffer fills, laid out as traced (a flattened input of a cat).
     base: str | None = None
     region: tuple[sympy.Expr, ...] | None = None
     # In a symmetric arena: the last position a collective reads it (peers may read it until the
@@ -102,6 +103,15 @@ class Buffer:
     # kind "fresh": allocated over the bytes it had on an earlier call when nothing holds them any
     # more (``Config.recycle_outputs``; ``runtime.Recycled``).
     recycled: bool = False
+
+    @property
+    def flat(self) -> bool:
+        """A region that is a run of a 1-D base, laid out as traced (not in the base's strides)."""
+        return self.region is not None and len(self.region) != len(self.shape)
+
+    def extent(self) -> tuple[sympy.Expr, ...]:
+        """The region's sizes in its base's dims."""
+        return (sympy.Mul(*self.shape),) if self.flat else self.shape
 
 
 @dataclass
@@ -180,7 +190,7 @@ class MemoryPlan:
 
     def region_text(self, b: Buffer) -> str:
         """``b``'s region in its base, at the traced sizes: ``0:64, 48:96``."""
-        return ", ".join(f"{self.hint(s)}:{self.hint(s + n)}" for s, n in zip(b.region, b.shape))
+        return ", ".join(f"{self.hint(s)}:{self.hint(s + n)}" for s, n in zip(b.region, b.extent()))
 
     def dump(self) -> str:
         """One line per buffer: name, where it lives, size, live range (at traced sizes)."""

@@ -8,16 +8,19 @@ one collective of at most ``Config.bucket_bytes`` (what one rank sends), the run
 compute waits least under the cost models (``_partition``):
 
 * **all-gathers** of one process group, size and dtype: their inputs are flattened and cat'ed
-  into one buffer (the copy-in: written in place by the kernels producing them where they can,
-  ``passes/padcat.py``), gathered once, and each member's result is its slice of every rank's
-  block, copied out just before the first node reading it (a rank's blocks interleave the
-  members: the one copy the layout needs);
+  into one buffer (the copy-in: each member's run written in place by the kernel producing it
+  where it can, ``passes/padcat.py``), gathered once, and each member's result is its slice of
+  every rank's block, copied out just before the first node reading it (a rank's blocks
+  interleave the members: the one copy the layout needs);
 * **reduce-scatters** of one group, size, reduction and dtype: each input seen as ``[ranks,
   chunk]`` and cat'ed along the chunks (``[ranks, sum of chunks]``), reduce-scattered once; each
   member's result is a slice of this rank's block: a view, no copy-out.
 * **all-reduces** of one group, reduction and dtype (the gradients of parameters held whole on
-  every rank, data-parallel; a loss's sum and count): inputs flattened and cat'ed, reduced once;
-  each member's result is a slice of the result: a view, no copy-out.
+  every rank, data-parallel; a loss's sum and count): inputs flattened and cat'ed (in place, as
+  the all-gathers'), reduced once; each member's result is a slice of the result: a view, no
+  copy-out.  A bucket small enough is then lowered to a one-shot all-reduce on symmetric memory
+  (``Config.symmetric_all_reduce_bytes``, ``passes/symmetric.py``): its flat buffer in the
+  symmetric arena, each member still written into its run.
 
 Each bucket is issued where its first member was, or just after the last of its inputs is made
 if that is later, and waited for where its first member was read (``passes/overlap.py`` then

@@ -122,14 +122,17 @@ def place_slices(buffers: dict[str, Buffer]) -> None:
         at = SLICE_OF.get(b.producer)
         if at is not None and b.index is None and at[0] in buffers:
             base = buffers[at[0]]
-            b.kind, b.base, b.region, b.stride = "slice", base.name, tuple(at[1]), base.stride
+            b.kind, b.base, b.region = "slice", base.name, tuple(at[1])
+            if not b.flat:  # (a flattened input keeps its own layout, a run of the 1-D base)
+                b.stride = base.stride
             slices.append(b)
     for b in slices:
         root = b
         while root.kind == "slice":
             root = buffers[root.base]
         root.start, root.end = min(root.start, b.start), max(root.end, b.end)
-        b.stride = root.stride  # a region of a region (cat of cats) is laid out as the outermost
+        if not b.flat:
+            b.stride = root.stride  # a region of a region (cat of cats) is laid out as the outermost
 
 
 # Row-wise kernels whose output may overwrite one input (by argument index): they read a whole row
@@ -481,7 +484,7 @@ def verify_slices(plan: MemoryPlan) -> None:
             continue
         base, root = plan.buffers[b.base], plan.root(b)
         lo = [plan.hint(s) for s in b.region]
-        hi = [x + plan.hint(n) for x, n in zip(lo, b.shape)]
+        hi = [x + plan.hint(n) for x, n in zip(lo, b.extent())]
         if len(lo) != len(base.shape) or any(x < 0 or y > plan.hint(n) for x, y, n in zip(lo, hi, base.shape)):
             raise PlanError(f"{b.name} is the region {plan.region_text(b)} of {base.name}, which has shape "
                             f"{tuple(plan.hint(n) for n in base.shape)}")
@@ -490,7 +493,7 @@ def verify_slices(plan: MemoryPlan) -> None:
                             f"over {root.start}..{root.end}")
         for o in by_base.setdefault(b.base, []):
             olo = [plan.hint(s) for s in o.region]
-            ohi = [x + plan.hint(n) for x, n in zip(olo, o.shape)]
+            ohi = [x + plan.hint(n) for x, n in zip(olo, o.extent())]
             empty = any(x >= y for x, y in zip(lo, hi)) or any(x >= y for x, y in zip(olo, ohi))
             if not empty and all(x < y2 and x2 < y for x, y, x2, y2 in zip(lo, hi, olo, ohi)):
                 raise PlanError(f"regions {b.name} and {o.name} of {b.base} overlap")

@@ -11,7 +11,8 @@ reason counted in ``stats["refused_zero_copy"]`` and logged at DEBUG, when
 ``graph_input``     it is an input, parameter or constant of the graph (the caller's memory)
 ``repeated``        the container read it already (``cat([a, a])``: the first place holds it, the
                     others are copies of it)
-``view``            it is a view (its producer's output is already laid out elsewhere)
+``view``            it is a view (its producer's output is already laid out elsewhere), other than a
+                    flattening: see below
 ``graph_output``    it, or a view of it, is returned (outputs must not alias each other)
 ``dtype``           its dtype is not the container's
 ``shared``          it is already in place in another container
@@ -26,6 +27,12 @@ reason counted in ``stats["refused_zero_copy"]`` and logged at DEBUG, when
 ``pad_sign``        a pad amount whose sign the shape environment cannot prove (symbolic: a negative
                     amount crops, so its region would start outside the input; eager runs either)
 ==================  ===============================================================================
+
+A flattened input of a 1-D cat (a view of a value, both laid out row-major from their first
+element, with as many elements: how ``passes/bucketing.py`` builds a bucket's flat buffer) is
+taken in place by the value it views: its producer writes the run of the cat's elements it
+occupies, laid out as traced, so every reader of the value reads it as before (``reader`` does not
+apply), and the other refusals are the value's.
 
 An input taken in place gets ``meta[SLICE_OF] = (container, region start per dim)``; the container
 gets ``meta[ZERO_COPY]`` (which inputs are in place).  Containers nest: a cat of cats, a pad of a
@@ -55,13 +62,15 @@ from ..core.graph import (
     SYMMETRIC,
     VAL,
     ZERO_COPY,
+    aliased_input,
     expr,
     is_mutating,
     node_kind,
     output_nodes,
+    writes_planned,
 )
 from ..infra.pass_manager import PassResult
-from ..core.regions import PAD, container_inputs, is_container, regions, size_expr
+from ..core.regions import CAT, PAD, container_inputs, is_container, regions, size_expr
 
 log = logging.getLogger("fxforge")
 aten = torch.ops.aten
@@ -99,7 +108,7 @@ class ZeroCopyCatPad:
             for i, (a, region) in enumerate(zip(inputs, regions(n) if why_not is None else [None] * len(inputs))):
                 why = why_not or self.refusal(n, a, inputs, i, outputs)
                 if why is None:
-                    SLICE_OF.set(a, (n.name, region))
+                    SLICE_OF.set(_flattened(n, a) or a, (n.name, region))
                     if is_container(a) and not ZERO_COPY.on(a):
                         # an inner cat/pad none of whose inputs is in place: the wrapper still
                         # builds it, by copies, in its region of this one
@@ -138,6 +147,9 @@ class ZeroCopyCatPad:
         kind = node_kind(a)
         if kind == "getitem":
             return "producer"  # one output of a multi-output op: only single outputs are placed
+        flat = _flattened(n, a) if kind == "view" else None
+        if flat is not None:
+            return self.flat_refusal(n, flat, outputs)
         if kind != "compute":
             return "view"
         if SLICE_OF.on(a):
@@ -158,6 +170,22 @@ class ZeroCopyCatPad:
             return "producer"
         if not all(self.reads_in_place(r, n, a) for r in readers):
             return "reader"
+        return None
+
+    def flat_refusal(self, n: fx.Node, p: fx.Node, outputs: set) -> str | None:
+        """Why value ``p``, a flattened input of 1-D cat ``n``, cannot fill its run of the cat."""
+        if SLICE_OF.on(p):
+            return "shared"
+        if SYMMETRIC.on(p):
+            return "symmetric"
+        if p.meta[VAL].dtype != n.meta[VAL].dtype:
+            return "dtype"
+        if any(x in outputs for x in _aliases(p)):
+            return "graph_output"
+        if _mutated(p):
+            return "mutated"
+        if is_container(p) or not writes_planned(p):
+            return "producer"
         return None
 
     def writes_in_place(self, a: fx.Node) -> bool:
@@ -187,6 +215,27 @@ class ZeroCopyCatPad:
         # reads_planned: the kernel is told the layout of ``a`` itself, not that of a view of it
         direct = not any(x in r.all_input_nodes for x in _aliases(a)[1:])
         return backend.reads_views or (backend.reads_planned and direct)
+
+
+def _flattened(n: fx.Node, a: fx.Node) -> fx.Node | None:
+    """The value input ``a`` of container ``n`` flattens, if ``n`` is a 1-D cat and ``a`` a view
+    (through views) of a computed value, each laid out row-major from its first element with the
+    value's number of elements: the value's bytes, as traced, are ``a``'s."""
+    if n.target is not CAT or n.meta[VAL].dim() != 1:
+        return None
+    want = expr(a.meta[VAL].numel()) if isinstance(a.meta.get(VAL), torch.Tensor) else None
+    x = a
+    while want is not None and node_kind(x) == "view":
+        v = x.meta.get(VAL)
+        if not isinstance(v, torch.Tensor) or not _row_major(v) or expr(v.numel()) != want:
+            return None
+        x = aliased_input(x)
+        if x is None:
+            return None
+    if x is a or x is None or node_kind(x) != "compute" or x.op != "call_function":
+        return None
+    v = x.meta.get(VAL)
+    return x if isinstance(v, torch.Tensor) and _row_major(v) and expr(v.numel()) == want else None
 
 
 def _nonnegative(p) -> bool:

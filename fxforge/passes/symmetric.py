@@ -54,9 +54,6 @@ from ..core.collectives import (
 )
 from ..core.config import Config
 from ..core.graph import (
-    ALLOCATES,
-    BACKEND,
-    FALLBACK_BACKEND,
     GROUP,
     SLICE_OF,
     SYMMETRIC,
@@ -67,6 +64,7 @@ from ..core.graph import (
     output_nodes,
     storage_nbytes,
     storage_root,
+    writes_planned,
 )
 from ..infra.pass_manager import PassResult
 from .assign import bound_symbols
@@ -172,7 +170,7 @@ class PlaceSymmetric:
             return "graph_output"
         if any(is_mutating(u) and u.args and u.args[0] is a for u in a.users if not symmetric_args(u)):
             return "mutated"
-        if BACKEND.get(a) in (None, FALLBACK_BACKEND) or ALLOCATES.get(a) or SLICE_OF.on(a):
+        if not writes_planned(a) or SLICE_OF.on(a):
             return "producer"
         if not isinstance(a.meta.get(VAL), torch.Tensor):
             return "producer"

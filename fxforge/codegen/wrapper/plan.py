@@ -398,20 +398,26 @@ class _Planner:
         if self.held(self.plan.memory.root(b).arena):
             if b.kind == "slice":
                 self.bind_buffer(self.plan.memory.buffers[b.base])
-            base = self.plan.memory.buffers.get(b.base)
-            rhs = self.region(base.name, base, b.region, b.shape) if b.kind == "slice" else self.alloc(b)
+            rhs = self.slice_source(b) if b.kind == "slice" else self.alloc(b)
             self.setup.append(Assign(b.name, rhs))
             self.kept_names[b.name] = None
             return
         if b.kind == "slice":
-            base = self.plan.memory.buffers[b.base]
-            self.bind_buffer(base)
-            self.assign(b.name, self.region(base.name, base, b.region, b.shape))
+            self.bind_buffer(self.plan.memory.buffers[b.base])
+            self.assign(b.name, self.slice_source(b))
             return
         self.assign(b.name, self.alloc(b))
         if b.kind == "arena":
             self.arena_pending[b.arena] -= 1
             self.arena_bound[b.arena].add(b.name)
+
+    def slice_source(self, b: Buffer) -> str:
+        """Source for slice buffer ``b``: its region of its base (a flat one viewed in its shape)."""
+        base = self.plan.memory.buffers[b.base]
+        if b.flat:
+            (start,), (n,) = b.region, b.extent()
+            return f"{base.name}[{self.size(start)}:{self.size(start + n)}].view({_tuple(self.size(x) for x in b.shape)})"
+        return self.region(base.name, base, b.region, b.shape)
 
     def region(self, var: str, base: Buffer, start, shape) -> str:
         """Source for the view of ``var`` (laid out as ``base``) starting at ``start`` with ``shape``."""
@@ -653,9 +659,8 @@ class _Planner:
                 self.assign(n.name, self.call_source(n))
                 b = self.plan.memory.of(n, None) if node_kind(n) == "compute" else None
                 if b is not None and b.kind == "slice":  # its cat/pad expects it in place
-                    base = self.plan.memory.buffers[b.base]
-                    self.bind_buffer(base)
-                    self.steps.append(Run(f"{self.region(base.name, base, b.region, b.shape)}.copy_({n.name})"))
+                    self.bind_buffer(self.plan.memory.buffers[b.base])
+                    self.steps.append(Run(f"{self.slice_source(b)}.copy_({n.name})"))
             return
         for b in self.planned(g):
             self.bind_buffer(b)
