@@ -206,3 +206,44 @@ def test_the_report_shows_each_region_once_with_its_call_sites():
         tab = f"{c.stats['graph']} region {r['name']}"
         assert page.count(f">{tab}</button>") == 1
         assert all(f"<code>{s}</code>" in page for s in r["sites"])
+
+
+@pytest.mark.skipif(__import__("fxforge.codegen.c.build", fromlist=["compiler"]).compiler() is None,
+                    reason="no C compiler (cc, or $CC) on this machine")
+def test_a_regions_kernels_start_building_before_its_caller_is_compiled(monkeypatch, tmp_path):
+    """Once a wrapper's kernels are all emitted, its last C units start building (``CUnit.seal``):
+    a region's body, linked with its caller, builds while the caller's passes run, rather than
+    after them; every unit of every wrapper is submitted before ``link`` waits for it."""
+    from fxforge.codegen.c import build
+
+    monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path))
+    events, submitted_at_link = [], []
+    real_built, real_seal, real_passes = build.CUnit.built, build.CUnit.seal, spine._run_passes
+
+    def built(self):
+        submitted_at_link.append(len(self._builds) == len(self.units()) > 0)
+        return real_built(self)
+
+    def seal(self):
+        real_seal(self)
+        events.append("seal" if self._builds else "nothing to build")
+
+    def run_passes(gm, config, kind, registry, passes, progress, recorder):
+        calls = any(spine.REGION.get(n) is not None for n in gm.graph.nodes)
+        events.append("caller passes" if calls else "body passes")
+        return real_passes(gm, config, kind, registry, passes, progress, recorder)
+
+    monkeypatch.setattr(build.CUnit, "built", built)
+    monkeypatch.setattr(build.CUnit, "seal", seal)
+    monkeypatch.setattr(spine, "_run_passes", run_passes)
+    torch.manual_seed(0)
+    model, x = Model(), torch.randn(4, 16, requires_grad=True)
+    ref = _step(copy.deepcopy(model), x)
+    got = _step(torch.compile(model, backend=fxforge.backend(fxforge.Config(codegen="c"))), x)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    # forward and backward: each body's units are building when its caller's passes start
+    assert events.count("caller passes") == 2, events
+    for i, e in enumerate(events):
+        if e == "caller passes":
+            assert events[i - 2:i] == ["body passes", "seal"], events
+    assert submitted_at_link and all(submitted_at_link), submitted_at_link

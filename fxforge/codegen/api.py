@@ -150,6 +150,10 @@ class CodegenBackend:
     # backend's ``compile`` left in ``KernelContext.units[name]``; returns wrapper globals the
     # kernels' sources use (e.g. compiled functions: built together per wrapper, not per group).
     link: Callable[[Any], dict[str, Any]] | None = None
+    # ``seal(unit)``: called once per wrapper when its groups are all compiled, before ``link``
+    # (which may come later: a region's body is linked with its caller): the backend may start
+    # on what is left (the C backend builds its last translation units).  None: nothing to do.
+    seal: Callable[[Any], None] | None = None
     # ``save_unit(unit)``: what ``link`` was given, as JSON-able data; ``load_unit(data)``: the unit
     # back, for ``link`` in another process (the compiled-graph cache stores a wrapper this way).
     # None: wrappers with units of this backend are compiled in every process.

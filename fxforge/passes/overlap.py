@@ -379,7 +379,7 @@ def comm_figures(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int
     rows: dict[fx.Node, dict] = {}
     digest = hashlib.sha256()
     exposed = 0.0
-    events = replay(order, fused, comm, compute)
+    events = replay(order, fused, comm, compute) if any(is_collective(n) for n in order) else []
     for lane, n, start, end in events:
         if lane == "comm":
             kind, sent = collective_bytes(n)

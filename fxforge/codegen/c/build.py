@@ -8,9 +8,10 @@ chance of its source's size over ``UNIT_BYTES`` (so about that much source a uni
 unit ends depends on its own kernels alone: a wrapper that gained, lost or changed a kernel
 rebuilds the unit it lands in).  A unit is compiled as soon as it ends, while the wrapper's
 other kernels are still being emitted, by concurrent C compiler runs (``$CC``, else ``cc``), one
-per available core; the wrapper, once finished, waits for them (``launcher.link``, which also
-binds each kernel to the wrapper global ``<kernel>_c``).  A unit's source is the prelude and its
-kernels: no ``Python.h``.
+per available core, and the last units as soon as the last kernel is emitted (``CUnit.seal``:
+a region's body builds while its caller's passes run); the wrapper, once finished, waits for
+them (``launcher.link``, which also binds each kernel to the wrapper global ``<kernel>_c``).
+A unit's source is the prelude and its kernels: no ``Python.h``.
 
 A shared object is named by a hash of the source, the compiler's version, the flags and this
 machine's CPU flags, in ``$FXFORGE_CACHE_DIR/c`` (the same checked private directory as the
@@ -259,6 +260,22 @@ class CUnit:
     def add(self, k: CEmitted) -> None:
         self.kernels.append(k)
         self._place()
+        self._submit()
+
+    def seal(self) -> None:
+        """Every kernel is emitted: the units still open end here and, where units build in the
+        background, start building now rather than when ``built`` asks for them (a region's
+        body is linked with its caller, whose passes and kernels run meanwhile)."""
+        self.emitted = None
+        self._place()
+        for quick, ks in self._open.items():
+            if ks:
+                self._closed.append((quick, ks))
+                self._open[quick] = []
+        self._submit()
+
+    def _submit(self) -> None:
+        """The units closed since the last call, submitted to build in the background."""
         if self.background:
             while len(self._builds) < len(self._closed):
                 if self._pool is None:
@@ -407,6 +424,11 @@ def shared_object(source: str, include: str | None = None, cc: str | None = None
             except OSError:
                 pass
     return path
+
+
+def seal(unit: CUnit) -> None:
+    """The C backend's ``seal``: the unit's last translation units start building (``CUnit.seal``)."""
+    unit.seal()
 
 
 def save_unit(unit: CUnit) -> dict:

@@ -67,6 +67,10 @@ def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config,
     """The wrapper of ``gm`` (``graph``: its name in profiler ranges, ``forward-0``...): its plan,
     printed.  Its kernels are emitted (their builds may be running): ``link`` it before loading."""
     wp = plan_wrapper(gm, plan, registry, config, graph)
+    for name, unit in wp.units.items():  # (every kernel is emitted: the builds left may start)
+        seal = registry.get(name).seal
+        if seal is not None:
+            seal(unit)
     source, profiled = module(wp)
     return Wrapper(source, wp.globals, wp.kernels, wp.demoted, profiled, wp.ops, wp.units)
 
