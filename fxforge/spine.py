@@ -208,7 +208,9 @@ def compile_regions(gm: fx.GraphModule, config: Config, kind: str, registry: Reg
         body = region_body(n)
         if body is None:
             continue
-        key = keys.setdefault(id(body), _body_key(body))
+        key = keys.get(id(body))
+        if key is None:  # (once per body: its call sites share it)
+            key = keys[id(body)] = _body_key(body)
         if key not in found:
             name = n.args[1] if len(n.args) > 1 and isinstance(n.args[1], str) else n.args[0].target
             GUARD_INPUTS.set(body, True)  # (the caller passes its values as it has laid them out)
