@@ -148,43 +148,33 @@ class ZeroCopyCatPad:
         if kind == "getitem":
             return "producer"  # one output of a multi-output op: only single outputs are placed
         flat = _flattened(n, a) if kind == "view" else None
-        if flat is not None:
-            return self.flat_refusal(n, flat, outputs)
-        if kind != "compute":
+        if flat is None and kind != "compute":
             return "view"
-        if SLICE_OF.on(a):
-            return "shared"
-        if SYMMETRIC.on(a):
-            return "symmetric"
-        va, vn = a.meta.get(VAL), n.meta[VAL]
-        if not isinstance(va, torch.Tensor) or va.dtype != vn.dtype:
-            return "dtype"
-        if va.dim() != vn.dim():
-            return "layout"
-        if any(x in outputs for x in _aliases(a)):
-            return "graph_output"
-        readers = _readers(a)
-        if _mutated(a):
-            return "mutated"
-        if not self.writes_in_place(a):
-            return "producer"
-        if not all(self.reads_in_place(r, n, a) for r in readers):
+        why = self.value_refusal(n, flat or a, outputs, flat is not None)
+        if why is not None or flat is not None:
+            return why  # (a flattened value keeps its own layout: its readers read it as traced)
+        if not all(self.reads_in_place(r, n, a) for r in _readers(a)):
             return "reader"
         return None
 
-    def flat_refusal(self, n: fx.Node, p: fx.Node, outputs: set) -> str | None:
-        """Why value ``p``, a flattened input of 1-D cat ``n``, cannot fill its run of the cat."""
-        if SLICE_OF.on(p):
+    def value_refusal(self, n: fx.Node, v: fx.Node, outputs: set, flat: bool) -> str | None:
+        """Why the value ``v`` cannot be written into its place in container ``n``: a region laid
+        out as ``n``, or, ``flat``, a run of the 1-D cat laid out as ``v`` was traced."""
+        if SLICE_OF.on(v):
             return "shared"
-        if SYMMETRIC.on(p):
+        if SYMMETRIC.on(v):
             return "symmetric"
-        if p.meta[VAL].dtype != n.meta[VAL].dtype:
+        va, vn = v.meta.get(VAL), n.meta[VAL]
+        if not isinstance(va, torch.Tensor) or va.dtype != vn.dtype:
             return "dtype"
-        if any(x in outputs for x in _aliases(p)):
+        if not flat and va.dim() != vn.dim():
+            return "layout"
+        if any(x in outputs for x in _aliases(v)):
             return "graph_output"
-        if _mutated(p):
+        if _mutated(v):
             return "mutated"
-        if is_container(p) or not writes_planned(p):
+        writes = writes_planned(v) and not is_container(v) if flat else self.writes_in_place(v)
+        if not writes:
             return "producer"
         return None
 
