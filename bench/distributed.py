@@ -438,7 +438,7 @@ def write_md(path: str) -> None:
         on, off, b, ind = cs.get("fxforge"), cs.get("fxforge-off"), cs.get("fxforge-bucketed"), cs.get("inductor")
         per_param = 2 * r.get("tensors", 0)
         lines.append(f"| {r['model']} | {r['parallel']} | {r['world']} | "
-                     f"{on['wait_s'] / b['wait_s']:.0%} | {on['step_s'] / off['step_s']:.2f} | "
+                     f"{on['wait_s'] / b['wait_s']:.0%} | {_ratio(on, off)} | "
                      f"{_vs(on, ind, r)} | {per_param} / {on['collectives']} = "
                      f"{per_param / on['collectives']:.1f}x | {_rank_peak(on) / _rank_peak(b):.2f} | "
                      f"{on.get('simulated_wait_s', 0) / on['wait_s']:.2f} |" if on and off and b and on["wait_s"] else

@@ -14,6 +14,7 @@ import torch.nn as nn
 
 import fxforge
 import fxforge.spine as spine
+from fxforge.codegen.c import build
 from fxforge.core.graph import region_body
 from fxforge.report.html import render
 
@@ -208,14 +209,11 @@ def test_the_report_shows_each_region_once_with_its_call_sites():
         assert all(f"<code>{s}</code>" in page for s in r["sites"])
 
 
-@pytest.mark.skipif(__import__("fxforge.codegen.c.build", fromlist=["compiler"]).compiler() is None,
-                    reason="no C compiler (cc, or $CC) on this machine")
+@pytest.mark.skipif(build.compiler() is None, reason="no C compiler (cc, or $CC) on this machine")
 def test_a_regions_kernels_start_building_before_its_caller_is_compiled(monkeypatch, tmp_path):
     """Once a wrapper's kernels are all emitted, its last C units start building (``CUnit.seal``):
     a region's body, linked with its caller, builds while the caller's passes run, rather than
     after them; every unit of every wrapper is submitted before ``link`` waits for it."""
-    from fxforge.codegen.c import build
-
     monkeypatch.setenv("FXFORGE_CACHE_DIR", str(tmp_path))
     events, submitted_at_link = [], []
     real_built, real_seal, real_passes = build.CUnit.built, build.CUnit.seal, spine._run_passes

@@ -24,12 +24,12 @@ class Spliced:
         self.printed: dict = {}
 
     def __call__(self, e: Any) -> str:
+        if type(e) is not int:
+            e = sympy.sympify(e)
+            if e.is_Integer:
+                e = int(e)
         if type(e) is int:
             return str(e) if e >= 0 else f"({e})"
-        e = sympy.sympify(e)
-        if e.is_Integer:
-            v = int(e)
-            return str(v) if v >= 0 else f"({v})"
         key = (e, len(self.names))
         text = self.printed.get(key)
         if text is None:

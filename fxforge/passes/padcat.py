@@ -106,9 +106,10 @@ class ZeroCopyCatPad:
             inputs = container_inputs(n)
             taken = []
             for i, (a, region) in enumerate(zip(inputs, regions(n) if why_not is None else [None] * len(inputs))):
-                why = why_not or self.refusal(n, a, inputs, i, outputs)
+                flat = _flattened(n, a) if isinstance(a, fx.Node) else None
+                why = why_not or self.refusal(n, a, flat, inputs, i, outputs)
                 if why is None:
-                    SLICE_OF.set(_flattened(n, a) or a, (n.name, region))
+                    SLICE_OF.set(flat or a, (n.name, region))
                     if is_container(a) and not ZERO_COPY.on(a):
                         # an inner cat/pad none of whose inputs is in place: the wrapper still
                         # builds it, by copies, in its region of this one
@@ -137,7 +138,9 @@ class ZeroCopyCatPad:
             return "pad_sign"
         return None
 
-    def refusal(self, n: fx.Node, a, inputs: list, index: int, outputs: set) -> str | None:
+    def refusal(self, n: fx.Node, a, flat: fx.Node | None, inputs: list, index: int, outputs: set) -> str | None:
+        """Why input ``a`` of container ``n`` is copied rather than written in place (``flat``:
+        the value ``a`` flattens, ``_flattened``), or None."""
         if not isinstance(a, fx.Node):
             return "graph_input"
         if a.op in ("placeholder", "get_attr"):
@@ -147,7 +150,6 @@ class ZeroCopyCatPad:
         kind = node_kind(a)
         if kind == "getitem":
             return "producer"  # one output of a multi-output op: only single outputs are placed
-        flat = _flattened(n, a) if kind == "view" else None
         if flat is None and kind != "compute":
             return "view"
         why = self.value_refusal(n, flat or a, outputs, flat is not None)

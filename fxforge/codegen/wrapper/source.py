@@ -39,12 +39,15 @@ class Wrapper:
     def upgrades(self) -> list:
         """Kernels bound again once built in full: each linked unit's ``upgraded``, a future of
         ``<kernel>_c`` bindings (``build.CUnit.tiered``), where it has one."""
-        return [u.upgraded for u in self.units.values() if getattr(u, "upgraded", None) is not None]
+        return [u.upgraded for u in self._upgrading()]
 
     @property
     def tiered_kernels(self) -> int:
         """The kernels that wait for theirs (``upgrades``)."""
-        return sum(u.first_built for u in self.units.values() if getattr(u, "upgraded", None) is not None)
+        return sum(u.first_built for u in self._upgrading())
+
+    def _upgrading(self) -> list:
+        return [u for u in self.units.values() if getattr(u, "upgraded", None) is not None]
 
     def load(self, filename: str):
         """Compile the source; returns ``call(args)``, which runs the graph, and a function
