@@ -523,6 +523,46 @@ def test_buckets_whose_results_feed_other_buckets(fake_group):
     assert c.stats["comm"]["count"] == 3
 
 
+def test_gradients_reduced_over_both_mesh_dims_are_bucketed_on_both(fake_group):
+    """A 2-D mesh's gradients, each reduce-scattered over one dimension where it is made and the
+    result reduced again over the other (a cat laying out the blocks for one of them, as DTensor
+    traces it), and returned: the second collectives move to the output, so the first ones are
+    bucketed together (traced, each one's result was read at once), and so are the second ones.
+    The values are the unbucketed graph's."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fxforge.passes.bucketing import BucketCollectives
+
+    f = _funcol()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp, tp = mesh["dp"].get_group().group_name, mesh["tp"].get_group().group_name
+
+    def step(x, w1, w2, w3):
+        out = []
+        for i, w in enumerate((w1, w2, w3)):
+            g = f.wait_tensor(f.reduce_scatter_tensor(x.t() @ torch.tanh(x @ w), "sum", 2, dp))
+            if i == 1:  # (reduce-scattered along its columns: blocks cat'ed first)
+                out.append(f.wait_tensor(f.reduce_scatter_tensor(torch.cat(g.split(8, 1)), "sum", 2, tp)))
+            else:
+                out.append(f.wait_tensor(f.all_reduce(g, "sum", tp)))
+        return out
+
+    args = (torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16), torch.randn(16, 16))
+    traced = make_fx(step, tracing_mode="fake")
+    gm = traced(*args)
+    r = BucketCollectives(fxforge.Config(debug=True))(gm)
+    gm.graph.lint()
+    assert r.stats == {"buckets": 2, "bucketed": 5}, r.stats  # three reduce-scatters; two all-reduces
+    kinds = sorted((c.target.__name__, c.args[-1]) for c in _collectives(gm))
+    assert kinds == [("all_reduce.default", tp), ("reduce_scatter_tensor.default", dp),
+                     ("reduce_scatter_tensor.default", tp)]
+    gm.recompile()
+    plain = make_fx(step, tracing_mode="real")(*args)  # (fake group: deterministic results)
+    for got, want in zip(gm(*args), plain(*args)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert BucketCollectives(fxforge.Config())(traced(*args)).stats == r.stats  # (not debug: the same)
+
+
 def test_distributed_docs_example_with_torchrun(tmp_path):
     """docs/distributed.md's FSDP-style step, run as written with torchrun (2 processes): the
     loss of the whole batch, one collective order on both ranks; bounded at 180 s."""

@@ -26,7 +26,10 @@ Each bucket is issued where its first member was, or just after the last of its 
 if that is later, and waited for where its first member was read (``passes/overlap.py`` then
 moves both).  Views of a member's result that only
 pass it on (a gradient viewed in its parameter's shape for the graph's output) are moved down to
-where it is read, so that they do not count as reading it.  A member joins a bucket only if its
+where it is read, so that they do not count as reading it; so is a collective passing a result on to
+the output (a 2-D mesh's gradient reduce-scattered over one dimension, then reduced over the
+other), with what lays the result out for it (``_feed``): the first collectives are then bucketed
+together, and the second ones too.  A member joins a bucket only if its
 input does not depend on what the bucket waits for (no cycle), and the order of the collectives
 stays the same on every rank: buckets are made the same way from the same graph.  ``stats`` of the pass:
 ``buckets`` (merged collectives made), ``bucketed`` (collectives merged into them).
@@ -43,6 +46,7 @@ import torch.fx as fx
 from ..core.config import Config
 from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta, node_kind
 from ..infra.pass_manager import PassResult
+from ..lowering.cleanup import has_side_effects
 from ..core.collectives import collective_bytes, group_size_of, is_collective, is_wait
 from ..core.costs import CommModel, ComputeModel, graph_models, node_time
 
@@ -70,11 +74,14 @@ class BucketCollectives:
         mode = fake_mode_of(gm)
         if mode is None:
             return PassResult(gm, False, {})
-        # (positions read once: a wait's views and their readers are not moved by another wait's)
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        for n in list(gm.graph.nodes):
-            if n.op == "call_function" and n.target in make and _only_wait(n) is not None:
-                _sink_views(_only_wait(n), order)
+        waited = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in make and _only_wait(n) is not None]
+        _sink_views(waited)
+        chained = [(n, feed) for n in waited if (feed := _feed(n)) is not None]
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}  # (a moved node is no chained one's reader)
+        for n, feed in chained:
+            _sink_collective(n, feed, order)
+        if chained:  # (what the moved ones read is read later now)
+            _sink_views(waited)
         buckets = _buckets(gm, make, self.config.bucket_bytes,
                            *graph_models(gm, self.config.comm_model, self.config.threads))
         # (the last issued first: a bucket reading another's results, a gathered weight reduce-scattered,
@@ -198,7 +205,15 @@ def _pareto(states: list[tuple]) -> list[tuple]:
     return out[:_FRONT]
 
 
-def _sink_views(w: fx.Node, order: dict[fx.Node, int]) -> None:
+def _sink_views(collectives: list[fx.Node]) -> None:
+    """Each collective's views of its wait's result moved down (``_sink_view_chain``), positions
+    read once: a wait's views and their readers are not moved by another wait's."""
+    order = {n: i for i, n in enumerate(collectives[0].graph.nodes)}
+    for n in collectives:
+        _sink_view_chain(_only_wait(n), order)
+
+
+def _sink_view_chain(w: fx.Node, order: dict[fx.Node, int]) -> None:
     """The views of ``w`` (a wait's result), and theirs, moved down to just before the first node
     reading one of them that is not such a view: a gradient reduce-scattered where it is made is
     viewed in its parameter's shape there but read only by the graph's output, and a bucket may
@@ -218,6 +233,61 @@ def _sink_views(w: fx.Node, order: dict[fx.Node, int]) -> None:
         return
     for u in sorted(chain, key=order.__getitem__):
         first.prepend(u)
+
+
+def _feed(c: fx.Node) -> list[fx.Node] | None:
+    """What collective ``c`` reads, back to what another collective's wait gave, when ``c`` passes
+    that on to the graph's output (a gradient reduced over one mesh dimension and then over the
+    other; between them, views, and a cat laying the blocks out for the second): the nodes
+    between, which only ``c`` reads (None: ``c`` reads something else too, or its result is read
+    before the output)."""
+    if not _returned_only(_only_wait(c)):
+        return None
+    feed: list[fx.Node] = []
+    stack, source = [c.args[0]], None
+    while stack:
+        x = stack.pop()
+        if not isinstance(x, fx.Node) or x in feed:
+            continue
+        if is_wait(x) and source in (None, x):
+            source = x
+            continue
+        if x.op != "call_function" or is_collective(x) or is_wait(x) or has_side_effects(x) or len(feed) == _FEED:
+            return None
+        feed.append(x)
+        stack.extend(x.all_input_nodes)
+    inside = {*feed, c}
+    if source is None or any(u not in inside for x in feed for u in x.users):
+        return None
+    return feed
+
+
+def _returned_only(w: fx.Node) -> bool:
+    """Only the graph's output reads ``w``, itself or through views."""
+    stack = list(w.users)
+    while stack:
+        u = stack.pop()
+        if u.op == "output":
+            continue
+        if node_kind(u) != "view":
+            return False
+        stack.extend(u.users)
+    return True
+
+
+_FEED = 16  # nodes at most between a collective and the wait it passes on
+
+
+def _sink_collective(c: fx.Node, feed: list[fx.Node], order: dict[fx.Node, int]) -> None:
+    """Collective ``c``, what it reads back to the wait it passes on (``feed``) and its own wait,
+    moved down to just before the first node reading what it waited for (views of it moved
+    down to the graph's output, which alone reads them: ``_returned_only``):
+    traced where the collective it passes on was waited for, it would be read there, and no
+    collective of that one's kind could be bucketed with a later one.  (The overlap pass issues
+    it again as soon as what it reads is ready.)"""
+    first = min(_only_wait(c).users, key=order.__getitem__)
+    for x in (*sorted(feed, key=order.__getitem__), c, _only_wait(c)):
+        first.prepend(x)
 
 
 def _contiguous(x: fx.Node) -> bool:
