@@ -440,7 +440,8 @@ def write_md(path: str) -> None:
         lines.append(f"| {r['model']} | {r['parallel']} | {r['world']} | "
                      f"{on['wait_s'] / b['wait_s']:.0%} | {_ratio(on, off)} | "
                      f"{_vs(on, ind, r)} | {per_param} / {on['collectives']} = "
-                     f"{per_param / on['collectives']:.1f}x | {_rank_peak(on) / _rank_peak(b):.2f} | "
+                     f"{per_param / on['collectives']:.1f}x (as traced: {off['collectives']}, "
+                     f"{off['collectives'] / on['collectives']:.1f}x) | {_rank_peak(on) / _rank_peak(b):.2f} | "
                      f"{on.get('simulated_wait_s', 0) / on['wait_s']:.2f} |" if on and off and b and on["wait_s"] else
                      f"| {r['model']} | {r['parallel']} | {r['world']} | (incomplete) |")
     lines += _bucket_md(data)
