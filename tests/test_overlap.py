@@ -563,6 +563,37 @@ def test_gradients_reduced_over_both_mesh_dims_are_bucketed_on_both(fake_group):
     assert BucketCollectives(fxforge.Config())(traced(*args)).stats == r.stats  # (not debug: the same)
 
 
+def test_a_second_collective_stays_before_a_write_into_what_it_reads(fake_group):
+    """The first collective's result written in place after the second one read it: the second
+    one is neither moved past that write nor bucketed with the next one (the bucket would be
+    issued after the write): either would reduce the written values."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fxforge.passes.bucketing import BucketCollectives
+
+    f = _funcol()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp, tp = mesh["dp"].get_group().group_name, mesh["tp"].get_group().group_name
+
+    def step(x, w1, w2):
+        out = []
+        for w in (w1, w2):
+            g = f.wait_tensor(f.reduce_scatter_tensor(x.t() @ torch.tanh(x @ w), "sum", 2, dp))
+            out.append(f.wait_tensor(f.all_reduce(g, "sum", tp)))
+            g.mul_(2.0)
+            out.append(g)
+        return out
+
+    args = (torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16))
+    gm = make_fx(step, tracing_mode="fake")(*args)
+    BucketCollectives(fxforge.Config(debug=True))(gm)
+    gm.graph.lint()
+    gm.recompile()
+    plain = make_fx(step, tracing_mode="real")(*args)
+    for got, want in zip(gm(*args), plain(*args)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_distributed_docs_example_with_torchrun(tmp_path):
     """docs/distributed.md's FSDP-style step, run as written with torchrun (2 processes): the
     loss of the whole batch, one collective order on both ranks; bounded at 180 s."""

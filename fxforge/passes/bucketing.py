@@ -24,15 +24,16 @@ compute waits least under the cost models (``_partition``):
 
 Each bucket is issued where its first member was, or just after the last of its inputs is made
 if that is later, and waited for where its first member was read (``passes/overlap.py`` then
-moves both).  Views of a member's result that only
-pass it on (a gradient viewed in its parameter's shape for the graph's output) are moved down to
-where it is read, so that they do not count as reading it; so is a collective passing a result on to
-the output (a 2-D mesh's gradient reduce-scattered over one dimension, then reduced over the
-other), with what lays the result out for it (``_feed``): the first collectives are then bucketed
-together, and the second ones too.  A member joins a bucket only if its
-input does not depend on what the bucket waits for (no cycle), and the order of the collectives
-stays the same on every rank: buckets are made the same way from the same graph.  ``stats`` of the pass:
-``buckets`` (merged collectives made), ``bucketed`` (collectives merged into them).
+moves both).  Views of a member's result that only pass it on (a gradient viewed in its
+parameter's shape for the graph's output) are moved down to where it is read, so that they do
+not count as reading it; so is a collective passing a result on to the output (a 2-D mesh's
+gradient reduce-scattered over one dimension, then reduced over the other), with what lays the
+result out for it (``_feed``): the first collectives are then bucketed together, and the second
+ones too.  A member joins a bucket only if its input does not depend on what the bucket waits
+for (no cycle) and is not written in place (the bucket may be issued after the write), and the
+order of the collectives stays the same on every rank: buckets are made the same way from the
+same graph.  ``stats`` of the pass: ``buckets`` (merged collectives made), ``bucketed``
+(collectives merged into them).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import torch
 import torch.fx as fx
 
 from ..core.config import Config
-from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta, node_kind
+from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta, is_mutating, node_kind, storage_root
 from ..infra.pass_manager import PassResult
 from ..lowering.cleanup import has_side_effects
 from ..core.collectives import collective_bytes, group_size_of, is_collective, is_wait
@@ -123,8 +124,8 @@ def _buckets(gm: fx.GraphModule, make: dict, limit: int, comm: CommModel, comput
     runs: dict[tuple, list[_Member]] = {}
     for n in gm.graph.nodes:
         x = n.args[0] if n.op == "call_function" and n.target in make else None
-        if not isinstance(x, fx.Node) or _only_wait(n) is None or not _contiguous(x):
-            continue
+        if not isinstance(x, fx.Node) or _only_wait(n) is None or not _contiguous(x) or _written_in_place(x):
+            continue  # (a bucket is issued later than its members were: not past a write into one)
         reader = min(_only_wait(n).users, key=position.__getitem__)
         runs.setdefault(make[n.target][0](n), []).append(
             _Member(n, position[x], position[reader], _bytes(x), collective_bytes(n)[1], clock[x.next], clock[reader]))
@@ -239,8 +240,8 @@ def _feed(c: fx.Node) -> list[fx.Node] | None:
     """What collective ``c`` reads, back to what another collective's wait gave, when ``c`` passes
     that on to the graph's output (a gradient reduced over one mesh dimension and then over the
     other; between them, views, and a cat laying the blocks out for the second): the nodes
-    between, which only ``c`` reads (None: ``c`` reads something else too, or its result is read
-    before the output)."""
+    between, which only ``c`` reads (None: ``c`` reads something else too, its result is read
+    before the output, or that wait's result is written in place: ``_written_in_place``)."""
     if not _returned_only(_only_wait(c)):
         return None
     feed: list[fx.Node] = []
@@ -257,9 +258,26 @@ def _feed(c: fx.Node) -> list[fx.Node] | None:
         feed.append(x)
         stack.extend(x.all_input_nodes)
     inside = {*feed, c}
-    if source is None or any(u not in inside for x in feed for u in x.users):
+    if source is None or any(u not in inside for x in feed for u in x.users) or _written_in_place(source):
         return None
     return feed
+
+
+def _written_in_place(x: fx.Node) -> bool:
+    """Some node writes in place into the storage ``x``'s value lives in (what reads ``x`` must
+    then stay before that node)."""
+    root = storage_root(x)
+    stack, seen = [root], {root}
+    while stack:
+        for u in stack.pop().users:
+            if u in seen:
+                continue
+            seen.add(u)
+            if is_mutating(u):
+                return True
+            if node_kind(u) == "view":
+                stack.append(u)
+    return False
 
 
 def _returned_only(w: fx.Node) -> bool:
