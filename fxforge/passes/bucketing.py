@@ -298,11 +298,10 @@ _FEED = 16  # nodes at most between a collective and the wait it passes on
 
 def _sink_collective(c: fx.Node, feed: list[fx.Node], order: dict[fx.Node, int]) -> None:
     """Collective ``c``, what it reads back to the wait it passes on (``feed``) and its own wait,
-    moved down to just before the first node reading what it waited for (views of it moved
-    down to the graph's output, which alone reads them: ``_returned_only``):
-    traced where the collective it passes on was waited for, it would be read there, and no
-    collective of that one's kind could be bucketed with a later one.  (The overlap pass issues
-    it again as soon as what it reads is ready.)"""
+    moved down to just before the first node reading what it waited for: a view of it, moved
+    down to the graph's output (``_returned_only``).  Traced where that wait is, ``c`` reads its
+    result at once, and no collective of the waited one's kind could be bucketed with a later
+    one; the overlap pass issues ``c`` again as soon as what it reads is ready."""
     first = min(_only_wait(c).users, key=order.__getitem__)
     for x in (*sorted(feed, key=order.__getitem__), c, _only_wait(c)):
         first.prepend(x)
