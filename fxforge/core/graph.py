@@ -614,6 +614,22 @@ def is_mutating(node: fx.Node) -> bool:
     return bool(schema is not None and schema.is_mutable)
 
 
+def written_in_place(node: fx.Node) -> bool:
+    """Some node writes in place into ``node``'s value: a mutating op reading it or a view of it
+    (views of views too)."""
+    stack, seen = [node], {node}
+    while stack:
+        for u in stack.pop().users:
+            if u in seen:
+                continue
+            seen.add(u)
+            if is_mutating(u):
+                return True
+            if node_kind(u) == "view":
+                stack.append(u)
+    return False
+
+
 def storage_root(node: fx.Node) -> fx.Node:
     """The node that produced the storage ``node``'s value lives in."""
     while True:

@@ -45,7 +45,7 @@ import torch
 import torch.fx as fx
 
 from ..core.config import Config
-from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta, is_mutating, node_kind, storage_root
+from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta, node_kind, storage_root, written_in_place
 from ..infra.pass_manager import PassResult
 from ..lowering.cleanup import has_side_effects
 from ..core.collectives import collective_bytes, group_size_of, is_collective, is_wait
@@ -124,7 +124,7 @@ def _buckets(gm: fx.GraphModule, make: dict, limit: int, comm: CommModel, comput
     runs: dict[tuple, list[_Member]] = {}
     for n in gm.graph.nodes:
         x = n.args[0] if n.op == "call_function" and n.target in make else None
-        if not isinstance(x, fx.Node) or _only_wait(n) is None or not _contiguous(x) or _written_in_place(x):
+        if not isinstance(x, fx.Node) or _only_wait(n) is None or not _contiguous(x) or written_in_place(storage_root(x)):
             continue  # (a bucket is issued later than its members were: not past a write into one)
         reader = min(_only_wait(n).users, key=position.__getitem__)
         runs.setdefault(make[n.target][0](n), []).append(
@@ -241,7 +241,7 @@ def _feed(c: fx.Node) -> list[fx.Node] | None:
     that on to the graph's output (a gradient reduced over one mesh dimension and then over the
     other; between them, views, and a cat laying the blocks out for the second): the nodes
     between, which only ``c`` reads (None: ``c`` reads something else too, its result is read
-    before the output, or that wait's result is written in place: ``_written_in_place``)."""
+    before the output, or that wait's result is written in place)."""
     if not _returned_only(_only_wait(c)):
         return None
     feed: list[fx.Node] = []
@@ -258,26 +258,9 @@ def _feed(c: fx.Node) -> list[fx.Node] | None:
         feed.append(x)
         stack.extend(x.all_input_nodes)
     inside = {*feed, c}
-    if source is None or any(u not in inside for x in feed for u in x.users) or _written_in_place(source):
+    if source is None or any(u not in inside for x in feed for u in x.users) or written_in_place(source):
         return None
     return feed
-
-
-def _written_in_place(x: fx.Node) -> bool:
-    """Some node writes in place into the storage ``x``'s value lives in (what reads ``x`` must
-    then stay before that node)."""
-    root = storage_root(x)
-    stack, seen = [root], {root}
-    while stack:
-        for u in stack.pop().users:
-            if u in seen:
-                continue
-            seen.add(u)
-            if is_mutating(u):
-                return True
-            if node_kind(u) == "view":
-                stack.append(u)
-    return False
 
 
 def _returned_only(w: fx.Node) -> bool:

@@ -64,10 +64,10 @@ from ..core.graph import (
     ZERO_COPY,
     aliased_input,
     expr,
-    is_mutating,
     node_kind,
     output_nodes,
     writes_planned,
+    written_in_place,
 )
 from ..infra.pass_manager import PassResult
 from ..core.regions import CAT, PAD, container_inputs, is_container, regions, size_expr
@@ -132,7 +132,7 @@ class ZeroCopyCatPad:
         val = n.meta[VAL]
         if not _row_major(val):
             return "layout"
-        if _mutated(n):
+        if written_in_place(n):
             return "mutated"
         if n.target is PAD and not all(_nonnegative(p) for p in n.args[1]):
             return "pad_sign"
@@ -173,7 +173,7 @@ class ZeroCopyCatPad:
             return "layout"
         if any(x in outputs for x in _aliases(v)):
             return "graph_output"
-        if _mutated(v):
+        if written_in_place(v):
             return "mutated"
         writes = writes_planned(v) and not is_container(v) if flat else self.writes_in_place(v)
         if not writes:
@@ -264,10 +264,6 @@ def _aliases(a: fx.Node) -> list[fx.Node]:
 def _readers(a: fx.Node) -> list[fx.Node]:
     """Every node reading ``a``'s storage: the users of ``a`` and of its views (views included)."""
     return list(dict.fromkeys(u for x in _aliases(a) for u in x.users))
-
-
-def _mutated(a: fx.Node) -> bool:
-    return any(is_mutating(r) for r in _readers(a))
 
 
 def _views_region(r: fx.Node, container: fx.Node) -> bool:

@@ -315,7 +315,7 @@ class CUnit:
         """Each unit's shared object (compiled unless cached; at -Og first where ``tiered``) and
         the symbols it defines: the units compiling in the background waited for, the rest
         compiled side by side."""
-        self.emitted = None  # (every kernel is emitted by now)
+        self.seal()  # (every kernel is emitted by now; a wrapper has sealed its unit already)
         units = self.units()
         try:
             done = [f.result() for f in self._builds]
