@@ -169,3 +169,36 @@ def test_recompiles_are_deferred_past_fxforges_passes_but_not_past_yours():
     assert len(calls) == 1  # one regeneration, before reads_code; none after it (nothing changed)
     x, y = torch.randn(4, 8), torch.randn(8, 3)
     torch.testing.assert_close(gm2(x, y)[0], -(torch.relu(x @ y) + 1).sum(-1))
+
+
+def test_code_left_stale_by_the_last_passes_is_regenerated_when_the_module_is_used():
+    """The manager does not regenerate the code at its end (a compile never runs the module): the
+    module handed back makes it when first run, or its code read, copied or pickled."""
+    import copy
+    import pickle
+
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    def add_neg(g):  # as fxforge's passes (its recompile deferred): the module's code left stale
+        out = g.graph.output_node()
+        with g.graph.inserting_before(out):
+            first = out.args[0][0]
+            neg = g.graph.call_function(torch.ops.aten.neg.default, (first,))
+            neg.meta[VAL] = first.meta[VAL].neg()
+        out.args = ((neg, *out.args[0][1:]),)
+        return PassResult(g, True)
+
+    add_neg.__module__ = "fxforge.tests"  # (counted as one of fxforge's: not regenerated before it)
+    x, y = torch.randn(4, 8), torch.randn(8, 3)
+    want = -(torch.relu(x @ y) + 1).sum(-1)
+    for use in ("run", "code", "deepcopy", "pickle"):
+        gm, _ = PassManager([add_neg])(traced())
+        assert isinstance(gm, _LazyGraphModule) and gm._needs_recompile()  # nothing regenerated yet
+        if use == "code":
+            assert "neg" in gm.code
+        elif use == "deepcopy":
+            gm = copy.deepcopy(gm)
+        elif use == "pickle":
+            gm = pickle.loads(pickle.dumps(gm))
+        torch.testing.assert_close(gm(x, y)[0], want)
+        assert "neg" in gm.code

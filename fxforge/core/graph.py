@@ -329,18 +329,26 @@ def hint(e: sympy.Expr | int, shape_env=None) -> int:
 
 def free_symbols(v: Any) -> set[sympy.Symbol]:
     """The free symbols of a value's sizes, strides and storage offset."""
+    if isinstance(v, torch.Tensor) and _static(v):  # (most values: one static tensor)
+        return set()
     out: set[sympy.Symbol] = set()
     for t in _flatten([v]):
         if isinstance(t, torch.Tensor):
-            sizes = (*t.shape, *t.stride(), t.storage_offset())
-            if all(type(x) is int for x in sizes):  # static (most tensors)
+            if _static(t):
                 continue
+            sizes = (*t.shape, *t.stride(), t.storage_offset())
             for x in sizes:
                 if isinstance(x, torch.SymInt):
                     out |= expr(x).free_symbols
         elif isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             out |= expr(t).free_symbols
     return out
+
+
+def _static(t: torch.Tensor) -> bool:
+    """``t``'s sizes, strides and offset are all ints."""
+    return type(t.storage_offset()) is int and all(type(x) is int for x in t.shape) \
+        and all(type(x) is int for x in t.stride())
 
 
 def _flatten(xs: Iterable[Any]) -> list[Any]:

@@ -12,6 +12,7 @@ builds the full loop nest (shapes, strides, rows) from the same vocabulary.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,11 @@ def is_pointwise(node: fx.Node) -> bool:
     op = node.target
     if not isinstance(op, torch._ops.OpOverload) or not isinstance(node.meta.get(VAL), torch.Tensor):
         return False
+    return _pointwise_op(op)
+
+
+@functools.cache
+def _pointwise_op(op: torch._ops.OpOverload) -> bool:
     return torch.Tag.pointwise in op.tags or op in POINTWISE_EXTRA
 
 
@@ -53,7 +59,15 @@ def kind_of(node: fx.Node) -> str:
 
 
 def shape_of(v: torch.Tensor) -> tuple:
-    return tuple(expr(s) for s in v.shape)
+    shape = v.shape
+    if all(type(s) is int for s in shape):  # static: one cached conversion per distinct shape
+        return _static_shape(tuple(shape))
+    return tuple(expr(s) for s in shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _static_shape(shape: tuple[int, ...]) -> tuple:
+    return tuple(expr(s) for s in shape)
 
 
 def numel(shape) -> sympy.Expr:

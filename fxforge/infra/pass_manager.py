@@ -10,8 +10,9 @@ A pass is any callable taking a GraphModule and returning one of
 
 Regenerating a module's Python code (``GraphModule.recompile``) costs about as much as a pass on
 a large graph, and fxforge's own passes never read it: while the manager runs, recompiles are
-deferred (``_DeferredRecompile``), made before a pass from outside fxforge (yours may run the
-module) and once at the end.
+deferred (``_DeferredRecompile``) and made before a pass from outside fxforge (yours may run the
+module); the module handed back regenerates its code when it is first run, or its code read,
+printed or pickled (torch's lazy GraphModule): a compile that never runs it never pays for it.
 
 In debug mode (``Config(debug=True)``, ``FXFORGE_DEBUG=1``) every pass is followed by
 ``verify_graph``: ``graph.lint()``, ``meta["val"]`` on every node, and fake values re-propagated
@@ -162,8 +163,8 @@ def _fxforges(p: Callable) -> bool:
 
 class _DeferredRecompile:
     """While it is open, ``gm.recompile()`` only notes that the module's code is stale (an
-    instance attribute shadowing the method); ``flush`` regenerates it if so, ``close`` flushes
-    and gives the method back."""
+    instance attribute shadowing the method); ``flush`` regenerates it if so; ``close`` gives the
+    method back and leaves stale code to be regenerated when it is used (``_recompile_when_used``)."""
 
     def __init__(self, gm: fx.GraphModule):
         self.gm, self.stale = gm, False
@@ -181,7 +182,21 @@ class _DeferredRecompile:
     def close(self) -> None:
         if self.gm.__dict__.get("recompile") == self.mark:
             del self.gm.recompile
-        self.flush()
+        if self.stale:
+            self.stale = False
+            _recompile_when_used(self.gm)
+
+
+def _recompile_when_used(gm: fx.GraphModule) -> None:
+    """Marks ``gm``'s Python code stale, to be regenerated when the module is first run or its
+    code read, printed or pickled: a plain GraphModule becomes one of torch's lazy ones (its
+    per-instance class swapped, every attribute it holds kept); a subclass of your own is
+    regenerated now."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    if not isinstance(gm, _LazyGraphModule) and type(gm).__bases__ == (fx.GraphModule,):
+        gm.__class__ = type("GraphModuleImpl", (_LazyGraphModule,), {})  # (as torch names a module's own class)
+    gm.recompile()
 
 
 def _verify_or_raise(name: str, gm: fx.GraphModule) -> None:
