@@ -23,8 +23,10 @@ collectives, none hidden).  Every contender's loss is checked against eager on o
 
 The **simulator** (``bench/comm_sim.py``) replays every rank's profiled ``fxforge`` step together:
 their measured compute between collectives, each collective started when the last rank issued
-it, under the cost model fitted on this link at the start of the case (``costs.calibrate``); its
-predicted wait is compared with the measured one.
+it, under the link as the run found it: α and β fitted to the ``fxforge-bucketed`` steps profiled
+beside it (``comm_sim.fit_link``: the same collectives, each waited for at once).  Its predicted
+wait is compared with the measured one; the prediction under the model fitted at the start of
+the case (``costs.calibrate``, what the compile's buckets were cut for) is kept beside it.
 
     python bench/distributed.py [--models gpt llama] [--cases fsdp:2 fsdp:4 fsdp_tp:4] \
         [--link 1gbit|loopback] [--steps 6] [--bucket-bytes N ...] [--tag distributed]
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -52,7 +55,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from ranks import limited_link, link_name, on_ranks  # noqa: E402
 
 CONTENDERS = ("fxforge-off", "fxforge-bucketed", "fxforge", "inductor", "eager")
-PROFILED = 3  # profiled steps per contender (interleaved): the wait reported is their median
+PROFILED = 5  # profiled steps per contender (interleaved): the wait reported is their median
 
 
 def _configs(buckets=()):
@@ -246,7 +249,7 @@ def main() -> int:
             return rc
     path = os.path.join(args.out, f"{args.tag}.json")
     data = _with_command(json.load(open(path)) if os.path.exists(path) else {"cases": []})
-    from comm_sim import simulate_ranks
+    from comm_sim import fit_link
 
     for model in args.models:
         for spec in args.cases:
@@ -271,27 +274,13 @@ def main() -> int:
                    "inductor_failed": failed,
                    "tensors": ranks[0]["tensors"],
                    "link_model": ranks[0]["link"], "contenders": {}}
+            # the link as the run found it: fitted to the steps that wait for each collective at once
+            bucketed = [r["contenders"]["fxforge-bucketed"] for r in ranks if "fxforge-bucketed" in r["contenders"]]
+            fit = fit_link([[r["traces"][i] for r in bucketed] for i in range(PROFILED)], [r["schedule"] for r in bucketed],
+                           ranks[0]["link"]) if bucketed else None
+            row["link_fitted"] = dataclasses.asdict(fit) if fit is not None else None
             for name in ranks[0]["contenders"]:
-                per = [r["contenders"][name] for r in ranks]
-                steps = [max(r["step_s"][i] for r in per) for i in range(len(per[0]["step_s"]))]
-                waits = [max(r["waits"][i] for r in per) for i in range(PROFILED)]  # each step's slowest rank's
-                mid = sorted(range(PROFILED), key=waits.__getitem__)[PROFILED // 2]  # the median profiled step
-                c = {"step_s": statistics.median(steps), "steps": steps, "collectives": per[0]["collectives"],
-                     "peak_bytes": max(r["peak_bytes"] for r in per), "wait_s": waits[mid], "waits": waits,
-                     "loss_error": max(r["loss_error"] for r in per), "compile_s": max(r["compile_s"] for r in per),
-                     "same_as_off": all(r["same_as_off"] for r in per) if per[0]["same_as_off"] is not None else None}
-                if "kept_bytes" in per[0]:
-                    c["kept_bytes"] = max(r["kept_bytes"] for r in per)
-                    c["planned_peak"] = max(r["planned_peak"] or 0 for r in per)
-                if "order_digest" in per[0]:
-                    c["same_order"] = len({r["order_digest"] for r in per}) == 1
-                    c["estimated_s"] = per[0]["estimated_s"]
-                    sims = simulate_ranks([r["traces"][mid] for r in per], [r["schedule"] for r in per],
-                                          ranks[0]["link"])
-                    c["simulated_wait_s"] = max(s["wait_s"] for s in sims)
-                    c["simulated_comm_s"] = max(s["comm_s"] for s in sims)
-                    c["simulated_matched"] = all(s["matched"] for s in sims)
-                row["contenders"][name] = c
+                row["contenders"][name] = _summary([r["contenders"][name] for r in ranks], ranks[0]["link"], fit)
             data["cases"] = [x for x in data["cases"] if (x["model"], x["parallel"], x["world"], x["link"]) !=
                              (model, parallel, int(world), row["link"])] + [row]
             os.makedirs(args.out, exist_ok=True)
@@ -300,6 +289,33 @@ def main() -> int:
             _print(row)
     write_md(path)
     return 0
+
+
+def _summary(per: list[dict], link: dict, fit) -> dict:
+    """One contender's figures over its ranks; for fxforge's own, the simulator's wait of the
+    median profiled step, under the link ``fit`` to the run (else the one calibrated at its start)
+    and under the calibrated one."""
+    from comm_sim import simulate_ranks
+
+    steps = [max(r["step_s"][i] for r in per) for i in range(len(per[0]["step_s"]))]
+    waits = [max(r["waits"][i] for r in per) for i in range(PROFILED)]  # each step's slowest rank's
+    mid = sorted(range(PROFILED), key=waits.__getitem__)[PROFILED // 2]  # the median profiled step
+    c = {"step_s": statistics.median(steps), "steps": steps, "collectives": per[0]["collectives"],
+         "peak_bytes": max(r["peak_bytes"] for r in per), "wait_s": waits[mid], "waits": waits,
+         "loss_error": max(r["loss_error"] for r in per), "compile_s": max(r["compile_s"] for r in per),
+         "same_as_off": all(r["same_as_off"] for r in per) if per[0]["same_as_off"] is not None else None}
+    if "kept_bytes" in per[0]:
+        c["kept_bytes"] = max(r["kept_bytes"] for r in per)
+        c["planned_peak"] = max(r["planned_peak"] or 0 for r in per)
+    if "order_digest" in per[0]:
+        c["same_order"] = len({r["order_digest"] for r in per}) == 1
+        c["estimated_s"] = per[0]["estimated_s"]
+        for key, model in (("simulated", fit if fit is not None else link), ("simulated_calibrated", link)):
+            sims = simulate_ranks([r["traces"][mid] for r in per], [r["schedule"] for r in per], model)
+            c[f"{key}_wait_s"] = max(s["wait_s"] for s in sims)
+            c[f"{key}_comm_s"] = max(s["comm_s"] for s in sims)
+            c[f"{key}_matched"] = all(s["matched"] for s in sims)
+    return c
 
 
 def simulate_worlds(args) -> int:
@@ -375,6 +391,14 @@ def _vs(c: dict, ind: dict | None, row: dict) -> str:
     return f"Inductor's ranks crashed: {row['inductor_failed']}" if row.get("inductor_failed") else ""
 
 
+def _sim_ratio(c: dict) -> str:
+    """Simulated over measured wait: under the link fitted in the run (the calibrated one's in brackets)."""
+    fitted = f"{c.get('simulated_wait_s', 0) / c['wait_s']:.2f}"
+    if "simulated_calibrated_wait_s" not in c:
+        return fitted
+    return f"{fitted} ({c['simulated_calibrated_wait_s'] / c['wait_s']:.2f} calibrated)"
+
+
 def _bucket_md(data: dict) -> list[str]:
     """Per case run with ``--bucket-bytes``: each bucket size's collectives, step and wait."""
     rows = []
@@ -408,8 +432,9 @@ def write_md(path: str) -> None:
              "rank's). "
              "Exposed: fxforge's wait over fxforge-bucketed's (the same collectives, each waited for at once). "
              "Simulated: `bench/comm_sim.py` replaying every rank's profiled fxforge step together (a collective "
-             "starts when the last rank has issued it), the collectives under the model `costs.calibrate` fitted "
-             "on the link at the start of the case.", "",
+             "starts when the last rank has issued it), the collectives under the link fitted to the fxforge-bucketed "
+             "steps profiled beside it (`comm_sim.fit_link`); rows run before that fit existed used the model "
+             "`costs.calibrate` fitted at the start of the case, given in brackets where a row has both.", "",
              "| model | parallel | ranks | batch | contender | step (ms) | vs fxforge-off | vs inductor | vs eager | "
              "collectives | peak MiB | wait (ms) | exposed | simulated wait (ms) | loss error | bit-equal to off |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -442,7 +467,7 @@ def write_md(path: str) -> None:
                      f"{_vs(on, ind, r)} | {per_param} / {on['collectives']} = "
                      f"{per_param / on['collectives']:.1f}x (as traced: {off['collectives']}, "
                      f"{off['collectives'] / on['collectives']:.1f}x) | {_rank_peak(on) / _rank_peak(b):.2f} | "
-                     f"{on.get('simulated_wait_s', 0) / on['wait_s']:.2f} |" if on and off and b and on["wait_s"] else
+                     f"{_sim_ratio(on)} |" if on and off and b and on["wait_s"] else
                      f"| {r['model']} | {r['parallel']} | {r['world']} | (incomplete) |")
     lines += _bucket_md(data)
     sim_path = path[:-5] + "-simulated.json"
