@@ -10,8 +10,8 @@ until its collective is done.  Returns ``wait_s`` (the stalls: the exposed commu
 ``comm_s`` (the collectives' modelled time) and ``step_s``.  ``simulate_ranks(traces, schedules,
 link)`` replays every rank's step together: a collective starts when the last rank has issued
 it, so a rank that gets there first waits for the others too (what a measured wait holds).
-``fit_link(steps, schedules)`` fits the link's α and β to profiled steps whose collectives are
-each waited for at once: the link as it was during the run, not at its start.
+``fit_link(steps, schedules, link)`` scales the link's α and β to profiled steps whose
+collectives are each waited for at once: the link as it was during the run, not at its start.
 
 ``predict(...)`` does the same for a schedule compiled for more ranks than this machine runs
 (``bench/distributed.py --simulate``): its compute is measured on this machine running the
@@ -94,39 +94,24 @@ class _Replay:
 
 
 def fit_link(steps: list[list], schedules: list, base: Any) -> CommModel | None:
-    """α and β fitted to the collectives of profiled steps that wait for each collective as soon
-    as it is issued (``fxforge-bucketed``): ``steps`` holds each step's traces, one per rank.  A
-    collective's time is its shortest wait over the ranks (the last rank to issue it waits for
-    the transfer alone); the fit is least squares on the relative error, as ``costs.calibrate``'s,
-    and keeps ``base``'s other figures (gloo's reduce-scatter timed as the all-reduce it runs).
-    None: too few collectives to fit."""
-    import numpy as np
-
-    from fxforge.core.costs import STEPS
+    """``base`` scaled to the link as the run found it: ``steps`` holds profiled steps (each a
+    trace per rank) that wait for each collective as soon as it is issued (``fxforge-bucketed``),
+    and the scale is the median over them of the measured wait (the slowest rank's) over the one
+    ``simulate_ranks`` replays under ``base``.  α and β scale together: the link's speed moves,
+    its shape is ``base``'s.  None: no step has a wait to scale by."""
+    import statistics
 
     base = _model(base)
-    issues = [r for r in schedules[0] if r[0] == "issue"]
-    waits = [r[1] for r in schedules[0] if r[0] == "wait"]
-    rows, times = [], []
+    ratios = []
     for traces in steps:
-        per_rank = [[dur for op, _, dur in trace if op == WAIT] for trace in traces]
-        if any(len(w) != len(waits) for w in per_rank):
-            continue  # (a step whose waits the profiler did not all see)
-        for i, c in enumerate(waits):
-            _, kind, n, sent = issues[c]
-            if n < 2:
-                continue
-            if kind == "reduce_scatter" and base.reduce_scatter_as_all_reduce:  # (what CommModel.time charges)
-                kind, sent = "all_reduce", 2 * sent
-            t = min(w[i] for w in per_rank) * 1e-6
-            if t > 0:
-                rows.append((STEPS.get(kind, lambda n: n - 1)(n), sent))
-                times.append(t)
-    if len(times) < 2:
+        measured = max(sum(dur for op, _, dur in trace if op == WAIT) for trace in traces) * 1e-6
+        simulated = max(r["wait_s"] for r in simulate_ranks(traces, schedules, base))
+        if measured > 0 and simulated > 0:
+            ratios.append(measured / simulated)
+    if not ratios:
         return None
-    a = np.array(rows, dtype=np.float64) / np.array(times)[:, None]
-    alpha, beta = np.linalg.lstsq(a, np.ones(len(times)), rcond=None)[0]
-    return CommModel(f"{base.name}, fitted in the run", max(float(alpha), 0.0), max(float(beta), 1e-15),
+    k = statistics.median(ratios)
+    return CommModel(f"{base.name}, fitted in the run", base.alpha_s * k, base.beta_s_per_byte * k,
                      reduce_scatter_as_all_reduce=base.reduce_scatter_as_all_reduce)
 
 

@@ -23,10 +23,11 @@ collectives, none hidden).  Every contender's loss is checked against eager on o
 
 The **simulator** (``bench/comm_sim.py``) replays every rank's profiled ``fxforge`` step together:
 their measured compute between collectives, each collective started when the last rank issued
-it, under the link as the run found it: α and β fitted to the ``fxforge-bucketed`` steps profiled
-beside it (``comm_sim.fit_link``: the same collectives, each waited for at once).  Its predicted
-wait is compared with the measured one; the prediction under the model fitted at the start of
-the case (``costs.calibrate``, what the compile's buckets were cut for) is kept beside it.
+it, under the link as the run found it: the model fitted at the start of the case
+(``costs.calibrate``, what the compile's buckets were cut for) scaled so that the
+``fxforge-bucketed`` steps profiled beside it (the same collectives, each waited for at once)
+replay to the waits they measured (``comm_sim.fit_link``).  Its predicted wait is compared with
+the measured one; the prediction under the unscaled model is kept beside it.
 
     python bench/distributed.py [--models gpt llama] [--cases fsdp:2 fsdp:4 fsdp_tp:4] \
         [--link 1gbit|loopback] [--steps 6] [--bucket-bytes N ...] [--tag distributed]
@@ -274,7 +275,7 @@ def main() -> int:
                    "inductor_failed": failed,
                    "tensors": ranks[0]["tensors"],
                    "link_model": ranks[0]["link"], "contenders": {}}
-            # the link as the run found it: fitted to the steps that wait for each collective at once
+            # the link as the run found it: the calibrated one scaled to the steps that wait for each collective at once
             bucketed = [r["contenders"]["fxforge-bucketed"] for r in ranks if "fxforge-bucketed" in r["contenders"]]
             fit = fit_link([[r["traces"][i] for r in bucketed] for i in range(PROFILED)], [r["schedule"] for r in bucketed],
                            ranks[0]["link"]) if bucketed else None
@@ -392,11 +393,11 @@ def _vs(c: dict, ind: dict | None, row: dict) -> str:
 
 
 def _sim_ratio(c: dict) -> str:
-    """Simulated over measured wait: under the link fitted in the run (the calibrated one's in brackets)."""
+    """Simulated over measured wait: under the link scaled in the run (the unscaled one's in brackets)."""
     fitted = f"{c.get('simulated_wait_s', 0) / c['wait_s']:.2f}"
     if "simulated_calibrated_wait_s" not in c:
         return fitted
-    return f"{fitted} ({c['simulated_calibrated_wait_s'] / c['wait_s']:.2f} calibrated)"
+    return f"{fitted} ({c['simulated_calibrated_wait_s'] / c['wait_s']:.2f} unscaled)"
 
 
 def _bucket_md(data: dict) -> list[str]:
@@ -432,9 +433,10 @@ def write_md(path: str) -> None:
              "rank's). "
              "Exposed: fxforge's wait over fxforge-bucketed's (the same collectives, each waited for at once). "
              "Simulated: `bench/comm_sim.py` replaying every rank's profiled fxforge step together (a collective "
-             "starts when the last rank has issued it), the collectives under the link fitted to the fxforge-bucketed "
-             "steps profiled beside it (`comm_sim.fit_link`); rows run before that fit existed used the model "
-             "`costs.calibrate` fitted at the start of the case, given in brackets where a row has both.", "",
+             "starts when the last rank has issued it), the collectives under the model `costs.calibrate` fitted at "
+             "the start of the case, scaled so that the fxforge-bucketed steps profiled beside it (the same "
+             "collectives, each waited for at once) replay to the waits they measured (`comm_sim.fit_link`); in "
+             "brackets, unscaled (rows run before the scaling existed have the unscaled figure alone).", "",
              "| model | parallel | ranks | batch | contender | step (ms) | vs fxforge-off | vs inductor | vs eager | "
              "collectives | peak MiB | wait (ms) | exposed | simulated wait (ms) | loss error | bit-equal to off |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

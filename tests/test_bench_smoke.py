@@ -208,31 +208,34 @@ def test_the_simulator_waits_for_the_last_rank_to_issue():
     assert early["matched"] and late["matched"]
 
 
-def test_the_link_fitted_in_the_run_recovers_its_alpha_and_beta():
-    """bench/comm_sim.fit_link: collectives each waited for at once, timed by the shortest wait
-    over the ranks (the other rank also waited for this one to issue), give back the α and β
-    that made them (gloo's reduce-scatter timed as an all-reduce of twice its bytes)."""
+def test_the_link_fitted_in_the_run_is_the_one_its_waits_were_made_by():
+    """bench/comm_sim.fit_link: steps whose collectives are each waited for at once, made by a
+    link 1.5x slower than the model calibrated before, scale that model by 1.5: the replay of
+    those steps under the fit waits what they waited."""
     sys.path.insert(0, str(BENCH))
     try:
-        from comm_sim import WAIT, fit_link
+        from comm_sim import WAIT, fit_link, simulate_ranks
         from fxforge.core.costs import CommModel
     finally:
         sys.path.remove(str(BENCH))
-    true = CommModel("true", 300e-6, 2e-8, reduce_scatter_as_all_reduce=True)
+    base = CommModel("calibrated", 300e-6, 2e-8, reduce_scatter_as_all_reduce=True)
+    true = CommModel("true", 450e-6, 3e-8, reduce_scatter_as_all_reduce=True)
     schedule = [("issue", "all_gather", 2, 1 << 20), ("wait", 0), ("issue", "reduce_scatter", 2, 1 << 16), ("wait", 1),
-                ("issue", "all_gather", 2, 1 << 12), ("wait", 2), ("issue", "all_reduce", 2, 1 << 18), ("wait", 3)]
+                ("issue", "all_reduce", 2, 1 << 18), ("wait", 2)]
     issues = [r for r in schedule if r[0] == "issue"]
 
-    def trace(skew_us):  # each collective issued, then waited for: its time, and the other rank's lateness
-        rows, t = [], 0.0
+    def trace(compute_us):  # compute, then each collective issued and waited for: its time under the true link
+        rows, t = [("mm", 0, compute_us)], compute_us
         for _, kind, n, sent in issues:
-            d = true.time(kind, sent, n) * 1e6 + skew_us
+            d = true.time(kind, sent, n) * 1e6
             rows += [(f"_c10d_functional::{kind}", t, 5), (WAIT, t + 5, d)]
-            t += d + 20
+            t += d + 5
         return rows
 
-    steps = [[trace(0), trace(700)], [trace(250), trace(0)]]
-    fit = fit_link(steps, [schedule, schedule], true)
-    assert fit.alpha_s == pytest.approx(true.alpha_s, rel=1e-6) and fit.beta_s_per_byte == pytest.approx(true.beta_s_per_byte)
+    steps = [[trace(100), trace(100)], [trace(100), trace(100)], [trace(0), trace(0)]]
+    fit = fit_link(steps, [schedule, schedule], base)
+    assert fit.alpha_s == pytest.approx(true.alpha_s) and fit.beta_s_per_byte == pytest.approx(true.beta_s_per_byte)
     assert fit.reduce_scatter_as_all_reduce
-    assert fit_link([[trace(0)[:2], trace(0)[:2]]], [schedule, schedule], true) is None  # waits missing: no fit
+    measured = sum(d for op, _, d in trace(100) if op == WAIT) * 1e-6
+    assert simulate_ranks([trace(100)] * 2, [schedule] * 2, fit)[0]["wait_s"] == pytest.approx(measured)
+    assert fit_link([[trace(0)[:1], trace(0)[:1]]], [schedule, schedule], base) is None  # nothing waited: no fit
