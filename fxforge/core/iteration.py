@@ -59,15 +59,24 @@ def kind_of(node: fx.Node) -> str:
 
 
 def shape_of(v: torch.Tensor) -> tuple:
-    shape = v.shape
-    if all(type(s) is int for s in shape):  # static: one cached conversion per distinct shape
-        return _static_shape(tuple(shape))
-    return tuple(expr(s) for s in shape)
+    """``v``'s sizes as sympy expressions."""
+    return _sizes(v.shape)
+
+
+def strides_of(v: torch.Tensor) -> tuple:
+    """``v``'s strides as sympy expressions."""
+    return _sizes(v.stride())
+
+
+def _sizes(sizes) -> tuple:
+    if all(type(s) is int for s in sizes):  # static: one cached conversion per distinct tuple
+        return _static_sizes(tuple(sizes))
+    return tuple(expr(s) for s in sizes)
 
 
 @functools.lru_cache(maxsize=4096)
-def _static_shape(shape: tuple[int, ...]) -> tuple:
-    return tuple(expr(s) for s in shape)
+def _static_sizes(sizes: tuple[int, ...]) -> tuple:
+    return tuple(expr(s) for s in sizes)
 
 
 def numel(shape) -> sympy.Expr:

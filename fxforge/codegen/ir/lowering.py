@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ...core.graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
-from ...core.iteration import reduction_of, shape_of
+from ...core.iteration import reduction_of, same_size, shape_of
 from ..indexing import floor_div, modular
 from ..pyexpr import PyExprPrinter
 from . import aten as ir_aten, values as ir
@@ -57,7 +57,7 @@ def _contiguous(shape: list, stride: list) -> bool:
     """Row-major dense strides (size-1 dims may have any stride)."""
     inner = sympy.Integer(1)
     for s, st in zip(reversed(shape), reversed(stride)):
-        if s != 1 and sympy.expand(st - inner) != 0:
+        if s != 1 and not same_size(st, inner):
             return False
         inner = inner * s
     return True
@@ -183,7 +183,7 @@ class Emitter:
         if self.layout is None:
             return val
         shape, stride = self.layout(n, index)
-        if all(sympy.expand(a - expr(b)) == 0 for a, b in zip(stride, val.stride())):
+        if all(same_size(a, expr(b)) for a, b in zip(stride, val.stride())):
             return val
         return Placed(val.dtype, tuple(val.shape), tuple(stride))
 

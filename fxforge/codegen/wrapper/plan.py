@@ -37,6 +37,7 @@ from ...core.graph import (
     storage_root,
     tensors,
 )
+from ...core.iteration import shape_of, strides_of
 from ...core.plan import Buffer, Group, Plan
 from ...core.regions import PAD, container_inputs, pad_border, regions
 from .. import runtime, symmetric_runtime as symmetric
@@ -188,7 +189,7 @@ class _Planner:
         if b is not None and b.kind == "slice":
             return tuple(b.shape), tuple(b.stride)
         val = node.meta[VAL] if index is None else node.meta[VAL][index]
-        return tuple(expr(s) for s in val.shape), tuple(expr(s) for s in val.stride())
+        return shape_of(val), strides_of(val)
 
     def size(self, e) -> str:
         return self.pexpr(e)
@@ -313,7 +314,7 @@ class _Planner:
         if b.kind == "fresh":
             return self.empty(shape, stride, b.dtype, b.device)
         typed = self.typed_arena(b.arena, b.dtype)
-        itemsize = torch.empty((), dtype=b.dtype).element_size()
+        itemsize = b.dtype.itemsize
         at = sympy.sympify(b.offset)
         if self.held(b.arena):  # a typed view of the block: as_strided's offset counts from its start
             at = at + self.arenas[b.arena].block_offset
