@@ -526,21 +526,22 @@ class _PeakModel:
             raise AssertionError("fusion's peak model: the live-bytes profile differs from its recomputation")
 
     def shift(self, changes: list, sign: int) -> None:
-        """Move each changed storage from its old span to its new one (sign -1: back); where the
-        two overlap only the positions its start and end moved over change."""
-        profile, size = self.profile, self.size
+        """Move each changed storage from its old span to its new one (sign -1: back), all at
+        once: the spans' ends as steps of a difference array over the positions they cover,
+        summed (where an old and a new span overlap, their steps cancel)."""
+        steps: dict[int, int] = {}
         for r, (s1, e1), (s2, e2) in changes:
-            k = sign * size[r]
-            if s1 is not None and s2 is not None and s1 <= e2 and s2 <= e1:
-                if s1 != s2:
-                    profile[min(s1, s2):max(s1, s2)] += k if s2 < s1 else -k
-                if e1 != e2:
-                    profile[min(e1, e2) + 1:max(e1, e2) + 1] += k if e2 > e1 else -k
-                continue
-            if s1 is not None:
-                profile[s1:e1 + 1] -= k
-            if s2 is not None:
-                profile[s2:e2 + 1] += k
+            k = sign * self.size[r]
+            for s, e, v in ((s1, e1, -k), (s2, e2, k)):
+                if s is not None:
+                    steps[s] = steps.get(s, 0) + v
+                    steps[e + 1] = steps.get(e + 1, 0) - v
+        lo, hi = min(steps), max(steps)  # (hi: one past the last position a span covers)
+        d = np.zeros(hi - lo, dtype=np.int64)
+        for p, v in steps.items():
+            if p < hi:
+                d[p - lo] = v
+        self.profile[lo:hi] += np.cumsum(d)
 
 
 # --------------------------------------------------------------------------- verification
