@@ -364,8 +364,7 @@ def _flatten(xs: Iterable[Any]) -> list[Any]:
 def storage_nbytes(t: torch.Tensor) -> sympy.Expr:
     """Bytes of the smallest storage that holds ``t`` (from its offset, sizes and strides)."""
     shape, stride, offset = t.shape, t.stride(), t.storage_offset()
-    if type(offset) is int and all(type(s) is int for s in shape) and all(type(s) is int for s in stride):
-        # static (most tensors): integer arithmetic, one sympy number at the end
+    if _static(t):  # (most tensors): integer arithmetic, one sympy number at the end
         if 0 in shape:
             return sympy.Integer(0)
         return sympy.Integer((offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))) * t.element_size())
