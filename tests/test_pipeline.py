@@ -130,6 +130,17 @@ def test_sizes_compare_equal_where_recomputation_specialised_a_symbol():
     assert not _dims_equal(s0 + 1, s0)
 
 
+def _negate_first_output(g):
+    """A pass changing the graph: the first output negated."""
+    out = g.graph.output_node()
+    with g.graph.inserting_before(out):
+        first = out.args[0][0]
+        neg = g.graph.call_function(torch.ops.aten.neg.default, (first,))
+        neg.meta[VAL] = first.meta[VAL].neg()
+    out.args = ((neg, *out.args[0][1:]),)
+    return PassResult(g, True)
+
+
 def test_recompiles_are_deferred_past_fxforges_passes_but_not_past_yours():
     """fxforge's passes never read a module's code: the manager regenerates it before a pass of
     yours (which may run the module), and once at the end; ``recompile`` is the module's own again."""
@@ -145,15 +156,7 @@ def test_recompiles_are_deferred_past_fxforges_passes_but_not_past_yours():
 
     type(gm).recompile = counting
     try:
-        def add_neg(g):  # a pass of yours that changes the graph (recompiled after it: deferred too)
-            out = g.graph.output_node()
-            with g.graph.inserting_before(out):
-                first = out.args[0][0]
-                neg = g.graph.call_function(torch.ops.aten.neg.default, (first,))
-                neg.meta[VAL] = first.meta[VAL].neg()
-            out.args = ((neg, *out.args[0][1:]),)
-            return PassResult(g, True)
-
+        add_neg = _negate_first_output  # a pass of yours that changes the graph (recompiled after it: deferred too)
         seen = []
 
         def reads_code(g):  # sees the graph as the passes before it left it
@@ -180,13 +183,7 @@ def test_code_left_stale_by_the_last_passes_is_regenerated_when_the_module_is_us
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
     def add_neg(g):  # as fxforge's passes (its recompile deferred): the module's code left stale
-        out = g.graph.output_node()
-        with g.graph.inserting_before(out):
-            first = out.args[0][0]
-            neg = g.graph.call_function(torch.ops.aten.neg.default, (first,))
-            neg.meta[VAL] = first.meta[VAL].neg()
-        out.args = ((neg, *out.args[0][1:]),)
-        return PassResult(g, True)
+        return _negate_first_output(g)
 
     add_neg.__module__ = "fxforge.tests"  # (counted as one of fxforge's: not regenerated before it)
     x, y = torch.randn(4, 8), torch.randn(8, 3)
