@@ -329,10 +329,8 @@ def hint(e: sympy.Expr | int, shape_env=None) -> int:
 
 def free_symbols(v: Any) -> set[sympy.Symbol]:
     """The free symbols of a value's sizes, strides and storage offset."""
-    if isinstance(v, torch.Tensor) and _static(v):  # (most values: one static tensor)
-        return set()
     out: set[sympy.Symbol] = set()
-    for t in _flatten([v]):
+    for t in (v,) if isinstance(v, torch.Tensor) else _flatten([v]):  # (most values: one tensor)
         if isinstance(t, torch.Tensor):
             if _static(t):
                 continue
@@ -621,20 +619,22 @@ def is_mutating(node: fx.Node) -> bool:
     return bool(schema is not None and schema.is_mutable)
 
 
-def written_in_place(node: fx.Node) -> bool:
-    """Some node writes in place into ``node``'s value: a mutating op reading it or a view of it
-    (views of views too)."""
-    stack, seen = [node], {node}
+def with_views(node: fx.Node) -> list[fx.Node]:
+    """``node`` (first) and every view of it, views of views too: the values sharing its storage
+    that are made from it."""
+    out, stack = {node: None}, [node]
     while stack:
         for u in stack.pop().users:
-            if u in seen:
-                continue
-            seen.add(u)
-            if is_mutating(u):
-                return True
-            if node_kind(u) == "view":
+            if u not in out and node_kind(u) == "view":
+                out[u] = None
                 stack.append(u)
-    return False
+    return list(out)
+
+
+def written_in_place(node: fx.Node) -> bool:
+    """Some node writes in place into ``node``'s value: a mutating op reading it or a view of it
+    (``with_views``)."""
+    return any(is_mutating(u) for x in with_views(node) for u in x.users)
 
 
 def storage_root(node: fx.Node) -> fx.Node:

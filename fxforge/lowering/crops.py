@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..core.graph import VAL, fake_call, fake_mode_of, node_kind, output_nodes
+from ..core.graph import VAL, fake_call, fake_mode_of, node_kind, output_nodes, with_views
 from ..infra.pass_manager import PassResult
 
 aten = torch.ops.aten
@@ -75,12 +75,4 @@ def _refresh_views(n: fx.Node, mode) -> None:
 
 def _returned(n: fx.Node, outputs: set) -> bool:
     """``n``, or a view of it, is returned by the graph."""
-    stack, seen = [n], set()
-    while stack:
-        x = stack.pop()
-        if x in outputs:
-            return True
-        if x not in seen:
-            seen.add(x)
-            stack.extend(u for u in x.users if node_kind(u) == "view")
-    return False
+    return any(x in outputs for x in with_views(n))

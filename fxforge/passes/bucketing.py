@@ -45,7 +45,8 @@ import torch
 import torch.fx as fx
 
 from ..core.config import Config
-from ..core.graph import VAL, fake_call, fake_mode_of, inherit_meta, node_kind, storage_root, written_in_place
+from ..core.graph import (VAL, fake_call, fake_mode_of, inherit_meta, node_kind, storage_root, with_views,
+                          written_in_place)
 from ..infra.pass_manager import PassResult
 from ..lowering.cleanup import has_side_effects
 from ..core.collectives import collective_bytes, group_size_of, is_collective, is_wait
@@ -265,15 +266,7 @@ def _feed(c: fx.Node) -> list[fx.Node] | None:
 
 def _returned_only(w: fx.Node) -> bool:
     """Only the graph's output reads ``w``, itself or through views."""
-    stack = list(w.users)
-    while stack:
-        u = stack.pop()
-        if u.op == "output":
-            continue
-        if node_kind(u) != "view":
-            return False
-        stack.extend(u.users)
-    return True
+    return all(u.op == "output" or node_kind(u) == "view" for x in with_views(w) for u in x.users)
 
 
 _FEED = 16  # nodes at most between a collective and the wait it passes on

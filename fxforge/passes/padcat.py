@@ -67,6 +67,7 @@ from ..core.graph import (
     node_kind,
     output_nodes,
     writes_planned,
+    with_views,
     written_in_place,
 )
 from ..infra.pass_manager import PassResult
@@ -171,7 +172,7 @@ class ZeroCopyCatPad:
             return "dtype"
         if not flat and va.dim() != vn.dim():
             return "layout"
-        if any(x in outputs for x in _aliases(v)):
+        if any(x in outputs for x in with_views(v)):
             return "graph_output"
         if written_in_place(v):
             return "mutated"
@@ -205,7 +206,7 @@ class ZeroCopyCatPad:
         if backend is None:
             return False
         # reads_planned: the kernel is told the layout of ``a`` itself, not that of a view of it
-        direct = not any(x in r.all_input_nodes for x in _aliases(a)[1:])
+        direct = not any(x in r.all_input_nodes for x in with_views(a)[1:])
         return backend.reads_views or (backend.reads_planned and direct)
 
 
@@ -250,20 +251,9 @@ def _row_major(v: torch.Tensor) -> bool:
     return expr(v.storage_offset()) == 0
 
 
-def _aliases(a: fx.Node) -> list[fx.Node]:
-    """``a`` and every view of it (transitively): the values sharing its storage."""
-    out, stack = [], [a]
-    while stack:
-        x = stack.pop()
-        if x not in out:
-            out.append(x)
-            stack.extend(u for u in x.users if node_kind(u) == "view")
-    return out
-
-
 def _readers(a: fx.Node) -> list[fx.Node]:
     """Every node reading ``a``'s storage: the users of ``a`` and of its views (views included)."""
-    return list(dict.fromkeys(u for x in _aliases(a) for u in x.users))
+    return list(dict.fromkeys(u for x in with_views(a) for u in x.users))
 
 
 def _views_region(r: fx.Node, container: fx.Node) -> bool:
