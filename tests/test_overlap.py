@@ -594,6 +594,25 @@ def test_a_second_collective_stays_before_a_write_into_what_it_reads(fake_group)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_a_graph_whose_collective_result_nobody_reads_is_left_as_it_is(fake_group):
+    """A collective whose wait's result is unused has no bucket to join: the pass leaves the graph
+    as it was (it once failed on a graph with no collective it could bucket)."""
+    from fxforge.passes.bucketing import BucketCollectives
+
+    f = _funcol()
+
+    def step(x):
+        f.wait_tensor(f.all_reduce(x * 2, "sum", fake_group))
+        return x + 1
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(4))
+    before = gm.code
+    r = BucketCollectives(fxforge.Config(debug=True))(gm)
+    assert not r.modified and r.stats == {"buckets": 0, "bucketed": 0}
+    gm.recompile()
+    assert gm.code == before
+
+
 def test_distributed_docs_example_with_torchrun(tmp_path):
     """docs/distributed.md's FSDP-style step, run as written with torchrun (2 processes): the
     loss of the whole batch, one collective order on both ranks; bounded at 180 s."""

@@ -77,13 +77,13 @@ class BucketCollectives:
         if mode is None:
             return PassResult(gm, False, {})
         waited = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in make and _only_wait(n) is not None]
-        _sink_views(waited)
+        _sink_views(gm, waited)
         chained = [(n, feed) for n in waited if (feed := _feed(n)) is not None]
         order = {n: i for i, n in enumerate(gm.graph.nodes)}  # (a moved node is no chained one's reader)
         for n, feed in chained:
             _sink_collective(n, feed, order)
         if chained:  # (what the moved ones read is read later now)
-            _sink_views(waited)
+            _sink_views(gm, waited)
         buckets = _buckets(gm, make, self.config.bucket_bytes,
                            *graph_models(gm, self.config.comm_model, self.config.threads))
         # (the last issued first: a bucket reading another's results, a gathered weight reduce-scattered,
@@ -207,10 +207,10 @@ def _pareto(states: list[tuple]) -> list[tuple]:
     return out[:_FRONT]
 
 
-def _sink_views(collectives: list[fx.Node]) -> None:
+def _sink_views(gm: fx.GraphModule, collectives: list[fx.Node]) -> None:
     """Each collective's views of its wait's result moved down (``_sink_view_chain``), positions
     read once: a wait's views and their readers are not moved by another wait's."""
-    order = {n: i for i, n in enumerate(collectives[0].graph.nodes)}
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for n in collectives:
         _sink_view_chain(_only_wait(n), order)
 
