@@ -14,7 +14,8 @@ from hypothesis import given, settings, strategies as st
 
 import fxforge
 from fxforge.codegen.c import build
-from fxforge.codegen.indexing import floor_div, modular
+from fxforge.codegen.indexing import floor_div, linear_in, modular
+from torch.utils._sympy.functions import FloorDiv
 
 SYMS = sympy.symbols("a b c", integer=True, nonnegative=True)
 
@@ -25,6 +26,24 @@ def linear_forms(draw):
     coeffs = [draw(st.sampled_from([0, 1, 2, 3, 4, 5, 8, 12, 16, 32, 64])) for _ in SYMS]
     const = draw(st.sampled_from([0, 0, 1, 3, 16]))
     return const + sum(c * s for c, s in zip(coeffs, SYMS)), bounds
+
+
+@settings(max_examples=200, deadline=None)
+@given(linear_forms(), st.sampled_from(["none", "product", "division", "symbolic"]))
+def test_linear_coefficients_are_the_derivatives_or_none(form, extra):
+    e, _ = form
+    a, b, c = SYMS
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    e = e + {"none": 0, "product": a * b, "division": FloorDiv(a, 3), "symbolic": s0 * c}[extra]
+    got = linear_in(e, (a, b))
+    derivatives = [sympy.diff(e, v) for v in (a, b)]
+    if all(d.is_Integer for d in derivatives):
+        assert got is not None, e
+        coeffs, rest = got
+        assert [coeffs[a], coeffs[b]] == [int(d) for d in derivatives]
+        assert sympy.expand(rest + coeffs[a] * a + coeffs[b] * b - e) == 0 and not rest.has(a, b)
+    else:  # a variable under a product or a division: not linear
+        assert got is None, (e, got)
 
 
 @settings(max_examples=300, deadline=None)

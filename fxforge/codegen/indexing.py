@@ -84,3 +84,20 @@ def modular(e: sympy.Expr, div: int, mod: int, bound: Bound) -> sympy.Expr | Non
     if div == 1 and len(kept) == len(terms):
         return None  # nothing folded
     return ModularIndexing(_sum(kept), 1, mod)
+
+
+def linear_in(e: sympy.Expr, variables: tuple[sympy.Symbol, ...]) -> tuple[dict[sympy.Symbol, int], sympy.Expr] | None:
+    """``e`` as ``sum(c_v * v) + rest``: each of ``variables``' integer coefficient (its
+    derivative, read off the sum's terms without differentiating) and the rest, free of them;
+    None where one of them appears otherwise (times a symbol, under a division or a power)."""
+    coeffs = dict.fromkeys(variables, 0)
+    rest = []
+    for t in sympy.Add.make_args(e):
+        c, v = t.as_coeff_Mul()
+        if v in coeffs and c.is_Integer:
+            coeffs[v] += int(c)
+        elif any(x in coeffs for x in t.free_symbols):
+            return None
+        else:
+            rest.append(t)
+    return coeffs, sympy.Add(*rest)

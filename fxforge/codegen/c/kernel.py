@@ -28,6 +28,7 @@ from ...core.graph import VAL, expr
 from ...core.iteration import reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.lowering import R, RINDEX, X, XINDEX, Emitter, Unsupported
+from ..indexing import linear_in
 from ..ir.rows import trailing
 from ..ir.aten import REDUCTIONS, Reduction
 from ..ir.stmts import Array, Index, Let, Load, Loop, Nest, Set, Stmt, Store, View, local, walk
@@ -131,13 +132,15 @@ class CEmitter(Emitter):
         if self.tile_axes is None or dtype != torch.float32:
             return None
         a, _, b, n = self.tile_axes
-        sa, sb = (sympy.Symbol(v, integer=True, nonnegative=True) for v in (a, b))
-        if not {str(x) for x in off.free_symbols} <= {v for v, _ in self.xvars + self.rvars}:
+        sa, sb = local(a), local(b)
+        symbols = off.free_symbols
+        if sa not in symbols or sb not in symbols or not {x.name for x in symbols} <= {v for v, _ in self.xvars + self.rvars}:
             return None
-        step = sympy.diff(off, sb)
-        if sympy.diff(off, sa) != 1 or not (step.is_Integer and int(step) >= TILE_ROWS):
+        linear = linear_in(off, (sa, sb))
+        if linear is None or linear[0][sa] != 1 or linear[0][sb] < TILE_ROWS:
             return None
-        key = (ptr, off.subs({sa: local("xb"), sb: 0}), int(step), stored)
+        step = linear[0][sb]
+        key = (ptr, linear[1] + local("xb"), step, stored)
         if key not in self.tiles:
             if (len(self.tiles) + 1) * TILE_ROWS * n * 4 > TILE_MAX_BYTES:
                 return None
