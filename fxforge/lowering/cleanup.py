@@ -113,13 +113,26 @@ def has_side_effects(n: fx.Node) -> bool:
     (kept: ``per_node``, asked of every node by fusion and the schedule)."""
     if n.op != "call_function":
         return n.op in ("placeholder", "output")
-    if is_mutating(n) or n.is_impure():
-        return True
-    schema = getattr(n.target, "_schema", None)
-    if n.meta.get(VAL, 0) is None or (schema is not None and not schema.returns):
+    if n.meta.get(VAL, 0) is None:
         return True  # returns nothing: runs only for its effect (e.g. an assert)
-    name = getattr(n.target, "__name__", "") or ""
-    return "assert" in name or torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
+    if type(n.target) is torch._ops.OpOverload:  # (the op alone decides: asked once per op)
+        return _op_has_side_effects(n.target)
+    return is_mutating(n) or n.is_impure() or _target_has_side_effects(n.target)
+
+
+@functools.cache
+def _op_has_side_effects(op: torch._ops.OpOverload) -> bool:
+    from torch._library.utils import is_impure
+
+    return op._schema.is_mutable or is_impure(op) or _target_has_side_effects(op)
+
+
+def _target_has_side_effects(target) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is not None and not schema.returns:
+        return True  # returns nothing: runs only for its effect (e.g. an assert)
+    name = getattr(target, "__name__", "") or ""
+    return "assert" in name or torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
 
 
 class EliminateDeadCode:

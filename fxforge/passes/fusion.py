@@ -485,28 +485,39 @@ class _PeakModel:
         # ``FusionRun.try_merge`` orders them), and a storage can only start to stay inside the
         # kernel if ``a`` stores it (``b``'s values are not read by ``a``): the storages ``a``
         # reads from outside or stores
+        changes = []
         if self.fused and bounded:
-            roots = {storage_root(x) for x in a.reads}
-            roots.update(storage_root(x) for n in a.outputs
-                         for x in (n, *(u for u in n.users if u.target is operator.getitem)))
+            roots = {storage_root(x) for n in a.outputs for x in (n, *(u for u in n.users if u.target is operator.getitem))}
+            # a storage ``a`` reads whose producer is in neither group keeps its start, and only
+            # ``a``'s readers move (to ``at``): its end is the later of the two, no reader asked
+            for r in {storage_root(x) for x in a.reads} - roots:
+                if r not in self.size:
+                    continue
+                if (r.args[0] if r.target is operator.getitem else r) in moved:
+                    roots.add(r)
+                    continue
+                old = self.spans[r]
+                if old[1] < at:
+                    changes.append((r, old, (old[0], at)))
         else:
             changed = members if self.fused else [n for n in members if self.pos(n, {}) != moved[n]]
             roots = {storage_root(x) for n in changed
                      for x in (n, *n.all_input_nodes, *(u for u in n.users if u.target is operator.getitem))}
-        roots = [r for r in roots if r in self.size]
-        changes = []
         for r in roots:
+            if r not in self.size:
+                continue
             old = self.spans[r]
             new = self.span(r, moved)
             if old != new:
                 changes.append((r, old, new))
-        if not changes:
+        grown = [g for _, old, new in changes for g in _grown(old, new)]
+        if changes:
+            self.shift(changes, 1)
+        if not grown:  # (no position gained bytes: the peak cannot have risen)
             self.commit(moved, at, changes)
             return None
-        lo = min(s for _, o, n in changes for s in (o[0], n[0]) if s is not None)
-        hi = max(e for _, o, n in changes for e in (o[1], n[1]))
-        self.shift(changes, 1)
-        peak = int(self.profile[lo:hi + 1].max())
+        lo, hi = min(s for s, _ in grown), max(e for _, e in grown)
+        peak = int(self.profile[lo:hi + 1].max())  # (elsewhere it is what a merge kept within the limit)
         if peak <= self.limit:
             self.commit(moved, at, changes)
             return None
@@ -536,12 +547,26 @@ class _PeakModel:
                 if s is not None:
                     steps[s] = steps.get(s, 0) + v
                     steps[e + 1] = steps.get(e + 1, 0) - v
+        steps = {p: v for p, v in steps.items() if v}  # (a span's end moved: its unchanged start cancels)
+        if not steps:
+            return
         lo, hi = min(steps), max(steps)  # (hi: one past the last position a span covers)
         d = np.zeros(hi - lo, dtype=np.int64)
         for p, v in steps.items():
             if p < hi:
                 d[p - lo] = v
         self.profile[lo:hi] += np.cumsum(d)
+
+
+def _grown(old: tuple[int | None, int], new: tuple[int | None, int]) -> list[tuple[int, int]]:
+    """The positions a storage's ``new`` span covers and its ``old`` one did not, as inclusive
+    ranges (a start None: no span)."""
+    (s1, e1), (s2, e2) = old, new
+    if s2 is None:
+        return []
+    if s1 is None or e2 < s1 or s2 > e1:
+        return [(s2, e2)]
+    return [r for r in ((s2, s1 - 1), (e1 + 1, e2)) if r[0] <= r[1]]
 
 
 # --------------------------------------------------------------------------- verification
