@@ -200,13 +200,15 @@ class FusionRun:
         if a.compute + b.compute > cfg.max_fusion_size:
             self.refuse("max_fusion_size", a, b, f"{a.compute + b.compute} > {cfg.max_fusion_size}")
             return False
-        members = set(a.nodes) | set(b.nodes)
+        members = set(a.nodes)
+        members.update(b.nodes)
         views = self.views_between(members, a.reads | b.reads)
         later = self.order.must_follow(a, b, views)
         if later is None:
             self.refuse("cycle", a, b)
             return False
-        nodes = sorted(members | {v for v, _ in views}, key=self.index.get)
+        # (two sorted runs, and the views: a merge sort's linear pass)
+        nodes = sorted(a.nodes + b.nodes + [v for v, _ in views], key=self.index.get)
         it = joined_iteration(a.it, b.it)
         if it is None:
             it = iteration_of(nodes)  # the whole scan, for the refusal's detail
@@ -220,7 +222,7 @@ class FusionRun:
                               if n in self.graph_outputs or any(u not in members for u in n.users)), key=self.index.get)
         # the members' facts answer where both groups have them, from what the merge changes (not
         # where a view joins as a copy: the group would hold a node the facts never saw)
-        facts = a.facts.merge(b.facts, set(nodes), nodes, outputs) \
+        facts = a.facts.merge(b.facts, set(nodes) if views else members, nodes, outputs) \
             if a.facts is not None and b.facts is not None and not any(copy for _, copy in views) else None
         if facts is not None:
             cost = facts.cost()
@@ -252,7 +254,7 @@ class FusionRun:
                 v = self.copy_view_for(v, members)
             members.add(v)
             self.gid[v] = a.id
-        a.nodes = sorted(members, key=self.index.get)
+        a.nodes = sorted(members, key=self.index.get) if views else nodes
         a.reads = ({x for n in a.nodes for x in n.all_input_nodes} if views else a.reads | b.reads) - members
         # (a copied view's original stays outside, reading a member: the boundary anew)
         a.outputs = group_outputs(a.nodes, self.graph_outputs) if views else outputs
