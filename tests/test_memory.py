@@ -453,5 +453,6 @@ def test_a_fused_row_kernel_writes_its_one_output_over_a_dying_input(both):
     (sub,) = [b for b in bufs.values() if b.producer.target is torch.ops.aten.sub.Tensor]
     mm = next(b for b in bufs.values() if b.producer.target is torch.ops.aten.mm.default and b.shape == (16, 40))
     assert (sub.reuses == mm.name) != both
-    for _ in range(2):  # (the arena poisoned between calls)
-        torch.testing.assert_close(c(*args[:3]), _loss_gradient(*args))
+    for _ in range(2):  # (the arena poisoned between calls; the sums of 40 gradients, some near zero, in
+        # another order than ATen's: float32's rounding allows 1e-4 where they cancel)
+        torch.testing.assert_close(c(*args[:3]), _loss_gradient(*args), atol=1e-4, rtol=1e-5)
