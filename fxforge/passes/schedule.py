@@ -47,24 +47,27 @@ def storage_sizes(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> dict[fx.Node,
     return out
 
 
-def fused_layout(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int] = ()
-                 ) -> tuple[dict[fx.Node, int], set[fx.Node]]:
+def fused_layout(gm: fx.GraphModule, order: list[fx.Node], fused: Collection[int] = (),
+                 internal: set[fx.Node] | None = None) -> tuple[dict[fx.Node, int], set[fx.Node]]:
     """Positions of ``order`` as memory planning sees them (``memory.positions``), and the
-    values that never reach memory.  Every node of a group in ``fused`` (group ids whose backend
-    emits one kernel per group) sits at the group's last position, with the getitems of its
-    nodes: one kernel reads all its inputs and writes all its outputs; a value computed and read
-    only inside such a kernel gets no buffer."""
+    values that never reach memory (``internal``: found before for the same groups, which no
+    order changes).  Every node of a group in ``fused`` (group ids whose backend emits one
+    kernel per group) sits at the group's last position, with the getitems of its nodes: one
+    kernel reads all its inputs and writes all its outputs; a value computed and read only inside
+    such a kernel gets no buffer."""
     by_group: dict[int, list[fx.Node]] = {}
-    for n in order:
-        if GROUP.get(n) in fused:
-            by_group.setdefault(GROUP.of(n), []).append(n)
+    if fused:
+        for n in order:
+            if GROUP.get(n) in fused:
+                by_group.setdefault(GROUP.of(n), []).append(n)
     pos = fused_positions(order, by_group.values())
-    outputs = set(output_nodes(gm))
-    internal: set[fx.Node] = set()
-    for ns in by_group.values():
-        if len(ns) > 1:
-            written = set(group_outputs(ns, outputs))
-            internal |= {n for n in ns if node_kind(n) == "compute" and n not in written}
+    if internal is None:
+        outputs = set(output_nodes(gm))
+        internal = set()
+        for ns in by_group.values():
+            if len(ns) > 1:
+                written = set(group_outputs(ns, outputs))
+                internal |= {n for n in ns if node_kind(n) == "compute" and n not in written}
     return pos, internal
 
 
@@ -85,11 +88,11 @@ def fused_positions(order: list[fx.Node], fused_groups: Iterable[list[fx.Node]])
 
 
 def peak_bytes(gm: fx.GraphModule, order: list[fx.Node], sizes: dict[fx.Node, int] | None = None,
-               fused: Collection[int] = ()) -> int:
+               fused: Collection[int] = (), internal: set[fx.Node] | None = None) -> int:
     """Max bytes of graph-created storages live at once when the nodes run in ``order``, kernel
-    groups in ``fused`` each as one kernel (``fused_layout``)."""
+    groups in ``fused`` each as one kernel (``fused_layout``, which ``internal`` passes on)."""
     sizes = storage_sizes(gm, order) if sizes is None else sizes
-    pos, internal = fused_layout(gm, order, fused)
+    pos, internal = fused_layout(gm, order, fused, internal)
     live = liveness(order, output_nodes(gm), pos)
     return peak_live_bytes((l.start, l.end, sizes[r]) for r, l in live.items() if r in sizes and r not in internal)
 
@@ -233,10 +236,10 @@ def schedule(gm: fx.GraphModule, fused: Collection[int] = ()) -> tuple[list[fx.N
     un = units(gm)
     prog = unit_program_order(gm, un)
     sizes = storage_sizes(gm, prog)
-    prog_peak = peak_bytes(gm, prog, sizes, fused)
     _, internal = fused_layout(gm, prog, fused)
+    prog_peak = peak_bytes(gm, prog, sizes, fused, internal)
     mem = memory_order(gm, {r: b for r, b in sizes.items() if r not in internal}, un)
-    mem_peak = peak_bytes(gm, mem, sizes, fused)
+    mem_peak = peak_bytes(gm, mem, sizes, fused, internal)
     if mem_peak < prog_peak:
         return mem, {"schedule": "memory", "schedule_peak_bytes": mem_peak}
     return prog, {"schedule": "program", "schedule_peak_bytes": prog_peak}
