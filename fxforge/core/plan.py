@@ -67,6 +67,9 @@ class Region:
 
 def group_outputs(nodes: list[fx.Node], graph_outputs: set[fx.Node]) -> list[fx.Node]:
     """The compute nodes of a group whose values are used outside it or returned."""
+    if len(nodes) == 1:  # (every group before fusion: any user is outside it)
+        n = nodes[0]
+        return [n] if node_kind(n) == "compute" and (n in graph_outputs or n.users) else []
     members = set(nodes)
     return [n for n in nodes
             if node_kind(n) == "compute" and (n in graph_outputs or any(u not in members for u in n.users))]
