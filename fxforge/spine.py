@@ -130,7 +130,7 @@ def compile_graph(
     """Compile an ATen-level GraphModule whose nodes carry ``meta["val"]`` (``region``: the name
     of the ``invoke_subgraph`` body it is, called from a graph of this ``kind``), or load it from
     the compiled-graph cache (``artifact/graph_cache.py``; ``cache=False``: compile it here)."""
-    with older_objects_frozen():  # (the key, the load and the compile each make many objects)
+    with collector_paused():  # (the key, the load and the compile each make many objects)
         return _start(gm, config, kind, registry or DEFAULT_REGISTRY, passes, region, cache)()
 
 
@@ -170,7 +170,7 @@ def _start(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, pa
 
 def _compile(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None, region: str,
              announce: bool = True) -> Compiled:
-    with older_objects_frozen():  # (also where a loaded graph's plan is made on demand)
+    with collector_paused():  # (also where a loaded graph's plan is made on demand)
         return _compile_steps(gm, config, kind, registry, passes, region, announce)()
 
 
@@ -245,26 +245,26 @@ _NEXT_STAGE = {"regions": "passes", "passes": "schedule", "schedule": "memory pl
 
 
 @contextlib.contextmanager
-def older_objects_frozen():
-    """Python's cyclic garbage collector leaves the objects that existed before the compile alone
-    while it runs (``gc.freeze``), and takes them back after.  A compile makes many objects that
-    live until it ends; as they age, the collector's full passes would walk the whole heap
-    (torch's own objects included) again and again.  A freeze the caller made is left as it is,
-    and so is ours inside a compile (a region's body): counting the frozen objects walks them."""
-    if _FROZEN.get() or gc.get_freeze_count():
+def collector_paused():
+    """Python's cyclic garbage collector does not run while a compile does (``gc.disable``), and
+    runs again after it.  A compile makes many objects that live until it ends and next to no
+    cyclic garbage: the collector's passes over them would find almost nothing, at a cost that
+    grows with the graph.  A collector the caller turned off stays off, and a compile inside a
+    compile (a region's body) leaves it to the outer one."""
+    if _PAUSED.get() or not gc.isenabled():
         yield
         return
-    gc.freeze()
-    token = _FROZEN.set(True)
+    gc.disable()
+    token = _PAUSED.set(True)
     try:
         yield
     finally:
-        _FROZEN.reset(token)
-        gc.unfreeze()
+        _PAUSED.reset(token)
+        gc.enable()
 
 
-# Set while a compile of this context froze the older objects (``older_objects_frozen``).
-_FROZEN: contextvars.ContextVar[bool] = contextvars.ContextVar("fxforge_gc_frozen", default=False)
+# Set while a compile of this context paused the collector (``collector_paused``).
+_PAUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("fxforge_gc_paused", default=False)
 
 
 class _Stages:
@@ -371,7 +371,7 @@ def plan_ahead(gm: fx.GraphModule, config: Config, kind: str, registry: Registry
     made for this."""
     progress = Progress(kind, count_compute_nodes(gm), enabled=False)
     meta = _pass_meta(gm)
-    try:  # (the caller freezes the older objects around its plans: older_objects_frozen)
+    try:  # (the caller pauses the garbage collector around its plans: collector_paused)
         stages = _Stages(progress)
         recorder = PassRecorder()
         gm, records = _run_passes(gm, config, kind, registry, None, progress, recorder)

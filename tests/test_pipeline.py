@@ -1,5 +1,7 @@
 """PassManager: verification between passes names the pass that broke the graph."""
 
+import gc
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -199,3 +201,23 @@ def test_code_left_stale_by_the_last_passes_is_regenerated_when_the_module_is_us
             gm = pickle.loads(pickle.dumps(gm))
         torch.testing.assert_close(gm(x, y)[0], want)
         assert "neg" in gm.code
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_paused_while_a_graph_compiles_and_left_as_the_caller_had_it(enabled):
+    seen = []
+
+    def look(gm):  # a user pass: runs inside the compile
+        seen.append(gc.isenabled())
+        return PassResult(gm, False)
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        c = fxforge.spine.compile_graph(traced(), fxforge.Config(passes={"after_fusion": [look]}), cache=False)
+        after = gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False] and after is enabled
+    x, y = torch.randn(4, 8), torch.randn(8, 3)
+    torch.testing.assert_close(c(x, y)[0], (torch.relu(x @ y) + 1).sum(-1))

@@ -203,11 +203,11 @@ def _partitioner(config: Config, splits: tuple[str, ...], registry: Registry, co
         if config.memory_budget is None:
             return partition(joint, joint_inputs, **kwargs)
         from ..passes.memory_budget import partition_under_budget
-        from ..spine import older_objects_frozen, plan_ahead
+        from ..spine import collector_paused, plan_ahead
 
         # (the forward is planned with its saved values free to keep their layouts, as compile_one
         # has it: the chosen graphs' compiles then go on from their plans)
-        with older_objects_frozen():  # (the plans make many objects, as a compile does)
+        with collector_paused():  # (the plans make many objects, as a compile does)
             fw, bw, plan = partition_under_budget(
                 joint, joint_inputs, base=partition, budget=config.memory_budget, free_outputs=True,
                 planner=lambda gm, kind: plan_ahead(gm, config, kind, registry),
