@@ -200,15 +200,13 @@ class FusionRun:
         if a.compute + b.compute > cfg.max_fusion_size:
             self.refuse("max_fusion_size", a, b, f"{a.compute + b.compute} > {cfg.max_fusion_size}")
             return False
-        members = set(a.nodes)
-        members.update(b.nodes)
+        members = {*a.nodes, *b.nodes}
         views = self.views_between(members, a.reads | b.reads)
         later = self.order.must_follow(a, b, views)
         if later is None:
             self.refuse("cycle", a, b)
             return False
-        # (two sorted runs, and the views: a merge sort's linear pass)
-        nodes = sorted(a.nodes + b.nodes + [v for v, _ in views], key=self.index.get)
+        nodes = sorted(a.nodes + b.nodes + [v for v, _ in views], key=self.index.get)  # (sorted runs: linear)
         it = joined_iteration(a.it, b.it)
         if it is None:
             it = iteration_of(nodes)  # the whole scan, for the refusal's detail
