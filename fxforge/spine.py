@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import gc
 import itertools
 import logging
@@ -251,20 +250,14 @@ def collector_paused():
     cyclic garbage: the collector's passes over them would find almost nothing, at a cost that
     grows with the graph.  A collector the caller turned off stays off, and a compile inside a
     compile (a region's body) leaves it to the outer one."""
-    if _PAUSED.get() or not gc.isenabled():
+    if not gc.isenabled():  # (the caller's choice, or an outer compile's pause)
         yield
         return
     gc.disable()
-    token = _PAUSED.set(True)
     try:
         yield
     finally:
-        _PAUSED.reset(token)
         gc.enable()
-
-
-# Set while a compile of this context paused the collector (``collector_paused``).
-_PAUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("fxforge_gc_paused", default=False)
 
 
 class _Stages:
