@@ -122,9 +122,9 @@ def has_side_effects(n: fx.Node) -> bool:
 
 @functools.cache
 def _op_has_side_effects(op: torch._ops.OpOverload) -> bool:
-    from torch._library.utils import is_impure
+    from torch._library.utils import is_impure  # (a mutable schema among what it checks)
 
-    return op._schema.is_mutable or is_impure(op) or _target_has_side_effects(op)
+    return is_impure(op) or _target_has_side_effects(op)
 
 
 def _target_has_side_effects(target) -> bool:
