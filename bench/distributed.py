@@ -285,9 +285,10 @@ def main() -> int:
 
 
 # How many times a case runs with Inductor among its contenders before it runs without it: in the
-# GPT cases a gloo rank running Inductor's code sometimes dies a few steps in (a corrupted heap, or
-# a segmentation fault), with Inductor's defaults and with its buffer reuse off alike; a case may
-# run through on the next try.
+# GPT cases a gloo rank running Inductor's code dies a few steps in on some runs (a corrupted heap,
+# seen by malloc in one of gloo's worker threads running an all-gather while the program issued
+# all its all-gathers at its start; or a segmentation fault), with Inductor's defaults and with its
+# buffer reuse off alike; on loopback a case often runs through on the next try, at 1 Gbit/s rarely.
 INDUCTOR_TRIES = 3
 
 
