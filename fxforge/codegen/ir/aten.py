@@ -10,6 +10,7 @@ operands; ``REDUCTIONS`` says how each reduction kind folds a row.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -281,6 +282,28 @@ def read_nodes(n: fx.Node) -> list[fx.Node] | None:
     return [a for a in (b.get(name) for name in sem.operands) if isinstance(a, fx.Node)]
 
 
+def promoted_dtypes(args: list, kind) -> tuple[torch.dtype, torch.dtype]:
+    """``elementwise_dtypes(*args, type_promotion_kind=kind)`` (computation and result dtypes),
+    worked out once per signature: what eager's promotion reads of the arguments is each tensor's
+    dtype and whether it has no dimension, each Python number's type, and the default dtype."""
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            sig.append((a.dtype, a.ndim == 0))
+        elif type(a) in (bool, int, float, complex):
+            sig.append(type(a))
+        else:  # (a symbolic number: asked as it is)
+            return elementwise_dtypes(*args, type_promotion_kind=kind)
+    return _promoted(tuple(sig), kind, torch.get_default_dtype())
+
+
+@functools.cache
+def _promoted(sig: tuple, kind, default: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
+    # (``default``, the default dtype, is part of the key: what an integer promoted to float becomes)
+    args = [torch.empty(() if s[1] else (1,), dtype=s[0], device="meta") if isinstance(s, tuple) else s(1) for s in sig]
+    return elementwise_dtypes(*args, type_promotion_kind=kind)
+
+
 def lower(n: fx.Node, operand: Callable[[fx.Node], Value], scalar: Callable[[fx.Node], Value]) -> Value:
     """The value of pointwise node ``n`` in its computation dtype (the caller converts it to the
     node's dtype): ``operand(a)`` gives a tensor argument's value per element, ``scalar(a)`` a
@@ -303,9 +326,9 @@ def lower(n: fx.Node, operand: Callable[[fx.Node], Value], scalar: Callable[[fx.
         return operand(raw[0])
     fake_args = [a.meta[VAL] if isinstance(a, fx.Node) else a
                  for name, a in zip(sem.operands, raw) if name not in CONDITIONS and a is not None]
-    cdt, rdt = elementwise_dtypes(*fake_args, type_promotion_kind=sem.promotion)
+    cdt, rdt = promoted_dtypes(fake_args, sem.promotion)
     if sem.promotion == K.ALWAYS_BOOL:  # comparisons compute in the common dtype (bool results)
-        _, common = elementwise_dtypes(*fake_args, type_promotion_kind=K.DEFAULT)
+        _, common = promoted_dtypes(fake_args, K.DEFAULT)
         cdt, rdt = compute_dtype(common), common
     cdt = compute_dtype(cdt)
     opname = key.split(".")[0]
