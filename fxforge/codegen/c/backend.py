@@ -57,23 +57,37 @@ def _probe(nodes: list[fx.Node], outputs: list[fx.Node] | None = None) -> GroupC
 
 
 def accepts(node: fx.Node, config: Config) -> str | None:
+    """Why the C backend cannot run ``node`` (None: it can).  Answered once per node structure in a
+    graph (``codegen/probes.py``: the op, its arguments and the values it reads and makes, all
+    this check reads), a refusal said again in the node's own names."""
+    limit = min(config.max_kernel_args, C_MAX_KERNEL_ARGS)
+    try:
+        memoized(f"c accepts, {limit} arguments", [node], None, lambda: _check(node, limit))
+    except Unsupported as e:
+        return str(e)
+    return None
+
+
+def _check(node: fx.Node, limit: int) -> bool:
+    """``accepts``' checks: raises ``Unsupported`` with the reason where one refuses."""
     template = template_of(node)  # a hand-written kernel (templates.py) for the op, or None
     why = node_refusal(node, CTYPE, "C", masked_outputs=template is not None) or unavailable(frozenset({"cpu"}))
     if why is not None:  # (the backend named explicitly, maybe without a compiler)
-        return why
+        raise Unsupported(why)
     if tensors(node.meta.get(VAL))[0].device.type != "cpu":
-        return "not a CPU tensor"
+        raise Unsupported("not a CPU tensor")
     if template is not None:
         why = template[0](node)
-        return None if why is None else f"c: {why}"
+        if why is not None:
+            raise Unsupported(f"c: {why}")
+        return True
     try:
         cost = _probe([node])
     except (Unsupported, NotImplementedError) as e:
-        return f"c: {e}"
-    limit = min(config.max_kernel_args, C_MAX_KERNEL_ARGS)
+        raise Unsupported(f"c: {e}") from None
     if cost.num_args > limit:
-        return f"c: {cost.num_args} kernel arguments > {limit} (Config.max_kernel_args, the C launcher's bound)"
-    return None
+        raise Unsupported(f"c: {cost.num_args} kernel arguments > {limit} (Config.max_kernel_args, the C launcher's bound)")
+    return True
 
 
 def writes_views(node: fx.Node, config: Config) -> bool:
