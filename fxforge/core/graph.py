@@ -359,14 +359,28 @@ def _flatten(xs: Iterable[Any]) -> list[Any]:
     return out
 
 
+def static_storage_nbytes(t: torch.Tensor) -> int | None:
+    """``storage_nbytes`` as an int where ``t``'s sizes, strides and offset are all ints, else None."""
+    if not _static(t):
+        return None
+    shape = t.shape
+    if 0 in shape:
+        return 0
+    return (t.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(shape, t.stride()))) * t.element_size()
+
+
+def storage_nbytes_hint(t: torch.Tensor, shape_env=None) -> int:
+    """``storage_nbytes`` at the sizes the graph was traced with (``hint``)."""
+    static = static_storage_nbytes(t)
+    return static if static is not None else hint(storage_nbytes(t), shape_env)
+
+
 def storage_nbytes(t: torch.Tensor) -> sympy.Expr:
     """Bytes of the smallest storage that holds ``t`` (from its offset, sizes and strides)."""
-    shape, stride, offset = t.shape, t.stride(), t.storage_offset()
-    if _static(t):  # (most tensors): integer arithmetic, one sympy number at the end
-        if 0 in shape:
-            return sympy.Integer(0)
-        return sympy.Integer((offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))) * t.element_size())
-    sizes = [expr(s) for s in shape]
+    static = static_storage_nbytes(t)
+    if static is not None:  # (most tensors): integer arithmetic, one sympy number at the end
+        return sympy.Integer(static)
+    sizes = [expr(s) for s in t.shape]
     if any(s == 0 for s in sizes):
         return sympy.Integer(0)
     span = expr(t.storage_offset()) + 1

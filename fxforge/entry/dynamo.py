@@ -222,14 +222,14 @@ def _partitioner(config: Config, splits: tuple[str, ...], registry: Registry, co
 
 def saved_activation_bytes(backward: fx.GraphModule) -> int:
     """Bytes the forward saved for this backward graph: its inputs that are not incoming grads."""
-    from ..core.graph import VAL, hint, is_tangent, shape_env_of, storage_nbytes
+    from ..core.graph import VAL, is_tangent, shape_env_of, storage_nbytes_hint
 
     env = shape_env_of(backward)
     total = 0
     for n in backward.graph.nodes:
         v = n.meta.get(VAL)
         if n.op == "placeholder" and isinstance(v, torch.Tensor) and not is_tangent(n):
-            total += hint(storage_nbytes(v), env)
+            total += storage_nbytes_hint(v, env)
     return total
 
 

@@ -41,6 +41,7 @@ from ..core.graph import (
     peak_live_bytes,
     shape_env_of,
     storage_nbytes,
+    storage_nbytes_hint,
     storage_root,
 )
 from ..core.plan import Arena, Buffer, Group, MemoryPlan, PeakParts
@@ -279,7 +280,7 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.
         # inputs that are views of one storage (a saved value and its base) hold its bytes once
         key = _storage_key(v) if r.op == "placeholder" else r
         nbytes, lo, hi = spans.get(key, (0, first[l.start], last[l.end]))
-        spans[key] = (max(nbytes, hint(storage_nbytes(v), env)), min(lo, first[l.start]), max(hi, last[l.end]))
+        spans[key] = (max(nbytes, storage_nbytes_hint(v, env)), min(lo, first[l.start]), max(hi, last[l.end]))
     diff = np.zeros(length + 1, dtype=np.int64)
     for nbytes, lo, hi in spans.values():
         diff[lo] += nbytes
@@ -315,7 +316,7 @@ def eager_scratch_bytes(n: fx.Node, env=None) -> int:
     name = getattr(n.target, "__name__", "").split(".")[0]
     if SCRATCH_OPS.get(name) != "inputs":
         return 0
-    return sum(hint(storage_nbytes(a.meta[VAL]), env) for a in n.all_input_nodes if isinstance(a.meta.get(VAL), torch.Tensor))
+    return sum(storage_nbytes_hint(a.meta[VAL], env) for a in n.all_input_nodes if isinstance(a.meta.get(VAL), torch.Tensor))
 
 
 def _storage_key(v: torch.Tensor) -> Any:

@@ -23,13 +23,12 @@ import torch.fx as fx
 from ..core.graph import (
     GROUP,
     VAL,
-    hint,
     liveness,
     node_kind,
     output_nodes,
     peak_live_bytes,
     shape_env_of,
-    storage_nbytes,
+    storage_nbytes_hint,
     storage_root,
 )
 from ..lowering.cleanup import has_side_effects
@@ -43,7 +42,7 @@ def storage_sizes(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> dict[fx.Node,
     for n in nodes:
         v = n.meta.get(VAL)
         if node_kind(n) in ("compute", "getitem") and storage_root(n) is n and isinstance(v, torch.Tensor):
-            out[n] = hint(storage_nbytes(v), env)
+            out[n] = storage_nbytes_hint(v, env)
     return out
 
 

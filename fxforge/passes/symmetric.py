@@ -62,7 +62,7 @@ from ..core.graph import (
     is_mutating,
     node_kind,
     output_nodes,
-    storage_nbytes,
+    storage_nbytes_hint,
     storage_root,
     writes_planned,
 )
@@ -95,7 +95,7 @@ class LowerAllReduceToSymmetric:
             waits = [u for u in n.users if u.target is f.wait_tensor.default]
             if not isinstance(val, torch.Tensor) or len(waits) != len(n.users) or not waits:
                 continue
-            if hint(storage_nbytes(val)) > limit:
+            if storage_nbytes_hint(val) > limit:
                 continue
             with gm.graph.inserting_before(n):
                 new = gm.graph.call_function(torch.ops.symm_mem.one_shot_all_reduce.default, (x, "sum", n.args[2]))
