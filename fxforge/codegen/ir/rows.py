@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from ...core.graph import VAL, aliased_input, node_kind
-from ...core.iteration import node_numel, numel as _numel, reduction_of, same_size as _same, shape_of
+from ...core.iteration import node_numel, node_shape, numel as _numel, reduction_of, same_size as _same, shape_of
 from .values import Domain, Unsupported
 
 aten = torch.ops.aten
@@ -88,11 +88,11 @@ def frame_of(order: list[fx.Node], reductions: list[fx.Node],
     ``size`` maps graph sizes to the kernel's (the emitter's parameters; the fusion facts keep
     the graph's)."""
     if not reductions:
-        shapes = [shape_of(n.meta[VAL]) for n in order if isinstance(n.meta.get(VAL), torch.Tensor)]
-        numel = _numel(shapes[0])
-        if any(not _same(_numel(s), numel) for s in shapes):
+        values = [n for n in order if isinstance(n.meta.get(VAL), torch.Tensor)]
+        numel = node_numel(values[0])
+        if any(not _same(node_numel(n), numel) for n in values):
             raise Unsupported("pointwise group with different element counts")
-        return Frame(False, size(numel), sympy.Integer(1), numel, sympy.Integer(1), shapes[0], {})
+        return Frame(False, size(numel), sympy.Integer(1), numel, sympy.Integer(1), node_shape(values[0]), {})
 
     def layout(n):  # input shape, reduced dims (size-1 dims count as kept: one coordinate, 0)
         r = reduction_of(n)
