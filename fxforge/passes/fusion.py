@@ -416,12 +416,18 @@ class _PeakModel:
             self.touch.setdefault(storage_root(n), []).extend(n.users)
         self.escapes = {storage_root(o) for o in output_nodes(gm)}
         self.last = len(nodes) - 1
-        self.profile = np.zeros(len(nodes) + 1, dtype=np.int64)
         self.spans: dict[fx.Node, tuple[int | None, int]] = {}  # each storage's span now
-        for r in self.size:
+        starts, ends, sizes = [], [], []
+        for r, size in self.size.items():
             s, e = self.spans[r] = self.span(r, {})
             if s is not None:
-                self.profile[s:e + 1] += self.size[r]
+                starts.append(s)
+                ends.append(e + 1)
+                sizes.append(size)
+        steps = np.zeros(len(nodes) + 2, dtype=np.int64)  # (each span's ends as steps, summed once)
+        np.add.at(steps, np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64))
+        np.add.at(steps, np.array(ends, dtype=np.int64), -np.array(sizes, dtype=np.int64))
+        self.profile = np.cumsum(steps[:len(nodes) + 1])
         growth = fuser.config.max_fusion_peak_growth
         self.limit = math.inf if growth == math.inf else int(self.profile.max(initial=0) * (1.0 + growth))
 
