@@ -21,8 +21,8 @@ from .artifact.compiled import Compiled, KernelInfo
 from .core.config import Config
 from .core.costs import graph_models
 from .core.graph import (BACKEND, FALLBACK, FALLBACK_BACKEND, GRAPH_META_KEYS, GROUP, GUARD_INPUTS, HEAD_START, PROBES,
-                         REGION, SAVE_PLAN, KeptWhole, count_compute_nodes, device_types, output_nodes,
-                         region_body)
+                         REGION, SAVE_PLAN, KeptWhole, count_compute_nodes, device_types, forget_answers,
+                         output_nodes, region_body)
 from .lowering.cleanup import DedupeGetitems, EliminateDeadCode, EliminateIdentityViews
 from .lowering.conv_layout import ConvLayout
 from .lowering.crops import LowerCrops
@@ -130,7 +130,9 @@ def compile_graph(
     of the ``invoke_subgraph`` body it is, called from a graph of this ``kind``), or load it from
     the compiled-graph cache (``artifact/graph_cache.py``; ``cache=False``: compile it here)."""
     with collector_paused():  # (the key, the load and the compile each make many objects)
-        return _start(gm, config, kind, registry or DEFAULT_REGISTRY, passes, region, cache)()
+        compiled = _start(gm, config, kind, registry or DEFAULT_REGISTRY, passes, region, cache)()
+        forget_answers(gm)  # (the graph as given; the one compiled forgets its own in _finish)
+        return compiled
 
 
 def _start(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, passes: Sequence | None, region: str,
@@ -444,6 +446,7 @@ def _finish(e: _Emitted, announce: bool = True) -> Compiled:
                                   eager_peak=e.eager_peak, stages=e.stages.seconds, seconds=time.perf_counter() - e.t0,
                                   region=e.region, regions=regions,
                                   comm={**_comm(gm, plan, e.config), **e.sched_stats.get("overlap", {})})
+    forget_answers(gm)
     compiled = Compiled(
         fn,
         profiled=profiled,

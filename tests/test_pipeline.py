@@ -221,3 +221,18 @@ def test_the_garbage_collector_is_paused_while_a_graph_compiles_and_left_as_the_
     assert seen == [False] and after is enabled
     x, y = torch.randn(4, 8), torch.randn(8, 3)
     torch.testing.assert_close(c(x, y)[0], (torch.relu(x @ y) + 1).sum(-1))
+
+
+def test_a_compiled_graph_keeps_no_per_node_answers():
+    """The answers ``per_node`` keeps while a compile asks them again and again are dropped when it
+    ends (half the objects a compiled graph kept alive); asked after, they are made anew."""
+    from fxforge.core.graph import MEMO, node_kind
+
+    gm = traced()
+    c = fxforge.spine.compile_graph(gm, fxforge.Config(), cache=False)
+    graphs = [gm, c.graph]
+    assert not [n.name for g in graphs for n in g.graph.nodes if MEMO in n.meta]
+    compute = [n for n in c.graph.graph.nodes if node_kind(n) == "compute"]
+    assert compute and all(MEMO in n.meta for n in compute)  # (node_kind asked again: kept again)
+    x, y = torch.randn(4, 8), torch.randn(8, 3)
+    torch.testing.assert_close(c(x, y)[0], (torch.relu(x @ y) + 1).sum(-1))

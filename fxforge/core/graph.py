@@ -420,6 +420,14 @@ class NodeMemo(dict):
         return (NodeMemo, ())
 
 
+def forget_answers(gm: fx.GraphModule) -> None:
+    """Drop the answers ``per_node`` kept in ``gm``'s nodes (a compile's, once it is done): a
+    compiled graph keeps its graph, and these were half the objects it kept alive (a 10k-node
+    graph: 122k of 231k), each one the garbage collector walks."""
+    for n in gm.graph.nodes:
+        n.meta.pop(MEMO, None)
+
+
 def per_node(fn):
     """``fn(node)`` for an ATen op node (an ``OpOverload`` target), kept in the node's meta
     (``MEMO``) while the node's target, arguments and value are the ones it was read from: the
