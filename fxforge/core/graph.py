@@ -23,6 +23,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Generic, Iterable, Sequence, TypeVar
 
+import numpy as np
 import sympy
 import torch
 import torch.fx as fx
@@ -359,7 +360,7 @@ def _flatten(xs: Iterable[Any]) -> list[Any]:
     return out
 
 
-def static_storage_nbytes(t: torch.Tensor) -> int | None:
+def _static_storage_nbytes(t: torch.Tensor) -> int | None:
     """``storage_nbytes`` as an int where ``t``'s sizes, strides and offset are all ints, else None."""
     if not _static(t):
         return None
@@ -371,13 +372,13 @@ def static_storage_nbytes(t: torch.Tensor) -> int | None:
 
 def storage_nbytes_hint(t: torch.Tensor, shape_env=None) -> int:
     """``storage_nbytes`` at the sizes the graph was traced with (``hint``)."""
-    static = static_storage_nbytes(t)
+    static = _static_storage_nbytes(t)
     return static if static is not None else hint(storage_nbytes(t), shape_env)
 
 
 def storage_nbytes(t: torch.Tensor) -> sympy.Expr:
     """Bytes of the smallest storage that holds ``t`` (from its offset, sizes and strides)."""
-    static = static_storage_nbytes(t)
+    static = _static_storage_nbytes(t)
     if static is not None:  # (most tensors): integer arithmetic, one sympy number at the end
         return sympy.Integer(static)
     sizes = [expr(s) for s in t.shape]
@@ -741,6 +742,20 @@ def _async_collectives() -> frozenset:
     from .collectives import async_input_ops
 
     return frozenset(async_input_ops())
+
+
+def live_profile(ranges: Iterable[tuple[int, int, int]], length: int) -> np.ndarray:
+    """Bytes live at each of ``length`` positions, for (start, end, nbytes) ranges (``end``
+    inclusive, below ``length``): each range's two ends as steps, summed once."""
+    starts, ends, sizes = [], [], []
+    for start, end, b in ranges:
+        starts.append(start)
+        ends.append(end + 1)
+        sizes.append(b)
+    steps = np.zeros(length + 1, dtype=np.int64)
+    np.add.at(steps, np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64))
+    np.add.at(steps, np.array(ends, dtype=np.int64), -np.array(sizes, dtype=np.int64))
+    return np.cumsum(steps[:length])
 
 
 def peak_live_bytes(ranges: Iterable[tuple[int, int, int]]) -> int:

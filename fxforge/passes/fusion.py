@@ -48,7 +48,7 @@ import torch.fx as fx
 
 from ..codegen.api import CodegenBackend, GroupCost, kernel_args_limit
 from ..core.config import Config
-from ..core.graph import BACKEND, GROUP, aliased_input, node_kind, output_nodes, storage_root
+from ..core.graph import BACKEND, GROUP, aliased_input, live_profile, node_kind, output_nodes, storage_root
 from ..core.iteration import Iteration, iteration_of, joined_iteration, kind_of
 from ..lowering.cleanup import has_side_effects
 from ..infra.pass_manager import PassResult
@@ -417,17 +417,12 @@ class _PeakModel:
         self.escapes = {storage_root(o) for o in output_nodes(gm)}
         self.last = len(nodes) - 1
         self.spans: dict[fx.Node, tuple[int | None, int]] = {}  # each storage's span now
-        starts, ends, sizes = [], [], []
+        ranges = []
         for r, size in self.size.items():
             s, e = self.spans[r] = self.span(r, {})
             if s is not None:
-                starts.append(s)
-                ends.append(e + 1)
-                sizes.append(size)
-        steps = np.zeros(len(nodes) + 2, dtype=np.int64)  # (each span's ends as steps, summed once)
-        np.add.at(steps, np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64))
-        np.add.at(steps, np.array(ends, dtype=np.int64), -np.array(sizes, dtype=np.int64))
-        self.profile = np.cumsum(steps[:len(nodes) + 1])
+                ranges.append((s, e, size))
+        self.profile = live_profile(ranges, len(nodes) + 1)
         growth = fuser.config.max_fusion_peak_growth
         self.limit = math.inf if growth == math.inf else int(self.profile.max(initial=0) * (1.0 + growth))
 

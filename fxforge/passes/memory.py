@@ -34,6 +34,7 @@ from ..core.graph import (
     expr,
     hint,
     inputs_freed_at_last_use,
+    live_profile,
     liveness,
     node_kind,
     opaque_aliasing,
@@ -281,11 +282,7 @@ def other_live_bytes(gm: fx.GraphModule, schedule: list[fx.Node], live: dict[fx.
         key = _storage_key(v) if r.op == "placeholder" else r
         nbytes, lo, hi = spans.get(key, (0, first[l.start], last[l.end]))
         spans[key] = (max(nbytes, storage_nbytes_hint(v, env)), min(lo, first[l.start]), max(hi, last[l.end]))
-    diff = np.zeros(length + 1, dtype=np.int64)
-    for nbytes, lo, hi in spans.values():
-        diff[lo] += nbytes
-        diff[hi + 1] -= nbytes
-    return np.cumsum(diff[:length])
+    return live_profile(((lo, hi, nbytes) for nbytes, lo, hi in spans.values()), length)
 
 
 # Eager ATen ops that allocate scratch inside themselves, and how much at most: oneDNN's
