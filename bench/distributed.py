@@ -12,7 +12,8 @@ on the same per-rank program, interleaved step by step:
 * ``fxforge``: the defaults (buckets of ``Config.bucket_bytes``, overlap within
   ``Config.prefetch_peak_growth``);
 * ``inductor``: TorchInductor's ``compile_fx`` on the same per-rank graph (its defaults; where a
-  rank dies running it, the case is run again, ``INDUCTOR_TRIES`` times in all, then without it);
+  rank dies running it, the case is run again with Inductor's buffer reuse off,
+  ``INDUCTOR_TRIES`` times in all, then without it);
 * ``eager``: that per-rank graph run by torch op by op (the collectives as traced).
 
 Per contender: the median step time (each step's time is the slowest rank's, after a barrier),
@@ -134,10 +135,12 @@ def run_case(rank: int, world: int) -> dict:
         out["eager"] = {"compile_s": 0.0, "collectives": _count(captured[0])}
     if "inductor" in case["contenders"]:
         with fresh_inductor():
+            import torch._inductor.config as inductor_config
             from torch._inductor.compile_fx import compile_fx
 
             t0 = time.perf_counter()
-            ind = compile_fx(captured[0], list(graph_args))
+            with inductor_config.patch(case.get("inductor_config", {})):
+                ind = compile_fx(captured[0], list(graph_args))
             seconds = time.perf_counter() - t0
         steps_fn["inductor"] = lambda: ind(*graph_args)
         out["inductor"] = {"compile_s": seconds, "collectives": _count(captured[0])}
@@ -284,18 +287,21 @@ def main() -> int:
     return 0
 
 
-# How many times a case runs with Inductor among its contenders before it runs without it: in the
-# GPT cases a gloo rank running Inductor's code dies a few steps in on some runs (a corrupted heap,
-# seen by malloc in one of gloo's worker threads running an all-gather while the program issued
-# all its all-gathers at its start; or a segmentation fault), with Inductor's defaults and with its
-# buffer reuse off alike; on loopback a case often runs through on the next try, at 1 Gbit/s rarely.
+# How many times a case runs with Inductor among its contenders before it runs without it, and
+# what Inductor runs with after its defaults took the ranks down.  In the GPT cases a gloo rank
+# running Inductor's code dies a few steps in on most runs (a corrupted heap, seen by malloc in one
+# of gloo's worker threads running an all-gather while the program issued all its all-gathers at
+# its start; or a segmentation fault): with Inductor's defaults 17 of 19 tries on 2026-12-07, with
+# its buffer reuse off 1 of 4.
 INDUCTOR_TRIES = 3
+INDUCTOR_RETRY_CONFIG = {"allow_buffer_reuse": False}
 
 
 def _run_with_inductor_retries(case: dict, world: int, label: str) -> tuple[list[dict], dict, list[str]]:
-    """The case on its ranks, again (up to ``INDUCTOR_TRIES`` in all) while a rank dies with Inductor
-    among the contenders, then without Inductor.  Returns the ranks' results, the case as run, and
-    what took the ranks down on each failed try."""
+    """The case on its ranks, again (up to ``INDUCTOR_TRIES`` in all, Inductor under
+    ``INDUCTOR_RETRY_CONFIG`` after the first) while a rank dies with Inductor among the
+    contenders, then without Inductor.  Returns the ranks' results, the case as run, and what took
+    the ranks down on each failed try."""
     failed: list[str] = []
     while True:
         os.environ["FXFORGE_BENCH_CASE"] = json.dumps(case)
@@ -306,10 +312,13 @@ def _run_with_inductor_retries(case: dict, world: int, label: str) -> tuple[list
                 raise
             failed.append(_crash(str(e)))
             if len(failed) < INDUCTOR_TRIES:
-                print(f"{label}: a rank failed with Inductor in the case ({failed[-1]}); again", flush=True)
+                print(f"{label}: a rank failed with Inductor in the case ({failed[-1]}); again with {INDUCTOR_RETRY_CONFIG}",
+                      flush=True)
+                case = {**case, "inductor_config": INDUCTOR_RETRY_CONFIG}
             else:
                 print(f"{label}: a rank failed with Inductor in the case ({failed[-1]}); again without it", flush=True)
-                case = {**case, "contenders": [c for c in case["contenders"] if c != "inductor"]}
+                case = {k: v for k, v in case.items() if k != "inductor_config"}
+                case["contenders"] = [c for c in case["contenders"] if c != "inductor"]
 
 
 def _summary(per: list[dict], link: dict, fit) -> dict:
@@ -409,7 +418,8 @@ def _rank_peak(c: dict) -> int:
 def _vs(c: dict, ind: dict | None, row: dict) -> str:
     """``c``'s step over Inductor's, saying where Inductor's ranks crashed on a try (or on every one)."""
     if ind and row.get("inductor_failed"):
-        return f"{c['step_s'] / ind['step_s']:.2f} (try {row['inductor_tries']}; before: {row['inductor_failed']})"
+        return f"{c['step_s'] / ind['step_s']:.2f} (try {row['inductor_tries']}, Inductor with " \
+               f"{row.get('inductor_config', {})}; before: {row['inductor_failed']})"
     if ind:
         return f"{c['step_s'] / ind['step_s']:.2f}"
     return f"Inductor's ranks crashed: {row['inductor_failed']}" if row.get("inductor_failed") else ""
@@ -460,7 +470,8 @@ def write_md(path: str) -> None:
              "the start of the case, scaled so that the fxforge-bucketed steps profiled beside it (the same "
              "collectives, each waited for at once) replay to the waits they measured (`comm_sim.fit_link`); in "
              "brackets, unscaled (rows run before the scaling existed have the unscaled figure alone). "
-             "`*`: Inductor's ranks died on an earlier try of the case (the targets table says how).", "",
+             "`*`: Inductor's ranks died on an earlier try of the case, and Inductor ran with its buffer reuse "
+             "off (the targets table says how).", "",
              "| model | parallel | ranks | batch | contender | step (ms) | vs fxforge-off | vs inductor | vs eager | "
              "collectives | peak MiB | wait (ms) | exposed | simulated wait (ms) | loss error | bit-equal to off |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
