@@ -527,14 +527,14 @@ class _PeakModel:
 
     def check(self) -> None:
         """Debug mode: the profile kept merge by merge is the one the final groups give."""
-        fresh = np.zeros_like(self.profile)
-        for r in self.size:
+        ranges = []
+        for r, size in self.size.items():
             span = self.span(r, {})
             if span != self.spans[r] and (span[0], self.spans[r][0]) != (None, None):  # (inside a kernel: no span)
                 raise AssertionError(f"fusion's peak model: storage {r.name} spans {self.spans[r]}, recomputed {span}")
             if span[0] is not None:
-                fresh[span[0]:span[1] + 1] += self.size[r]
-        if not np.array_equal(fresh, self.profile):
+                ranges.append((*span, size))
+        if not np.array_equal(live_profile(ranges, len(self.profile)), self.profile):
             raise AssertionError("fusion's peak model: the live-bytes profile differs from its recomputation")
 
     def shift(self, changes: list, sign: int) -> None:

@@ -43,7 +43,7 @@ from ..core.collectives import (async_input_ops, collective_bytes, group_name_of
                                 is_wait, waited_collective)
 from ..core.config import Config
 from ..core.costs import CommModel, ComputeModel, node_bytes, node_flops, value_bytes
-from ..core.graph import GROUP, is_mutating, liveness, node_kind, output_nodes, storage_root
+from ..core.graph import GROUP, is_mutating, live_profile, liveness, node_kind, output_nodes, storage_root
 from .schedule import fused_layout, peak_bytes, storage_sizes
 
 
@@ -119,12 +119,8 @@ def _profile(gm: fx.GraphModule, seq: list[list[fx.Node]], sizes: dict, fused: C
     order = [n for u in seq for n in u]
     _, internal = fused_layout(gm, order, fused)
     upos = {n: i for i, u in enumerate(seq) for n in u}
-    diff = np.zeros(len(seq) + 1, dtype=np.int64)
-    for r, live in liveness(order, output_nodes(gm), upos).items():
-        if r in sizes and r not in internal:
-            diff[live.start] += sizes[r]
-            diff[live.end + 1] -= sizes[r]
-    return np.cumsum(diff[:-1])
+    return live_profile(((live.start, live.end, sizes[r]) for r, live in liveness(order, output_nodes(gm), upos).items()
+                         if r in sizes and r not in internal), len(seq))
 
 
 def _barrier(u: list[fx.Node]) -> bool:

@@ -16,13 +16,12 @@ import numpy as np
 import sympy
 from torch.utils._sympy.functions import FloorDiv
 
-from ..core.graph import hint, peak_live_bytes
+from ..core.graph import hint, live_profile, peak_live_bytes
 from .offsets import Interval, RangeMax, plan_offsets
 
 __all__ = [
     "WindowSearch", "window_options", "split_windows",
-    "place", "place_static", "place_symbolic", "place_windows", "placed_peaks", "arena_calls_profile", "live_profile",
-    "align_up",
+    "place", "place_static", "place_symbolic", "place_windows", "placed_peaks", "arena_calls_profile", "align_up",
 ]
 
 Spans = dict[str, tuple[int, int, int]]  # block -> (bytes, first start, last end), at the traced sizes
@@ -560,12 +559,3 @@ def arena_calls_profile(placed, hinted: Spans, first: np.ndarray, last: np.ndarr
 def _arena_spans(placed, hinted: Spans, env) -> list[tuple[int, int, int]]:
     return [(min(hinted[k][1] for k in heads), max(hinted[k][2] for k in heads), hint(nbytes, env))
             for heads, (_, nbytes, _) in placed]
-
-
-def live_profile(ranges, length: int) -> np.ndarray:
-    """Bytes live at each of ``length`` positions, for (first, last, nbytes) ranges."""
-    prof = np.zeros(length + 1, dtype=np.int64)
-    for lo, hi, b in ranges:
-        prof[lo] += b
-        prof[hi + 1] -= b
-    return np.cumsum(prof[:length])
