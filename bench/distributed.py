@@ -289,10 +289,9 @@ def main() -> int:
 
 # How many times a case runs with Inductor among its contenders before it runs without it, and
 # what Inductor runs with after its defaults took the ranks down.  In the GPT cases a gloo rank
-# running Inductor's code dies a few steps in on most runs (a corrupted heap, seen by malloc in one
-# of gloo's worker threads running an all-gather while the program issued all its all-gathers at
-# its start; or a segmentation fault): with Inductor's defaults 17 of 19 tries on 2026-12-07, with
-# its buffer reuse off 1 of 4.
+# running Inductor's code dies a few steps in on most runs with its defaults, and on fewer with its
+# buffer reuse off (a corrupted heap, seen by malloc in one of gloo's worker threads running an
+# all-gather while the program issued all its all-gathers at its start; or a segmentation fault).
 INDUCTOR_TRIES = 3
 INDUCTOR_RETRY_CONFIG = {"allow_buffer_reuse": False}
 
