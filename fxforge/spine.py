@@ -89,6 +89,20 @@ def _fuses(backend: str, registry: Registry) -> bool:
     return backend != FALLBACK_BACKEND and registry.get(backend).fuses
 
 
+def kernels_ahead(gm: fx.GraphModule, config: Config, registry: Registry) -> dict:
+    """Each backend's kernels begun before the schedule and memory plan are made
+    (``CodegenBackend.ahead``, given the fused groups in program order: the C backend's units
+    build while they are made); what the wrapper's kernels then go to (``KernelContext.units``)."""
+    units: dict = {}
+    ahead: dict[str, list[Group]] = {}
+    for g in build_groups(gm, list(gm.graph.nodes), registry):
+        if g.fused and not g.reason and registry.get(g.backend).ahead is not None:
+            ahead.setdefault(g.backend, []).append(g)
+    for name, groups in ahead.items():
+        registry.get(name).ahead(groups, config, units)
+    return units
+
+
 def build_groups(gm: fx.GraphModule, sched: list[fx.Node], registry: Registry) -> list[Group]:
     """Groups from the ``GROUP``/``BACKEND`` metadata the passes wrote, in schedule order."""
     by_id: dict[int, Group] = {}
@@ -241,8 +255,9 @@ def _body_key(body: fx.GraphModule) -> Any:
 
 
 # The stage that follows each of ``_compile_graph``'s stages (the progress line names it).
-_NEXT_STAGE = {"regions": "passes", "passes": "schedule", "schedule": "memory plan", "memory_plan": "kernels and wrapper",
-               "codegen": "linking the kernels", "link": "loading"}
+_NEXT_STAGE = {"regions": "passes", "passes": "kernels ahead of the plan", "kernels_ahead": "schedule",
+               "schedule": "memory plan", "memory_plan": "kernels and wrapper", "codegen": "linking the kernels",
+               "link": "loading"}
 
 
 @contextlib.contextmanager
@@ -251,7 +266,14 @@ def collector_paused():
     runs again after it.  A compile makes many objects that live until it ends and next to no
     cyclic garbage: the collector's passes over them would find almost nothing, at a cost that
     grows with the graph.  A collector the caller turned off stays off, and a compile inside a
-    compile (a region's body) leaves it to the outer one."""
+    compile (a region's body) leaves it to the outer one.
+
+    When it runs again, what the compile made and kept (the compiled graph, its plan and wrapper)
+    joins the oldest generation unexamined (``gc.freeze`` then ``gc.unfreeze``), where the next
+    full collection looks at it as at every other long-lived object: otherwise the first young
+    collection after the compile walks all of it (a quarter of a second for a graph of 10k nodes)
+    to find it alive.  Not where the process froze objects of its own (``gc.get_freeze_count``):
+    unfreezing would hand those back to the collector."""
     if not gc.isenabled():  # (the caller's choice, or an outer compile's pause)
         yield
         return
@@ -259,6 +281,9 @@ def collector_paused():
     try:
         yield
     finally:
+        if not gc.get_freeze_count():
+            gc.freeze()
+            gc.unfreeze()
         gc.enable()
 
 
@@ -413,6 +438,7 @@ def _emit(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, pas
     label = f"{kind}-region-{graph_id}" if region else f"{kind}-{graph_id}"
     head = HEAD_START.get(gm)
     HEAD_START.clear(gm)
+    units: dict = {}
     if head is not None and passes is None and not regions and head.fits(gm, config, kind):
         # (the passes, schedule and plan ran ahead, on a copy of this graph: the stages' seconds are those)
         log.debug("fxforge: the %s graph's passes and plan ran ahead (memory budget); its compile goes on from them",
@@ -424,8 +450,10 @@ def _emit(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, pas
         recorder = PassRecorder()  # what the HTML report needs: code per pass, input graph sketch
         gm, records = _run_passes(gm, config, kind, registry, passes, progress, recorder)
         stages.done("passes")
+        units = kernels_ahead(gm, config, registry)
+        stages.done("kernels_ahead")
         plan, sched_stats = _plan(gm, config, kind, registry, stages)
-    w = wrapper.generate(gm, plan, registry, config, graph=label)
+    w = wrapper.generate(gm, plan, registry, config, graph=label, units=units)
     stages.done("codegen")
     return _Emitted(gm, config, kind, registry, region, t0, nodes_in, eager_peak, stages, regions, graph_id, label,
                     recorder, records, plan, sched_stats, w)
@@ -436,10 +464,12 @@ def _finish(e: _Emitted, announce: bool = True) -> Compiled:
     for r in e.regions:
         _finish_region(r, e.config)
     regions = e.regions
-    wrapper.link(e.wrapper, e.registry)
-    e.stages.done("link")
     w, gm, plan, kind = e.wrapper, e.gm, e.plan, e.kind
-    fn, profiled = w.load(f"<fxforge-{e.label}>")
+    filename = f"<fxforge-{e.label}>"
+    code = w.compile(filename)  # (Python's compile of the source needs no kernel: it runs beside their builds)
+    wrapper.link(w, e.registry)
+    e.stages.done("link")
+    fn, profiled = w.load(filename, code)
     e.stages.done("load")
 
     record = CompileStats.collect(kind, gm, plan.groups, plan.memory, w, e.records, e.sched_stats, nodes_in=e.nodes_in,

@@ -190,7 +190,7 @@ def test_boxed_call_releases_its_inputs():
     assert args == []  # the caller's list no longer pins the input
     torch.testing.assert_close(out, chain(x))
     assert "args.clear()" in c.source
-    assert set(c.stats["stage_seconds"]) == {"passes", "schedule", "memory_plan", "codegen", "link", "load"}
+    assert set(c.stats["stage_seconds"]) == {"passes", "kernels_ahead", "schedule", "memory_plan", "codegen", "link", "load"}
 
 
 # ---------------------------------------------------------------- arenas over lifetime windows

@@ -102,7 +102,7 @@ def check_graph(page: Page, i: int, c: fxforge.Compiled) -> None:
     assert len(page.find("line", "lb", i)) == (1 if c.stats["lower_bound_bytes"] else 0)
     assert len(page.find("path", "curve", i)) == 3
     # pass timeline: a bar per pass and per later stage, a row per pass with its code
-    stages = [s for s in ("schedule", "memory_plan", "codegen", "link", "load") if s in c.stats["stage_seconds"]]
+    stages = [s for s in ("kernels_ahead", "schedule", "memory_plan", "codegen", "link", "load") if s in c.stats["stage_seconds"]]
     assert len(page.find("rect", "tl", i)) == len(c.stats["passes"]) + len(stages)
     assert len(page.find("details", "code", i)) == len(c.stats["passes"])
     assert len(page.find("details", "ksrc", i)) == len(c.kernels)

@@ -150,6 +150,12 @@ class CodegenBackend:
     # backend's ``compile`` left in ``KernelContext.units[name]``; returns wrapper globals the
     # kernels' sources use (e.g. compiled functions: built together per wrapper, not per group).
     link: Callable[[Any], dict[str, Any]] | None = None
+    # ``ahead(groups, config, units)``: called once per wrapper before its schedule and memory
+    # plan, with its fused groups in program order and the ``units`` its ``compile`` calls will be
+    # given (``KernelContext.units``): the backend may emit kernels under the layouts it expects
+    # the plan to give and start building them; ``compile`` must still give each group the kernel
+    # its plan asks for.
+    ahead: Callable[[list[Group], Config, dict], None] | None = None
     # ``seal(unit)``: called once per wrapper when its groups are all compiled, before ``link``
     # (which may come later: a region's body is linked with its caller): the backend may start
     # on what is left (the C backend builds its last translation units).  None: nothing to do.

@@ -158,6 +158,7 @@ def _default_registry() -> Registry:
         reads_planned=True,
         extern="torch",
         link=deferred("fxforge.codegen.c.launcher", "link"),
+        ahead=deferred(_C, "kernels_ahead"),
         seal=deferred("fxforge.codegen.c.build", "seal"),
         save_unit=deferred("fxforge.codegen.c.build", "save_unit"),
         load_unit=deferred("fxforge.codegen.c.build", "load_unit"),

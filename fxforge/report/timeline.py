@@ -11,7 +11,7 @@ from typing import Any
 from .memory import W
 
 MAX_DIFF_LINES = 800
-STAGES = ("schedule", "memory_plan", "codegen", "link", "load")
+STAGES = ("kernels_ahead", "schedule", "memory_plan", "codegen", "link", "load")
 
 
 def _short_stats(st: dict) -> dict:

@@ -16,11 +16,14 @@ emitter cannot disagree (memoized by group structure, ``codegen/probes.py``).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.fx as fx
 
 from ...core.config import Config
-from ...core.graph import VAL, node_kind, tensors
+from ...core.graph import SLICE_OF, VAL, node_kind, tensors
+from ...core.iteration import shape_of, strides_of
 from ...core.plan import Group
 from ..api import GroupCost, Kernel, KernelContext
 from ..ir.lowering import Unsupported, node_refusal
@@ -34,6 +37,8 @@ from .reuse import Emitted
 from .schedule import frame_refusal
 from .dtypes import CTYPE
 from .templates import template_of
+
+log = logging.getLogger(__name__)
 
 
 def unavailable(device_types: frozenset[str]) -> str | None:
@@ -118,15 +123,95 @@ def tiered(config: Config) -> bool:
     return config.tiered_builds and not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
 
 
+def _unit(units: dict, config: Config) -> CUnit:
+    """The wrapper's C unit (``KernelContext.units["c"]``), made on first use."""
+    unit = units.get("c")
+    if unit is None:
+        unit = units["c"] = CUnit(debug=config.debug, background=True, tiered=tiered(config))
+    if unit.emitted is None:
+        unit.emitted = Emitted(config.debug)
+    return unit
+
+
+def kernels_ahead(groups: list[Group], config: Config, units: dict) -> None:
+    """The C backend's ``ahead``: each group's kernel emitted before the schedule and memory plan
+    are made, and its C function put in a translation unit (``CUnit.ahead``), so that the units
+    build while they are made.  The kernel is emitted under what the plan gives a value unless
+    it places it in the storage of another: its layout (``expected_layout``) and a buffer of its
+    own for each value read outside its group (``own_buffer``).  ``compile_group`` then finds it
+    in ``reuse.Emitted``, whose key holds all of that, where the plan gave the group what was
+    assumed; where it did not, or where the kernel cannot be reused (``reuse.Emitted.ahead``), the
+    group's kernel is emitted then, and the function built ahead goes unused (``CUnit.unused``).
+    A group the emitter refuses is left to ``compile_group``, which says why."""
+    unit = _unit(units, config)
+    threads = config.threads or torch.get_num_threads()
+    for g in groups:
+        computed = [n for n in g.nodes if node_kind(n) == "compute"]
+        if g.reason or not computed or (len(computed) == 1 and template_of(computed[0]) is not None):
+            continue
+        ctx = KernelContext(f"ahead{g.id}", _own_name, own_buffer(g.nodes), _no_constant, config, expected_layout,
+                            units=units)
+        outputs = g.outputs or None
+        try:
+            k = unit.emitted.ahead(g.nodes, outputs, ctx, threads, lambda: CEmitter(
+                ctx.name, ctx.ref, ctx.buffer, g.nodes, outputs, layout=ctx.layout, threads=threads))
+        except Exception as e:  # noqa: BLE001  (compile_group emits it again, and says what failed)
+            log.debug("fxforge: group %d not emitted ahead of the plan: %s: %s", g.id, type(e).__name__, e)
+            continue
+        if k is not None:
+            unit.ahead(k)
+
+
+def _own_name(n: fx.Node) -> str:
+    return n.name
+
+
+def _no_constant(value) -> str:
+    raise Unsupported("a constant without a literal form (its global is named by the wrapper)")
+
+
+def own_buffer(nodes: list[fx.Node]):
+    """``KernelContext.buffer`` as a plan gives it where every value read outside the group has a
+    buffer of its own, named after it (an output of several, after the ``getitem`` taking it out);
+    a value read only inside the group has none (``KeyError``, as the plan's)."""
+    members = set(nodes)
+
+    def buffer(n: fx.Node, index: int | None) -> str:
+        if index is not None:
+            n = next((u for u in n.users if node_kind(u) == "getitem" and u.args[1] == index), None)
+            if n is None:
+                raise KeyError(f"no getitem takes output {index} out")
+            if n not in members:
+                return n.name
+        if n.users and all(u in members for u in n.users):
+            raise KeyError(f"{n.name} is read inside its group only")
+        return n.name
+
+    return buffer
+
+
+def expected_layout(node: fx.Node, index: int | None) -> tuple[tuple, tuple]:
+    """``KernelContext.layout`` as the memory plan gives it (``memory.place_slices``): a value a
+    cat or pad takes in place (``SLICE_OF``) in its outermost container's strides, unless it fills
+    a run of a 1-D one; every other value as traced."""
+    val = node.meta[VAL] if index is None else node.meta[VAL][index]
+    at = SLICE_OF.get(node) if index is None else None
+    if at is None or len(at[1]) != val.dim():
+        return shape_of(val), strides_of(val)
+    root = node
+    while at is not None:
+        root = next((u for u in root.users if u.name == at[0]), None)
+        if root is None:  # (not read by its container: no region the plan can find either)
+            return shape_of(val), strides_of(val)
+        at = SLICE_OF.get(root)
+    return shape_of(val), strides_of(root.meta[VAL])
+
+
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:
     computed = [n for n in group.nodes if node_kind(n) == "compute"]
     template = template_of(computed[0]) if len(computed) == 1 else None
     threads = ctx.config.threads or torch.get_num_threads()
-    unit = ctx.units.get("c")
-    if unit is None:
-        unit = ctx.units["c"] = CUnit(debug=ctx.config.debug, background=True, tiered=tiered(ctx.config))
-    if unit.emitted is None:
-        unit.emitted = Emitted(ctx.config.debug)
+    unit = _unit(ctx.units, ctx.config)
     if template is not None:
         k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout, threads)
     else:

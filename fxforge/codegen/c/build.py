@@ -262,6 +262,13 @@ class CUnit:
         self._place()
         self._submit()
 
+    def ahead(self, k: CEmitted) -> None:
+        """``k``'s C function built with the unit's kernels, no launch bound to it: a kernel
+        emitted before the wrapper's plan (``backend.kernels_ahead``).  The kernel ``add``ed later
+        with the same function (its symbol) finds it in a unit already."""
+        self._put(k)
+        self._submit()
+
     def seal(self) -> None:
         """Every kernel is emitted: the units still open end here and, where units build in the
         background, start building now rather than when ``built`` asks for them (a region's
@@ -285,13 +292,18 @@ class CUnit:
 
     def _place(self) -> None:
         for k in self.kernels[self._split:]:
-            if k.symbol not in self._seen:
-                self._seen.add(k.symbol)
-                self._open[k.quick].append(k)
-                if ends_unit(k):
-                    self._closed.append((k.quick, self._open[k.quick]))
-                    self._open[k.quick] = []
+            self._put(k)
         self._split = len(self.kernels)
+
+    def _put(self, k: CEmitted) -> None:
+        """``k``'s function in the open unit of its kind, unless a unit has it; the unit closed
+        where it ends there (``ends_unit``)."""
+        if k.symbol not in self._seen:
+            self._seen.add(k.symbol)
+            self._open[k.quick].append(k)
+            if ends_unit(k):
+                self._closed.append((k.quick, self._open[k.quick]))
+                self._open[k.quick] = []
 
     @staticmethod
     def _source(kernels: list[CEmitted]) -> str:
@@ -345,6 +357,12 @@ class CUnit:
             return pool.submit(lambda: then(side_by_side(full, todo, UPGRADE_THREADS)))
         finally:
             pool.shutdown(wait=False)
+
+    @property
+    def unused(self) -> int:
+        """Functions in the units that no kernel launches: built ahead of the plan
+        (``ahead``) for a group the plan then gave another layout."""
+        return len(self._seen - {k.symbol for k in self.kernels})
 
     @property
     def first_built(self) -> int:

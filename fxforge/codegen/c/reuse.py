@@ -69,6 +69,24 @@ class Emitted:
         return k
 
 
+    def ahead(self, nodes: list[fx.Node], outputs: list[fx.Node] | None, ctx: KernelContext, threads: int,
+              make: Callable[[], CEmitter]) -> CEmitted | None:
+        """The kernel of group ``nodes`` emitted ahead of the plan (``backend.kernels_ahead``:
+        ``ctx`` what the plan is expected to give) and kept for the group ``emit`` is later asked
+        for under that key; None where it could not be kept (``emit`` would emit it again), or
+        where a kernel of its key was kept already."""
+        names = _names(nodes, ctx)
+        if names is None:
+            return None
+        key = (structure(nodes, outputs), names[1], threads)
+        if key in self.kept:
+            return None
+        e = make()
+        k = e.emit()
+        self.kept[key] = _keep(e, k, nodes, names[0])
+        return k if self.kept[key] is not None else None
+
+
 def _names(nodes: list[fx.Node], ctx: KernelContext) -> tuple[list[str], tuple] | None:
     """The wrapper variables a group's kernel may be handed (each value read from outside, then
     each buffer a member stores) and the part of the key they give: which of them are one

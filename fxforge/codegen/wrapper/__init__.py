@@ -63,10 +63,12 @@ __all__ = ["KERNEL_RANGE", "LAYOUT_VIEWS", "RANGE_OPS", "VIEW_METHODS", "Positio
            "kernel_range", "link", "plan_wrapper", "positions"]
 
 
-def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph") -> Wrapper:
+def generate(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph",
+             units: dict | None = None) -> Wrapper:
     """The wrapper of ``gm`` (``graph``: its name in profiler ranges, ``forward-0``...): its plan,
-    printed.  Its kernels are emitted (their builds may be running): ``link`` it before loading."""
-    wp = plan_wrapper(gm, plan, registry, config, graph)
+    printed.  Its kernels are emitted (their builds may be running): ``link`` it before loading.
+    ``units``: what the backends' ``ahead`` began (``kernels_ahead``)."""
+    wp = plan_wrapper(gm, plan, registry, config, graph, units)
     for name, unit in wp.units.items():  # (every kernel is emitted: the builds left may start)
         seal = registry.get(name).seal
         if seal is not None:

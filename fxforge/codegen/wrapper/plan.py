@@ -100,7 +100,8 @@ class _Planner:
     needs to know at each point: the names bound, the arenas allocated and the buffers still to be
     written in each, the values laid out as traced, the kept arenas' views."""
 
-    def __init__(self, gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph"):
+    def __init__(self, gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph",
+                 units: dict[str, Any] | None = None):
         self.gm, self.plan, self.registry, self.config = gm, plan, registry, config
         self.graph = graph
         self.taken = {n.name for n in gm.graph.nodes} | {"torch", "operator", "math", "call", "args"}
@@ -137,7 +138,8 @@ class _Planner:
         self.setup: list[Step] = []
         self.kept_names: dict[str, None] = {}  # made by _arenas(), in order
         self.ops: dict[tuple[str, str, str], torch._ops.OpOverload] = {}  # bound once: runtime.bind_ops
-        self.units: dict[str, Any] = {}  # KernelContext.units: what each backend links at the end
+        # KernelContext.units: what each backend links at the end (begun by its ``ahead``, where given)
+        self.units: dict[str, Any] = units if units is not None else {}
 
     # ------------------------------------------------------------------ naming
 
@@ -703,9 +705,11 @@ def _tuple(items) -> str:
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
-def plan_wrapper(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph") -> WrapperPlan:
-    """The wrapper plan of ``gm`` (``graph``: its name in profiler ranges)."""
-    return _Planner(gm, plan, registry, config, graph).build()
+def plan_wrapper(gm: fx.GraphModule, plan: Plan, registry: Registry, config: Config, graph: str = "graph",
+                 units: dict[str, Any] | None = None) -> WrapperPlan:
+    """The wrapper plan of ``gm`` (``graph``: its name in profiler ranges; ``units``: the
+    backends' units their ``ahead`` began)."""
+    return _Planner(gm, plan, registry, config, graph, units).build()
 
 
 # Views that are only a layout (sizes, strides, offset) of their base's elements: the wrapper

@@ -7,6 +7,7 @@ from __future__ import annotations
 import linecache
 import logging
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 from ..api import Kernel
@@ -49,13 +50,18 @@ class Wrapper:
     def _upgrading(self) -> list:
         return [u for u in self.units.values() if getattr(u, "upgraded", None) is not None]
 
-    def load(self, filename: str):
-        """Compile the source; returns ``call(args)``, which runs the graph, and a function
-        returning ``call_profiled`` (compiled on its first use, into the same namespace).  Each
-        upgrade's kernels replace the first ones in that namespace when it is done (a call
-        running then finishes with either)."""
+    def compile(self, filename: str) -> CodeType:
+        """The source compiled by Python (what ``load`` runs): it needs no kernel built, so a
+        compile does it while its kernels' builds run."""
+        return _compiled(self.source, filename)
+
+    def load(self, filename: str, code: CodeType | None = None):
+        """Run the source (``code``: it compiled already, by ``compile(filename)``); returns
+        ``call(args)``, which runs the graph, and a function returning ``call_profiled``
+        (compiled on its first use, into the same namespace).  Each upgrade's kernels replace the
+        first ones in that namespace when it is done (a call running then finishes with either)."""
         ns = dict(self.globals)
-        exec(_compiled(self.source, filename), ns)
+        exec(code if code is not None else self.compile(filename), ns)
         for upgrade in self.upgrades:
             upgrade.add_done_callback(lambda done: _rebind(ns, done, filename))
         profiled: list = []
