@@ -223,6 +223,36 @@ def test_the_garbage_collector_is_paused_while_a_graph_compiles_and_left_as_the_
     torch.testing.assert_close(c(x, y)[0], (torch.relu(x @ y) + 1).sum(-1))
 
 
+def test_what_a_compile_keeps_is_not_walked_by_the_first_collection_after_it_and_frozen_objects_stay_frozen():
+    gm = traced()
+    gc.collect()
+    young = []
+
+    def count(phase, info):  # the objects each collection of the youngest generation looks at
+        if phase == "start" and info["generation"] == 0:
+            young.append(len(gc.get_objects(generation=0)))
+
+    gc.callbacks.append(count)
+    try:
+        c = fxforge.spine.compile_graph(gm, fxforge.Config(), cache=False)
+        gc.collect(0)
+    finally:
+        gc.callbacks.remove(count)
+    assert young and young[0] < 100, young  # (what a compile of this graph keeps: hundreds to thousands of objects)
+    assert not gc.get_freeze_count()
+    # a process that froze objects of its own (a server before it forks) keeps them frozen
+    kept = [object()]
+    gc.freeze()
+    try:
+        fxforge.spine.compile_graph(traced(), fxforge.Config(), cache=False)
+        assert gc.get_freeze_count() and not any(o is kept for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
+    assert any(o is kept for o in gc.get_objects())
+    x, y = torch.randn(4, 8), torch.randn(8, 3)
+    torch.testing.assert_close(c(x, y)[0], (torch.relu(x @ y) + 1).sum(-1))
+
+
 def test_a_compiled_graph_keeps_no_per_node_answers():
     """The answers ``per_node`` keeps while a compile asks them again and again are dropped when it
     ends (half the objects a compiled graph kept alive); asked after, they are made anew."""
