@@ -461,12 +461,12 @@ def _emit(gm: fx.GraphModule, config: Config, kind: str, registry: Registry, pas
 
 def _finish(e: _Emitted, announce: bool = True) -> Compiled:
     """The graph's regions finished, then its own kernels linked and its wrapper loaded."""
-    for r in e.regions:
-        _finish_region(r, e.config)
-    regions = e.regions
     w, gm, plan, kind = e.wrapper, e.gm, e.plan, e.kind
     filename = f"<fxforge-{e.label}>"
     code = w.compile(filename)  # (Python's compile of the source needs no kernel: it runs beside their builds)
+    for r in e.regions:
+        _finish_region(r, e.config)
+    regions = e.regions
     wrapper.link(w, e.registry)
     e.stages.done("link")
     fn, profiled = w.load(filename, code)

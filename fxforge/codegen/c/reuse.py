@@ -68,7 +68,6 @@ class Emitted:
                                      f"emitter's:\n{k}\n{want}")
         return k
 
-
     def ahead(self, nodes: list[fx.Node], outputs: list[fx.Node] | None, ctx: KernelContext, threads: int,
               make: Callable[[], CEmitter]) -> CEmitted | None:
         """The kernel of group ``nodes`` emitted ahead of the plan (``backend.kernels_ahead``:
