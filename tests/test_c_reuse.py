@@ -93,16 +93,22 @@ def _emitted(monkeypatch) -> list[str]:
     return runs
 
 
-def test_kernels_emitted_ahead_of_the_plan_are_the_ones_it_launches(monkeypatch):
-    runs = _emitted(monkeypatch)
-    g = torch.Generator().manual_seed(2)
+def _compiled_mixed(seed: int, debug: bool):
+    """``_mixed`` compiled (its values checked against eager's on fresh inputs)."""
+    g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(8, 16, generator=g), torch.randn(16, 16, generator=g) / 4
     torch._dynamo.reset()
-    b = fxforge.backend(fxforge.Config(codegen="c", debug=False))
+    b = fxforge.backend(fxforge.Config(codegen="c", debug=debug))
     got = torch.compile(_mixed, backend=b, fullgraph=True)(x, w)
     for a, e in zip(got, _mixed(x, w)):
         torch.testing.assert_close(a, e)
     (c,) = b.compiled
+    return c
+
+
+def test_kernels_emitted_ahead_of_the_plan_are_the_ones_it_launches(monkeypatch):
+    runs = _emitted(monkeypatch)
+    c = _compiled_mixed(2, debug=False)
     kernels, functions = _kernels(c.source)
     assert len(set(functions)) >= 2 and re.search(r"^ +sigmoid = cat\[:, 0:16\]", c.source, re.M), c.source
     # each function emitted once, before the plan, and each one built is launched
@@ -118,14 +124,7 @@ def test_a_plan_unlike_what_the_kernels_ahead_assumed_gets_its_own_kernels(monke
         return shape, tuple(reversed(stride))
 
     monkeypatch.setattr(c_backend, "expected_layout", transposed)
-    g = torch.Generator().manual_seed(3)
-    x, w = torch.randn(8, 16, generator=g), torch.randn(16, 16, generator=g) / 4
-    torch._dynamo.reset()
-    b = fxforge.backend(fxforge.Config(codegen="c", debug=True))
-    got = torch.compile(_mixed, backend=b, fullgraph=True)(x, w)
-    for a, e in zip(got, _mixed(x, w)):
-        torch.testing.assert_close(a, e)
-    (c,) = b.compiled
+    c = _compiled_mixed(3, debug=True)
     kernels, functions = _kernels(c.source)
     assert c.artifact.units["c"].unused >= 1
     assert len(kernels) == len(functions) >= 2
