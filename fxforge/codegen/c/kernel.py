@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from ...core.graph import VAL, expr
-from ...core.iteration import reduction_of, shape_of
+from ...core.iteration import node_shape, reduction_of, shape_of
 from ..ir import aten as ir_aten, values as ir
 from ..ir.lowering import R, RINDEX, X, XINDEX, Emitter, Unsupported
 from ..indexing import linear_in
@@ -249,7 +249,7 @@ class CEmitter(Emitter):
         return nest
 
     def operand(self, a, shape: tuple, dom: Domain) -> Value:
-        if isinstance(a, fx.Node) and a in self.row_cache and dom == Domain.ELEMENT and shape == shape_of(a.meta[VAL]):
+        if isinstance(a, fx.Node) and a in self.row_cache and dom == Domain.ELEMENT and shape == node_shape(a):
             return self.row_cached(a, lambda: super(CEmitter, self).operand(a, shape, dom))
         return super().operand(a, shape, dom)
 
@@ -331,7 +331,7 @@ class CEmitter(Emitter):
 
     def element(self, r, low: Reduction, acc_dt: torch.dtype) -> Value:
         """The element of reduction ``r``'s input that the open fold loop reads, as its accumulator type."""
-        return ir_aten.element(low, self.operand(r.inp, shape_of(r.inp.meta[VAL]), Domain.ELEMENT), acc_dt)
+        return ir_aten.element(low, self.operand(r.inp, node_shape(r.inp), Domain.ELEMENT), acc_dt)
 
     def combine(self, low: Reduction, acc_dt: torch.dtype, acc: str, nan: str | None, element: Value) -> None:
         """Fold ``element`` into ``acc`` (max/min: the vectorizable compare, NaN tracked in ``nan``)."""

@@ -46,13 +46,24 @@ class Emitted:
     def __init__(self, debug: bool = False):
         self.debug = debug
         self.kept: dict[tuple, _Kept | None] = {}  # None: that structure's kernel is not kept
+        # each group's structure (its members and outputs, in order), found ahead of the plan:
+        # the plan's groups are the same nodes, which nothing changes in between
+        self.structures: dict[tuple, tuple] = {}
+
+    def structure(self, nodes: list[fx.Node], outputs: list[fx.Node] | None) -> tuple:
+        """``probes.structure`` of a group, computed once per group."""
+        group = (tuple(nodes), tuple(outputs or ()))
+        found = self.structures.get(group)
+        if found is None:
+            found = self.structures[group] = structure(nodes, outputs)
+        return found
 
     def emit(self, nodes: list[fx.Node], outputs: list[fx.Node] | None, ctx: KernelContext, threads: int,
              make: Callable[[], CEmitter]) -> CEmitted:
         """The kernel of group ``nodes`` named ``ctx.name``: an earlier group's of the same key
         renamed, else ``make()``'s emitter run (and kept where it can be)."""
         names = _names(nodes, ctx)
-        key = None if names is None else (structure(nodes, outputs), names[1], threads)
+        key = None if names is None else (self.structure(nodes, outputs), names[1], threads)
         kept = self.kept.get(key) if key is not None else None
         if kept is None:
             e = make()
@@ -77,7 +88,7 @@ class Emitted:
         names = _names(nodes, ctx)
         if names is None:
             return None
-        key = (structure(nodes, outputs), names[1], threads)
+        key = (self.structure(nodes, outputs), names[1], threads)
         if key in self.kept:
             return None
         e = make()

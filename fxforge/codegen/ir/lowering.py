@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ...core.graph import VAL, aliased_input, expr, free_symbols, is_mutating, node_kind, tensors
-from ...core.iteration import reduction_of, same_size, shape_of
+from ...core.iteration import node_shape, reduction_of, same_size, shape_of
 from ..indexing import floor_div, modular
 from ..pyexpr import PyExprPrinter
 from . import aten as ir_aten, values as ir
@@ -462,7 +462,7 @@ class Emitter:
             v = self.value(aliased_input(n))
             check_view(self.frame, n, self.dom)
             return self.remember(("v", n), v)
-        shape, dom = shape_of(n.meta[VAL]), self.dom(n)
+        shape, dom = node_shape(n), self.dom(n)
         v = ir_aten.lower(n, lambda a: self.operand(a, shape, dom), self.scalar)
         dt = n.meta[VAL].dtype
         # the value has the node's dtype from here on (rounded like eager between ops): a
@@ -481,7 +481,8 @@ class Emitter:
 
     def outputs_of(self) -> list[fx.Node]:
         if self.outputs:
-            return [n for n in self.outputs if n in set(self.nodes)]
+            members = set(self.nodes)
+            return [n for n in self.outputs if n in members]
         return list(self.nodes)
 
     def emit(self):

@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from ...core.graph import VAL, aliased_input, node_kind
-from ...core.iteration import node_numel, node_shape, numel as _numel, reduction_of, same_size as _same, shape_of
+from ...core.iteration import node_numel, node_shape, numel as _numel, reduction_of, same_size as _same
 from .values import Domain, Unsupported
 
 aten = torch.ops.aten
@@ -96,7 +96,7 @@ def frame_of(order: list[fx.Node], reductions: list[fx.Node],
 
     def layout(n):  # input shape, reduced dims (size-1 dims count as kept: one coordinate, 0)
         r = reduction_of(n)
-        s = shape_of(r.inp.meta[VAL])
+        s = node_shape(r.inp)
         return s, [d for d in r.dims if s[d] != 1]
 
     shape, dims = layout(reductions[0])
@@ -137,7 +137,7 @@ def check_rows(fr: Frame, a: fx.Node, shape: tuple) -> None:
         # k, whose sizes multiply to rnumel, run within a row
         k = next((k for k in range(len(shape) + 1) if _same(_numel(shape[k:]), fr.rnumel_g)), None)
         layout = None if k is None else list(range(k, len(shape)))
-    ashape = shape_of(a.meta[VAL])
+    ashape = node_shape(a)
     lead = len(shape) - len(ashape)
     if layout is None or lead < 0 or not all(
             _same(ashape[j - lead] if j >= lead else 1, 1 if j in layout else shape[j]) for j in range(len(shape))):
@@ -159,9 +159,9 @@ def check_view(fr: Frame, n: fx.Node, dom: Callable[[fx.Node], Domain]) -> None:
     if not isinstance(n.meta[VAL], torch.Tensor):  # a split's pieces are views of a computed value
         raise Unsupported(f"{n.target} (views of several pieces) of a value computed in the kernel")
     base = aliased_input(n)
-    if n.target in ORDER_KEEPING_VIEWS and _same(_numel(shape_of(n.meta[VAL])), _numel(shape_of(base.meta[VAL]))):
+    if n.target in ORDER_KEEPING_VIEWS and _same(node_numel(n), node_numel(base)):
         return
     if n.target == aten.expand.default and dom(base) == Domain.ROW and dom(n) == Domain.ELEMENT:
-        check_rows(fr, base, shape_of(n.meta[VAL]))
+        check_rows(fr, base, node_shape(n))
         return
     raise Unsupported(f"{n.target} of a value computed in the kernel")
