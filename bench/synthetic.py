@@ -181,8 +181,9 @@ def pipeline_times(n: int, *, seed: int = 0, graph: str = "pointwise", cached: b
     of the plan + schedule + memory plan + codegen + linking and loading the wrapper, and the
     collector's pass when it runs again; ``compile_seconds``: the part ``stats`` counts),
     ``passes_s`` (sum of the pass manager's per-pass times), ``passes`` (per pass: name,
-    seconds, nodes before/after), ``other_s`` = compile - passes, ``stages_s`` (schedule,
-    groups, memory plan, codegen, load: wall seconds of fxforge.spine's stages) and
+    seconds, nodes before/after), ``other_s`` = compile - passes, ``stages_s`` (kernels
+    ahead of the plan, schedule, groups, memory plan, codegen, link, load: wall seconds of
+    fxforge.spine's stages) and
     ``compile_cpu_s`` (process CPU seconds of the compile: single-threaded, so less sensitive to
     other jobs on the machine than wall time), ``tiered_kernels`` (kernels built at -Og first:
     ``Config.tiered_builds``), ``built_unused`` (C functions built ahead of the plan that no

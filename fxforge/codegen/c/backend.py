@@ -17,6 +17,7 @@ emitter cannot disagree (memoized by group structure, ``codegen/probes.py``).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -146,15 +147,14 @@ def kernels_ahead(groups: list[Group], config: Config, units: dict) -> None:
     unit = _unit(units, config)
     threads = config.threads or torch.get_num_threads()
     for g in groups:
-        computed = [n for n in g.nodes if node_kind(n) == "compute"]
-        if g.reason or not computed or (len(computed) == 1 and template_of(computed[0]) is not None):
+        computed, template = _computed(g.nodes)
+        if g.reason or not computed or template is not None:
             continue
         ctx = KernelContext(f"ahead{g.id}", _own_name, own_buffer(g.nodes), _no_constant, config, expected_layout,
                             units=units)
         outputs = g.outputs or None
         try:
-            k = unit.emitted.ahead(g.nodes, outputs, ctx, threads, lambda: CEmitter(
-                ctx.name, ctx.ref, ctx.buffer, g.nodes, outputs, layout=ctx.layout, threads=threads))
+            k = unit.emitted.ahead(g.nodes, outputs, ctx, threads, _emitter(ctx, g.nodes, outputs, threads))
         except Exception as e:  # noqa: BLE001  (compile_group emits it again, and says what failed)
             log.debug("fxforge: group %d not emitted ahead of the plan: %s: %s", g.id, type(e).__name__, e)
             continue
@@ -207,17 +207,28 @@ def expected_layout(node: fx.Node, index: int | None) -> tuple[tuple, tuple]:
     return shape_of(val), strides_of(root.meta[VAL])
 
 
+def _computed(nodes: list[fx.Node]) -> tuple[list[fx.Node], Any]:
+    """A group's computed members, and the hand-written kernel (``templates.py``) of a group of
+    one, or None."""
+    computed = [n for n in nodes if node_kind(n) == "compute"]
+    return computed, template_of(computed[0]) if len(computed) == 1 else None
+
+
+def _emitter(ctx: KernelContext, nodes: list[fx.Node], outputs: list[fx.Node] | None, threads: int):
+    """The emitter of a group's kernel, made when called (``reuse.Emitted`` makes it where it
+    has no kernel to reuse)."""
+    return lambda: CEmitter(ctx.name, ctx.ref, ctx.buffer, nodes, outputs, layout=ctx.layout, threads=threads)
+
+
 def compile_group(group: Group, ctx: KernelContext) -> Kernel:
-    computed = [n for n in group.nodes if node_kind(n) == "compute"]
-    template = template_of(computed[0]) if len(computed) == 1 else None
+    computed, template = _computed(group.nodes)
     threads = ctx.config.threads or torch.get_num_threads()
     unit = _unit(ctx.units, ctx.config)
     if template is not None:
         k = template[1](ctx.name, computed[0], ctx.ref, ctx.buffer, ctx.layout, threads)
     else:
         outputs = group.outputs or None
-        k = unit.emitted.emit(group.nodes, outputs, ctx, threads, lambda: CEmitter(
-            ctx.name, ctx.ref, ctx.buffer, group.nodes, outputs, layout=ctx.layout, threads=threads))
+        k = unit.emitted.emit(group.nodes, outputs, ctx, threads, _emitter(ctx, group.nodes, outputs, threads))
     unit.add(k)
     return Kernel(name=k.name, source=k.launch_source, args=list(k.args), node_count=k.node_count,
                   unique_io_buffers=k.unique_io_buffers, launch_args=len(k.params), backend="c")

@@ -62,16 +62,11 @@ class Emitted:
              make: Callable[[], CEmitter]) -> CEmitted:
         """The kernel of group ``nodes`` named ``ctx.name``: an earlier group's of the same key
         renamed, else ``make()``'s emitter run (and kept where it can be)."""
-        names = _names(nodes, ctx)
-        key = None if names is None else (self.structure(nodes, outputs), names[1], threads)
+        names, key = self._key(nodes, outputs, ctx, threads)
         kept = self.kept.get(key) if key is not None else None
         if kept is None:
-            e = make()
-            k = e.emit()
-            if key is not None and key not in self.kept:
-                self.kept[key] = _keep(e, k, nodes, names[0])
-            return k
-        k = _renamed(kept, ctx.name, nodes, names[0])
+            return self._emitted(make, nodes, names, key)
+        k = _renamed(kept, ctx.name, nodes, names)
         if self.debug:
             want = make().emit()
             if k != want:
@@ -85,16 +80,29 @@ class Emitted:
         ``ctx`` what the plan is expected to give) and kept for the group ``emit`` is later asked
         for under that key; None where it could not be kept (``emit`` would emit it again), or
         where a kernel of its key was kept already."""
+        names, key = self._key(nodes, outputs, ctx, threads)
+        if key is None or key in self.kept:
+            return None
+        k = self._emitted(make, nodes, names, key)
+        return k if self.kept[key] is not None else None
+
+    def _key(self, nodes: list[fx.Node], outputs: list[fx.Node] | None, ctx: KernelContext,
+             threads: int) -> tuple[list[str] | None, tuple | None]:
+        """The wrapper variables the group's kernel may be handed (``_names``) and its key; None
+        and None where its sizes are symbolic."""
         names = _names(nodes, ctx)
         if names is None:
-            return None
-        key = (self.structure(nodes, outputs), names[1], threads)
-        if key in self.kept:
-            return None
+            return None, None
+        return names[0], (self.structure(nodes, outputs), names[1], threads)
+
+    def _emitted(self, make: Callable[[], CEmitter], nodes: list[fx.Node], names: list[str] | None,
+                 key: tuple | None) -> CEmitted:
+        """``make()``'s emitter run, its kernel kept under ``key`` unless one is already."""
         e = make()
         k = e.emit()
-        self.kept[key] = _keep(e, k, nodes, names[0])
-        return k if self.kept[key] is not None else None
+        if key is not None and key not in self.kept:
+            self.kept[key] = _keep(e, k, nodes, names)
+        return k
 
 
 def _names(nodes: list[fx.Node], ctx: KernelContext) -> tuple[list[str], tuple] | None:
